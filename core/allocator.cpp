@@ -1,0 +1,157 @@
+#include "core/allocator.h"
+
+#include <atomic>
+#include <cstdlib>
+#include <vector>
+
+#include "kernels/error.h"
+
+namespace kiln {
+
+std::shared_ptr<void> allocate_cpu(size_t bytes) {
+  // aligned_alloc needs a size that is a multiple of the alignment.
+  size_t rounded = (bytes + 63) / 64 * 64;
+  void* pointer = std::aligned_alloc(64, rounded == 0 ? 64 : rounded);
+  if (pointer == nullptr) {
+    throw OutOfMemoryError("out of host memory allocating " + std::to_string(bytes) + " bytes", __FILE__, __LINE__);
+  }
+  return std::shared_ptr<void>(pointer, [](void* p) { std::free(p); });
+}
+
+std::shared_ptr<void> allocate_pinned(size_t bytes) {
+  void* pointer = cuda::host_alloc_pinned(bytes == 0 ? 64 : bytes);
+  if (pointer == nullptr) {
+    throw OutOfMemoryError("out of pinned host memory allocating " + std::to_string(bytes) + " bytes", __FILE__,
+                           __LINE__);
+  }
+  return std::shared_ptr<void>(pointer, [](void* p) { cuda::host_free_pinned(p); });
+}
+
+std::shared_ptr<void> allocate_cuda(size_t bytes, int device, cuda::Stream stream) {
+  CachingAllocator& allocator = cuda_allocator(device);
+  void* pointer = allocator.allocate(bytes, stream);
+  return std::shared_ptr<void>(pointer, [&allocator](void* p) { allocator.deallocate(p); });
+}
+
+namespace {
+std::atomic<bool> poison{false};
+}
+void set_poison_allocations(bool enabled) { poison.store(enabled); }
+bool poison_allocations() { return poison.load(); }
+
+// ---------------------------------------------------------------- caching allocator
+
+CachingAllocator::CachingAllocator(std::unique_ptr<RawDeviceMemory> source, std::string device_name)
+    : source_(std::move(source)), device_name_(std::move(device_name)) {}
+
+CachingAllocator::~CachingAllocator() {
+  // Live blocks may outlive the allocator at process exit; return only the cache.
+  try {
+    std::lock_guard lock(mutex_);
+    release_cached_locked();
+  } catch (...) {
+  }
+}
+
+size_t CachingAllocator::round_size(size_t bytes) {
+  constexpr size_t small = 512, large = 2u << 20, large_threshold = 1u << 20;
+  if (bytes == 0) return small;
+  if (bytes < large_threshold) return (bytes + small - 1) / small * small;
+  return (bytes + large - 1) / large * large;
+}
+
+void* CachingAllocator::allocate(size_t bytes, cuda::Stream stream) {
+  const size_t size = round_size(bytes);
+  std::lock_guard lock(mutex_);
+  // Best fit among cached blocks of the same stream. A large request does not
+  // take a block more than twice its size (it would strand the rest).
+  for (auto it = cached_.lower_bound(size); it != cached_.end(); ++it) {
+    if (size >= (1u << 20) && it->first > 2 * size) break;
+    if (it->second.stream != stream) continue;
+    Block block = it->second;
+    cached_.erase(it);
+    live_.emplace(block.pointer, block);
+    stats_.allocated_bytes += block.size;
+    stats_.peak_allocated_bytes = std::max(stats_.peak_allocated_bytes, stats_.allocated_bytes);
+    return block.pointer;
+  }
+  ++stats_.device_malloc_calls;
+  void* pointer = source_->allocate(size);
+  if (pointer == nullptr) {
+    // Free what the cache holds and retry once.
+    ++stats_.oom_retries;
+    release_cached_locked();
+    ++stats_.device_malloc_calls;
+    pointer = source_->allocate(size);
+  }
+  if (pointer == nullptr) {
+    throw OutOfMemoryError(detail::concat("out of memory on ", device_name_, ": tried to allocate ", bytes,
+                                          " bytes (", stats_.allocated_bytes, " bytes allocated by kiln, ",
+                                          stats_.reserved_bytes, " reserved)"),
+                           __FILE__, __LINE__);
+  }
+  Block block{pointer, size, stream};
+  live_.emplace(pointer, block);
+  stats_.reserved_bytes += size;
+  stats_.allocated_bytes += size;
+  stats_.peak_allocated_bytes = std::max(stats_.peak_allocated_bytes, stats_.allocated_bytes);
+  return pointer;
+}
+
+void CachingAllocator::deallocate(void* pointer) {
+  std::lock_guard lock(mutex_);
+  auto it = live_.find(pointer);
+  KILN_ASSERT(it != live_.end(), "CachingAllocator::deallocate: unknown pointer");
+  Block block = it->second;
+  live_.erase(it);
+  stats_.allocated_bytes -= block.size;
+  cached_.emplace(block.size, block);
+}
+
+void CachingAllocator::release_cached_locked() {
+  for (auto& [size, block] : cached_) {
+    source_->release(block.pointer);
+    ++stats_.device_free_calls;
+    stats_.reserved_bytes -= size;
+  }
+  cached_.clear();
+}
+
+void CachingAllocator::empty_cache() {
+  std::lock_guard lock(mutex_);
+  release_cached_locked();
+}
+
+AllocatorStats CachingAllocator::stats() const {
+  std::lock_guard lock(mutex_);
+  return stats_;
+}
+
+void CachingAllocator::reset_peak() {
+  std::lock_guard lock(mutex_);
+  stats_.peak_allocated_bytes = stats_.allocated_bytes;
+}
+
+namespace {
+struct CudaDeviceMemory : RawDeviceMemory {
+  explicit CudaDeviceMemory(int device) : device(device) {}
+  void* allocate(size_t bytes) override { return cuda::raw_malloc(bytes, device); }
+  void release(void* pointer) override { cuda::raw_free(pointer, device); }
+  int device;
+};
+}  // namespace
+
+CachingAllocator& cuda_allocator(int device) {
+  static std::mutex mutex;
+  // Leaked on purpose: tensors in static objects may be freed after main().
+  static auto* allocators = new std::vector<std::unique_ptr<CachingAllocator>>();
+  std::lock_guard lock(mutex);
+  KILN_CHECK(device >= 0 && device < cuda::device_count(), "cuda_allocator: no CUDA device ", device, " (",
+             cuda::device_count(), " available)");
+  if (allocators->size() <= static_cast<size_t>(device)) allocators->resize(device + 1);
+  auto& slot = (*allocators)[device];
+  if (!slot) slot = std::make_unique<CachingAllocator>(std::make_unique<CudaDeviceMemory>(device), "cuda:" + std::to_string(device));
+  return *slot;
+}
+
+}  // namespace kiln

@@ -1,0 +1,64 @@
+#include "core/generator.h"
+
+#include <memory>
+#include <vector>
+
+#include "kernels/cuda/runtime.h"
+
+namespace kiln {
+
+void Generator::manual_seed(uint64_t seed) {
+  std::lock_guard lock(mutex_);
+  state_ = {seed, 0};
+}
+
+GeneratorState Generator::state() const {
+  std::lock_guard lock(mutex_);
+  return state_;
+}
+
+void Generator::set_state(const GeneratorState& state) {
+  std::lock_guard lock(mutex_);
+  state_ = state;
+}
+
+GeneratorState Generator::advance(uint64_t counters) {
+  std::lock_guard lock(mutex_);
+  GeneratorState drawn = state_;
+  state_.offset += counters;
+  return drawn;
+}
+
+namespace {
+struct Generators {
+  Generator cpu;
+  std::vector<std::unique_ptr<Generator>> cuda;
+  std::mutex mutex;
+};
+Generators& generators() {
+  static auto* all = new Generators();  // leaked: used from static destructors
+  return *all;
+}
+}  // namespace
+
+Generator& default_generator(Device device) {
+  Generators& all = generators();
+  if (device.is_cpu()) return all.cpu;
+  std::lock_guard lock(all.mutex);
+  if (all.cuda.size() <= static_cast<size_t>(device.index)) all.cuda.resize(device.index + 1);
+  auto& slot = all.cuda[device.index];
+  if (!slot) slot = std::make_unique<Generator>(all.cpu.state().seed);
+  return *slot;
+}
+
+void manual_seed(uint64_t seed) {
+  Generators& all = generators();
+  all.cpu.manual_seed(seed);
+  std::lock_guard lock(all.mutex);
+  for (auto& generator : all.cuda) {
+    if (generator) generator->manual_seed(seed);
+  }
+  // Devices not yet touched take the CPU seed on first use.
+}
+
+}  // namespace kiln

@@ -1,0 +1,2 @@
+// placeholder: data has no sources yet
+namespace kiln {}

@@ -1,0 +1,2 @@
+// placeholder: nn has no sources yet
+namespace kiln {}

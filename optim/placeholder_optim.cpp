@@ -1,0 +1,2 @@
+// placeholder: optim has no sources yet
+namespace kiln {}

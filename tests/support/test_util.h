@@ -1,0 +1,54 @@
+// Helpers shared by the tests: GPU skipping, comparison, gradcheck.
+#pragma once
+
+#include <doctest/doctest.h>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "core/autograd.h"
+#include "core/ops.h"
+#include "core/tensor.h"
+#include "kernels/cuda/runtime.h"
+
+namespace kiln::testing {
+
+// Skips the rest of a GPU test case, visibly, when there is no GPU.
+#define KILN_REQUIRE_GPU()                                                       \
+  do {                                                                           \
+    if (!::kiln::cuda::is_available()) {                                         \
+      MESSAGE("SKIPPED (no GPU): " << doctest::getContextOptions()->currentTest); \
+      return;                                                                    \
+    }                                                                            \
+  } while (0)
+
+struct Tolerance {
+  double rtol;
+  double atol;
+};
+// The parity tolerances of DESIGN.md, per dtype.
+Tolerance parity_tolerance(DType dtype);
+
+// Empty string when |actual - expected| <= atol + rtol * |expected| elementwise
+// (NaN matches nothing, shapes must match); otherwise a description of the
+// worst element.
+std::string compare(const Tensor& actual, const Tensor& expected, double rtol, double atol);
+#define KILN_CHECK_CLOSE(actual, expected, rtol, atol)                                       \
+  do {                                                                                       \
+    std::string kiln_mismatch = ::kiln::testing::compare((actual), (expected), (rtol), (atol)); \
+    CHECK_MESSAGE(kiln_mismatch.empty(), kiln_mismatch);                                     \
+  } while (0)
+
+// float64 gradcheck by central differences (eps 1e-6, atol 1e-5, rtol 1e-3):
+// compares the analytic gradient of sum(fn(inputs) * w) for a random w with
+// the numeric one for every element of every floating input that requires
+// grad. Returns an empty string on success, else a description.
+std::string gradcheck(const std::function<Tensor(const std::vector<Tensor>&)>& fn, const std::vector<Tensor>& inputs,
+                      double eps = 1e-6, double atol = 1e-5, double rtol = 1e-3);
+
+// A non-contiguous tensor with the same values as `x` (its last two dims are
+// stored transposed); x itself when it has fewer than 2 dims.
+Tensor non_contiguous_copy(const Tensor& x);
+
+}  // namespace kiln::testing

@@ -1,0 +1,2 @@
+// placeholder: trainer has no sources yet
+namespace kiln {}
