@@ -16,7 +16,8 @@
 namespace kiln {
 
 // ---------------------------------------------------------------- elementwise
-Tensor add(const Tensor& a, const Tensor& b, double alpha = 1.0);  // a + alpha * b
+// a + alpha * b
+Tensor add(const Tensor& a, const Tensor& b, double alpha = 1.0);
 Tensor sub(const Tensor& a, const Tensor& b, double alpha = 1.0);
 Tensor mul(const Tensor& a, const Tensor& b);
 Tensor div(const Tensor& a, const Tensor& b);
