@@ -1,2 +1,0 @@
-// placeholder: nn has no sources yet
-namespace kiln {}
