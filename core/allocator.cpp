@@ -1,6 +1,8 @@
 #include "core/allocator.h"
 
 #include <atomic>
+#include <malloc.h>
+
 #include <cstdlib>
 #include <vector>
 
@@ -8,7 +10,23 @@
 
 namespace kiln {
 
+namespace {
+// glibc returns large blocks to the kernel on free (mmap threshold, heap
+// trim), so every training step would fault its activations in again: 15-20 ms
+// of a FashionCNN CPU step. Keeping freed memory in the heap makes the next
+// step reuse it, like the CUDA caching allocator does on the device.
+void keep_freed_host_memory() {
+  static const bool configured = [] {
+    mallopt(M_MMAP_THRESHOLD, 32 << 20);  // glibc's maximum on 64-bit
+    mallopt(M_TRIM_THRESHOLD, -1);
+    return true;
+  }();
+  (void)configured;
+}
+}  // namespace
+
 std::shared_ptr<void> allocate_cpu(size_t bytes) {
+  keep_freed_host_memory();
   // aligned_alloc needs a size that is a multiple of the alignment.
   size_t rounded = (bytes + 63) / 64 * 64;
   void* pointer = std::aligned_alloc(64, rounded == 0 ? 64 : rounded);

@@ -10,6 +10,7 @@
 
 #include "core/autograd.h"
 #include "core/ops.h"
+#include "core/ops/broadcast.h"
 #include "kernels/copy.h"
 #include "kernels/cuda/runtime.h"
 
@@ -79,38 +80,6 @@ void record_view(const char* name, const Tensor& input, const Tensor& output,
                      return {backward(grads[0])};
                    });
 }
-
-kernels::IterShape iter_shape(const Shape& shape) {
-  KILN_CHECK(static_cast<int>(shape.size()) <= kernels::kMaxDims, "tensor with ", shape.size(),
-             " dims: kiln kernels support at most ", kernels::kMaxDims);
-  kernels::IterShape iter;
-  iter.ndim = static_cast<int>(shape.size());
-  for (size_t i = 0; i < shape.size(); ++i) iter.sizes[i] = shape[i];
-  return iter;
-}
-
-kernels::Operand operand(const Tensor& tensor, const Shape& broadcast_strides) {
-  kernels::Operand op;
-  op.data = tensor.data_ptr();
-  op.dtype = tensor.dtype();
-  for (size_t i = 0; i < broadcast_strides.size(); ++i) op.strides[i] = broadcast_strides[i];
-  return op;
-}
-
-// Strides of `source` broadcast to `shape` (0 on broadcast dims); throws naming `op`.
-Shape broadcast_strides_to(const Tensor& source, const Shape& shape, const char* op) {
-  const Shape& from = source.shape();
-  KILN_CHECK(from.size() <= shape.size(), op, ": cannot broadcast shape ", shape_str(from), " to ",
-             shape_str(shape));
-  Shape strides(shape.size(), 0);
-  const size_t lead = shape.size() - from.size();
-  for (size_t i = 0; i < from.size(); ++i) {
-    KILN_CHECK(from[i] == shape[lead + i] || from[i] == 1, op, ": cannot broadcast shape ", shape_str(from),
-               " to ", shape_str(shape));
-    strides[lead + i] = from[i] == 1 ? 0 : source.strides()[i];
-  }
-  return strides;
-}
 }  // namespace
 
 // ---------------------------------------------------------------- metadata
@@ -128,6 +97,7 @@ const Storage& Tensor::storage() const { return checked(*this, "storage").storag
 
 bool Tensor::is_contiguous() const {
   const auto& impl = checked(*this, "is_contiguous");
+  if (shape_numel(impl.shape) == 0) return true;
   int64_t expected = 1;
   for (size_t i = impl.shape.size(); i-- > 0;) {
     if (impl.shape[i] == 1) continue;
@@ -284,6 +254,7 @@ namespace {
 std::optional<Shape> view_strides(const Shape& shape, const Shape& strides, const Shape& new_shape) {
   Shape new_strides(new_shape.size());
   if (shape_numel(shape) == 0) return contiguous_strides(new_shape);
+  if (shape.empty()) return Shape(new_shape.size(), 1);  // a 0-d tensor views as any all-ones shape
   int64_t view_d = static_cast<int64_t>(new_shape.size()) - 1;
   int64_t chunk_base_stride = strides.empty() ? 1 : strides.back();
   int64_t tensor_numel = 1, view_numel = 1;
@@ -532,17 +503,17 @@ Tensor Tensor::pin_memory() const {
 Tensor& Tensor::copy_(const Tensor& source, bool non_blocking) {
   KILN_CHECK(defined() && source.defined(), "copy_: undefined tensor");
   check_not_requiring_grad_inplace(*this, "copy_");
-  const Shape source_strides = broadcast_strides_to(source, shape(), "copy_");
+  const kernels::Operand source_operand = operand(source, shape(), "copy_");
   if (numel() == 0) return *this;
   bump_version();
   const Device dst_device = device(), src_device = source.device();
   kernels::IterShape iter = iter_shape(shape());
   if (dst_device.is_cpu() && src_device.is_cpu()) {
-    kernels::copy_cpu(iter, operand(*this, strides()), operand(source, source_strides));
+    kernels::copy_cpu(iter, operand(*this, shape(), "copy_"), source_operand);
     return *this;
   }
   if (dst_device.is_cuda() && src_device.is_cuda() && dst_device == src_device) {
-    kernels::copy_cuda(iter, operand(*this, strides()), operand(source, source_strides),
+    kernels::copy_cuda(iter, operand(*this, shape(), "copy_"), source_operand,
                        cuda::current_stream(dst_device.index));
     return *this;
   }
@@ -727,6 +698,7 @@ Tensor arange(double end, const TensorOptions& options) { return arange(0, end, 
 Tensor linspace(double start, double end, int64_t steps, const TensorOptions& options) {
   KILN_CHECK(steps >= 0, "linspace: steps must be non-negative, got ", steps);
   std::vector<double> values(steps);
+  if (steps == 1) return from_host_doubles({start}, options);
   const double step = steps > 1 ? (end - start) / static_cast<double>(steps - 1) : 0.0;
   // Symmetric evaluation from both ends, as torch does, so the last value is exact.
   for (int64_t i = 0; i < steps; ++i) {

@@ -4,6 +4,7 @@
 #include <iostream>
 
 #include "core/ops.h"
+#include "nn/conv.h"
 #include "nn/init.h"
 
 namespace kiln::nn {
@@ -77,7 +78,16 @@ Sequential& Sequential::push_back(ModulePtr module) {
 
 Tensor Sequential::forward(const Tensor& input) {
   Tensor x = input;
-  for (auto& module : modules_) x = module->forward(x);
+  for (size_t i = 0; i < modules_.size(); ++i) {
+    // BatchNorm followed by ReLU runs as one fused pass (conv -> BN -> ReLU is the hot path).
+    auto* norm = dynamic_cast<BatchNorm*>(modules_[i].get());
+    if (norm != nullptr && i + 1 < modules_.size() && dynamic_cast<ReLU*>(modules_[i + 1].get()) != nullptr) {
+      x = norm->forward_relu(x);
+      ++i;
+      continue;
+    }
+    x = modules_[i]->forward(x);
+  }
   return x;
 }
 

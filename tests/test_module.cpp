@@ -1,5 +1,7 @@
 #include <doctest/doctest.h>
 
+#include <cmath>
+
 #include "core/generator.h"
 #include "nn/layers.h"
 #include "tests/support/test_util.h"

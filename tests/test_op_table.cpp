@@ -82,7 +82,7 @@ TEST_CASE("op table: float64 gradcheck on the CPU, contiguous and non-contiguous
           std::string failure = gradcheck(row.fn, inputs);
           CHECK_MESSAGE(failure.empty(), failure);
         } catch (const Error& error) {
-          FAIL_CHECK("threw: " << error.what());
+          FAIL_CHECK("threw: " << std::string(error.what()));
         }
         ++checked;
       }
@@ -106,7 +106,7 @@ TEST_CASE("op table: CPU forward with poisoned allocations matches an unpoisoned
           }
           KILN_CHECK_CLOSE(poisoned, reference, 0.0, 0.0);
         } catch (const Error& error) {
-          FAIL_CHECK("threw: " << error.what());
+          FAIL_CHECK("threw: " << std::string(error.what()));
         }
       }
     }
@@ -152,7 +152,7 @@ TEST_CASE("op table: CUDA vs CPU parity, forward and backward [gpu]") {
             }
           }
         } catch (const Error& error) {
-          FAIL_CHECK("threw: " << error.what());
+          FAIL_CHECK("threw: " << std::string(error.what()));
         }
         ++compared;
       }

@@ -1,0 +1,224 @@
+// Kernel benchmarks through the kiln ops API: elementwise add / relu / gelu,
+// a full sum, softmax and cross_entropy (forward), in float32 and bfloat16.
+// Every op here is memory-bound, so each row reports GB/s against the copy
+// bandwidth measured in the same run: device-to-device cudaMemcpy on the GPU,
+// a multi-threaded memcpy on the CPU. Inputs are random (never zeros).
+//
+//   bench_kernels                 GPU (when present) and CPU tables
+//   bench_kernels --cpu-only | --gpu-only | --quick | --repeats N
+#include <omp.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <random>
+#include <string>
+
+#include "bench/harness.h"
+#include "core/ops.h"
+#include "core/tensor.h"
+#include "kernels/cuda/runtime.h"
+
+namespace kiln::bench {
+namespace {
+
+struct Options {
+  bool cpu = true;
+  bool gpu = true;
+  bool quick = false;  // small sizes, few repeats: a smoke test
+  int repeats = 0;     // 0: the default of each device
+};
+
+// Random normal values, made on the host so that no op family is needed.
+Tensor random_tensor(const Shape& shape, DType dtype, Device device, uint64_t seed) {
+  std::mt19937_64 engine(seed);
+  std::normal_distribution<float> normal;
+  std::vector<float> values(static_cast<size_t>(shape_numel(shape)));
+  for (float& v : values) v = normal(engine);
+  return tensor<float>(values, shape).to(device, dtype);
+}
+
+Tensor random_targets(int64_t n, int64_t classes, Device device, uint64_t seed) {
+  std::mt19937_64 engine(seed);
+  std::uniform_int_distribution<int64_t> pick(0, classes - 1);
+  std::vector<int64_t> values(static_cast<size_t>(n));
+  for (int64_t& v : values) v = pick(engine);
+  return tensor<int64_t>(values, {n}).to(device);
+}
+
+std::string shape_text(const Shape& shape) { return shape_str(shape); }
+
+// Sizes per device: large enough to leave the caches far behind.
+struct Sizes {
+  int64_t elementwise;  // elements
+  int64_t rows, cols;   // softmax
+  int64_t batch, classes;  // cross_entropy
+  int64_t copy_bytes;
+};
+
+// Runs every case on `device` with `time_fn` and adds the rows to `table`.
+template <typename TimeFn>
+void run_cases(Table& table, Device device, const Sizes& sizes, TimeFn&& time_fn) {
+  for (DType dtype : {DType::f32, DType::bf16}) {
+    const std::string dtype_text(dtype_name(dtype));
+    const double element = static_cast<double>(dtype_size(dtype));
+    const Shape flat = {sizes.elementwise};
+    const double n = static_cast<double>(sizes.elementwise);
+    auto measure = [&](const std::string& op, const Shape& shape, double bytes, const std::function<void()>& fn) {
+      try {
+        table.add({op, shape_text(shape), dtype_text, time_fn(fn), bytes, 0, ""});
+      } catch (const Error& error) {
+        table.add_failure(op, shape_text(shape), dtype_text, error.what());
+      }
+    };
+    try {
+      Tensor a = random_tensor(flat, dtype, device, 1);
+      Tensor b = random_tensor(flat, dtype, device, 2);
+      measure("add", flat, 3 * n * element, [&] { (void)add(a, b); });
+      measure("relu", flat, 2 * n * element, [&] { (void)relu(a); });
+      measure("gelu (erf)", flat, 2 * n * element, [&] { (void)gelu(a); });
+      measure("gelu (tanh)", flat, 2 * n * element, [&] { (void)gelu(a, "tanh"); });
+      measure("sum (all)", flat, n * element, [&] { (void)sum(a); });
+      Tensor rows = a.view({sizes.elementwise / sizes.cols, sizes.cols});
+      measure("sum (dim -1)", rows.shape(), n * element, [&] { (void)sum(rows, {-1}); });
+      measure("copy_ (kiln kernel)", flat, 2 * n * element, [&] { b.copy_(a); });
+      // The same write into existing memory and into a fresh allocation: the
+      // difference is the allocator's cost (page faults on the CPU).
+      measure("fill_ (existing tensor)", flat, n * element, [&] { b.fill_(0.5); });
+      measure("full (new tensor)", flat, n * element,
+              [&] { (void)full(flat, 0.5, TensorOptions{.dtype = dtype, .device = device}); });
+    } catch (const Error& error) {
+      table.add_failure("elementwise inputs", shape_text(flat), dtype_text, error.what());
+    }
+    try {
+      const Shape shape = {sizes.rows, sizes.cols};
+      Tensor x = random_tensor(shape, dtype, device, 3);
+      const double bytes = 2.0 * static_cast<double>(x.numel()) * element;
+      measure("softmax (dim -1)", shape, bytes, [&] { (void)softmax(x, -1); });
+      measure("log_softmax (dim -1)", shape, bytes, [&] { (void)log_softmax(x, -1); });
+    } catch (const Error& error) {
+      table.add_failure("softmax inputs", "", dtype_text, error.what());
+    }
+    try {
+      const Shape shape = {sizes.batch, sizes.classes};
+      Tensor logits = random_tensor(shape, dtype, device, 4);
+      Tensor target = random_targets(sizes.batch, sizes.classes, device, 5);
+      const double bytes = static_cast<double>(logits.numel()) * element + static_cast<double>(sizes.batch) * 8;
+      measure("cross_entropy (mean)", shape, bytes, [&] { (void)cross_entropy(logits, target); });
+    } catch (const Error& error) {
+      table.add_failure("cross_entropy inputs", "", dtype_text, error.what());
+    }
+  }
+}
+
+void run_gpu(const Options& options) {
+  if (!cuda::is_available()) {
+    std::printf("GPU benchmarks skipped: no CUDA device (device_count() = 0, kiln %s CUDA)\n",
+                cuda::compiled_with_cuda() ? "built with" : "built without");
+    return;
+  }
+  const int device = 0;
+  cuda::set_device(device);
+  const cuda::DeviceProperties properties = cuda::device_properties(device);
+  std::printf("GPU: %s, %d SMs, L2 %.1f MiB, sm_%d%d, %.1f GiB\n", properties.name, properties.multiprocessor_count,
+              static_cast<double>(properties.l2_cache_bytes) / (1 << 20), properties.major, properties.minor,
+              static_cast<double>(cuda::device_total_memory(device)) / (1 << 30));
+  const int repeats = options.repeats > 0 ? options.repeats : (options.quick ? 5 : 50);
+  Sizes sizes = options.quick ? Sizes{1 << 20, 1024, 1024, 1024, 1024, 16 << 20}
+                              : Sizes{1 << 26, 16384, 4096, 4096, 32768, 256 << 20};
+  GpuTimer timer(device);
+  std::printf("timing: CUDA events, median of %d repeats after 3 warm-ups, L2 flushed (%zu MiB written) before each\n",
+              repeats, timer.flush_bytes() >> 20);
+  auto time_fn = [&](const std::function<void()>& fn) { return timer.time(fn, repeats); };
+
+  // The reference: a device-to-device copy reads and writes every byte once.
+  const Device cuda_device = Device::cuda(device);
+  Tensor src = random_tensor({sizes.copy_bytes / 4}, DType::f32, cuda_device, 6);
+  Tensor dst = empty({sizes.copy_bytes / 4}, {.device = cuda_device});
+  const cuda::Stream stream = cuda::current_stream(device);
+  const Measurement copy = time_fn([&] {
+    cuda::memcpy_async(dst.data_ptr(), src.data_ptr(), static_cast<size_t>(sizes.copy_bytes),
+                       cuda::CopyKind::device_to_device, stream);
+  });
+  const double copy_bytes = 2.0 * static_cast<double>(sizes.copy_bytes);
+  const double reference = gbps(copy_bytes, copy);
+  src = Tensor();
+  dst = Tensor();
+
+  Table table("GPU kernels (forward), cuda:" + std::to_string(device));
+  table.add({"D2D cudaMemcpy (reference)", std::to_string(sizes.copy_bytes >> 20) + " MiB", "bytes", copy, copy_bytes,
+             0, ""});
+  run_cases(table, cuda_device, sizes, time_fn);
+  table.print(reference);
+  std::printf("reference: device-to-device copy %.1f GB/s (read + write)\n", reference);
+}
+
+void run_cpu(const Options& options) {
+  const int repeats = options.repeats > 0 ? options.repeats : (options.quick ? 3 : 10);
+  Sizes sizes = options.quick ? Sizes{1 << 20, 512, 1024, 256, 1024, 16 << 20}
+                              : Sizes{1 << 24, 4096, 4096, 1024, 8192, 128 << 20};
+  CpuTimer timer;
+  const int threads = omp_get_max_threads();
+  std::printf("\nCPU: %d OpenMP threads; timing: steady clock, median of %d repeats after 1 warm-up, "
+              "cache flushed (%zu MiB written) before each\n",
+              threads, repeats, timer.flush_bytes() >> 20);
+  auto time_fn = [&](const std::function<void()>& fn) { return timer.time(fn, repeats); };
+
+  // The reference: memcpy split over the same threads the kernels use.
+  const size_t bytes = static_cast<size_t>(sizes.copy_bytes);
+  std::vector<unsigned char> src(bytes), dst(bytes);
+  for (size_t i = 0; i < bytes; ++i) src[i] = static_cast<unsigned char>(i * 131u);
+  const Measurement copy = time_fn([&] {
+    const int64_t chunks = threads;
+#pragma omp parallel for schedule(static)
+    for (int64_t c = 0; c < chunks; ++c) {
+      const size_t begin = bytes * static_cast<size_t>(c) / static_cast<size_t>(chunks);
+      const size_t end = bytes * static_cast<size_t>(c + 1) / static_cast<size_t>(chunks);
+      std::memcpy(dst.data() + begin, src.data() + begin, end - begin);
+    }
+  });
+  const double copy_bytes = 2.0 * static_cast<double>(bytes);
+  const double reference = gbps(copy_bytes, copy);
+  std::vector<unsigned char>().swap(src);
+  std::vector<unsigned char>().swap(dst);
+
+  Table table("CPU kernels (forward)");
+  table.add({"memcpy (reference)", std::to_string(bytes >> 20) + " MiB", "bytes", copy, copy_bytes, 0, ""});
+  run_cases(table, Device::cpu(), sizes, time_fn);
+  table.print(reference);
+  std::printf("reference: %d-thread memcpy %.1f GB/s (read + write)\n", threads, reference);
+}
+
+}  // namespace
+}  // namespace kiln::bench
+
+int main(int argc, char** argv) {
+  kiln::bench::Options options;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--cpu-only") {
+      options.gpu = false;
+    } else if (arg == "--gpu-only") {
+      options.cpu = false;
+    } else if (arg == "--quick") {
+      options.quick = true;
+    } else if (arg == "--repeats" && i + 1 < argc) {
+      options.repeats = std::atoi(argv[++i]);
+    } else {
+      std::fprintf(stderr, "usage: %s [--cpu-only | --gpu-only] [--quick] [--repeats N]\n", argv[0]);
+      return arg == "--help" || arg == "-h" ? 0 : 2;
+    }
+  }
+  const std::time_t now = std::time(nullptr);
+  char date[64];
+  std::strftime(date, sizeof(date), "%Y-%m-%d %H:%M UTC", std::gmtime(&now));
+  std::printf("bench_kernels, %s%s\n", date, options.quick ? " (--quick: smoke-test sizes, not for RESULTS.md)" : "");
+  try {
+    if (options.gpu) kiln::bench::run_gpu(options);
+    if (options.cpu) kiln::bench::run_cpu(options);
+  } catch (const kiln::Error& error) {
+    std::fprintf(stderr, "bench_kernels: %s\n", error.what());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,83 @@
+// The functional neural-network ops under the nn layers: convolution,
+// normalization and pooling, forward and backward, on CPU and CUDA. Front ends
+// in core/ops/conv.cpp, core/ops/normalization.cpp, core/ops/pooling.cpp;
+// kernels in kernels/{conv,norm,pool}.h.
+//
+// Every op throws kiln::Error naming the op, shapes, dtypes and devices when
+// its inputs do not fit, and records one autograd node that saves only what
+// its backward reads. Floating dtypes: float32, float64, float16, bfloat16 (the
+// CPU computes 16-bit types in float). None of them synchronizes the device,
+// except the first call of a shape in cuDNN benchmark mode.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+
+#include "core/tensor.h"
+
+namespace kiln {
+
+// A (height, width) pair; an integer means the same value for both:
+//   conv2d(x, w, {}, /*stride=*/2, /*padding=*/{1, 0})
+struct Size2 {
+  int64_t h = 0, w = 0;
+  Size2(int64_t both) : h(both), w(both) {}  // NOLINT: implicit on purpose
+  Size2(int64_t height, int64_t width) : h(height), w(width) {}
+  bool operator==(const Size2&) const = default;
+};
+
+// ---------------------------------------------------------------- convolution
+// x (N, C, H, W) or unbatched (C, H, W); weight (O, C/groups, kh, kw); bias (O)
+// or undefined. Output (N, O, OH, OW) with OH = (H + 2*pad - dilation*(kh-1) - 1) / stride + 1.
+// On CUDA a channels-last (NHWC-strided) x gives a channels-last output (cuDNN
+// NHWC kernels). Throws on channel mismatch, groups not dividing the channels,
+// or a kernel larger than the padded input.
+Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor(), Size2 stride = 1,
+              Size2 padding = 0, Size2 dilation = 1, int64_t groups = 1);
+
+// cuDNN algorithm choice: heuristics by default; with benchmark on, the first
+// call of each (shapes, dtype, layout, flags) key times the candidates
+// (cudnnFind*AlgorithmEx, synchronizes) and later calls reuse the winner, like
+// torch.backends.cudnn.benchmark. Off by default.
+void set_cudnn_benchmark(bool enabled);
+bool cudnn_benchmark();
+// Benchmark-mode cache counters (zero without CUDA); for tests and logs.
+struct CudnnBenchmarkStats {
+  uint64_t hits = 0, misses = 0, entries = 0;
+};
+CudnnBenchmarkStats cudnn_benchmark_stats();
+void cudnn_benchmark_cache_clear();
+
+// ---------------------------------------------------------------- normalization
+// x (N, C) or (N, C, d...). running_mean/running_var (C) may be undefined (then
+// training mode must be on); weight/bias (C) may be undefined (affine off).
+// Training: normalizes with the batch statistics (biased variance) and, when
+// defined, updates the running stats in place: running = (1 - momentum) *
+// running + momentum * batch, with the unbiased variance for running_var (as
+// torch). Eval: normalizes with the running stats. Per-channel tensors are in
+// x's dtype, or float32 when x is float16/bfloat16.
+Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& running_var, const Tensor& weight,
+                  const Tensor& bias, bool training, double momentum = 0.1, double eps = 1e-5);
+// relu(batch_norm(...)) in one pass (the conv -> BN -> ReLU hot path); its
+// backward recomputes the ReLU mask from x, so it saves no extra tensor.
+Tensor batch_norm_relu(const Tensor& x, const Tensor& running_mean, const Tensor& running_var, const Tensor& weight,
+                       const Tensor& bias, bool training, double momentum = 0.1, double eps = 1e-5);
+
+// Normalizes over the trailing dims `normalized_shape` (which x's shape must
+// end with); weight and bias (normalized_shape) may be undefined.
+Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight = Tensor(),
+                  const Tensor& bias = Tensor(), double eps = 1e-5);
+
+// ---------------------------------------------------------------- pooling
+// x (N, C, H, W) or (C, H, W). stride defaults to kernel. Padding is at most
+// half the (dilated) kernel, as in torch. Ties go to the first maximum in
+// window order; NaN propagates.
+Tensor max_pool2d(const Tensor& x, Size2 kernel, std::optional<Size2> stride = std::nullopt, Size2 padding = 0,
+                  Size2 dilation = 1);
+// count_include_pad: whether padded zeros count in the divisor.
+Tensor avg_pool2d(const Tensor& x, Size2 kernel, std::optional<Size2> stride = std::nullopt, Size2 padding = 0,
+                  bool count_include_pad = true);
+// Output (N, C, OH, OW); cell (i, j) averages rows [floor(i*H/OH), ceil((i+1)*H/OH)) and likewise columns.
+Tensor adaptive_avg_pool2d(const Tensor& x, Size2 output_size);
+
+}  // namespace kiln

@@ -1,0 +1,277 @@
+// batch_norm (optionally fused with ReLU) and layer_norm: checks, layout,
+// dispatch to kernels/norm.h, and the backward.
+//
+// Batch norm keeps x's layout: a contiguous x is (N, C, inner); a 4-D
+// channels-last x is (N*H*W, C, 1) and the output keeps its strides; anything
+// else is made contiguous first. Per-channel vectors run in the compute type
+// (float32, or float64 for float64 x); others are converted for the kernel and
+// the running stats written back.
+#include <utility>
+
+#include "core/allocator.h"
+#include "core/autograd.h"
+#include "core/nn_ops.h"
+#include "core/ops.h"
+#include "kernels/norm.h"
+
+namespace kiln {
+
+namespace {
+
+DType compute_dtype(DType dtype) { return dtype == DType::f64 ? DType::f64 : DType::f32; }
+
+// Whether t is 4-D with dense NHWC strides (and not plain contiguous).
+bool dense_channels_last(const Tensor& t) {
+  if (t.dim() != 4 || t.is_contiguous()) return false;
+  const int64_t C = t.size(1), H = t.size(2), W = t.size(3);
+  const int64_t expected[4] = {H * W * C, 1, W * C, C};
+  for (int d = 0; d < 4; ++d) {
+    if (t.shape()[d] != 1 && t.strides()[d] != expected[d]) return false;
+  }
+  return true;
+}
+
+// A per-channel tensor in the compute dtype (itself when it already is).
+Tensor as_compute(const Tensor& t, DType dtype) {
+  if (!t.defined()) return t;
+  NoGradGuard no_grad;
+  return t.contiguous().to(dtype);
+}
+
+void check_channel_vector(const Tensor& t, const char* what, const Tensor& x, int64_t C, const char* op) {
+  if (!t.defined()) return;
+  KILN_CHECK(t.dim() == 1 && t.size(0) == C, op, ": expected ", what, " of shape [", C, "] for input ",
+             shape_str(x.shape()), ", got ", shape_str(t.shape()));
+  KILN_CHECK(t.device() == x.device(), op, ": ", what, " is on ", t.device(), " but the input is on ", x.device());
+  KILN_CHECK(t.dtype() == x.dtype() || t.dtype() == compute_dtype(x.dtype()), op, ": ", what, " is ",
+             dtype_name(t.dtype()), ", expected ", dtype_name(x.dtype()),
+             x.dtype() == compute_dtype(x.dtype()) ? "" : " or float32", " for a ", dtype_name(x.dtype()), " input");
+}
+
+Tensor batch_norm_impl(const char* op, const Tensor& x_in, const Tensor& running_mean, const Tensor& running_var,
+                       const Tensor& weight, const Tensor& bias, bool training, double momentum, double eps,
+                       bool relu) {
+  KILN_CHECK(x_in.defined(), op, ": input is undefined");
+  KILN_CHECK(x_in.dim() >= 2, op, ": expected input (N, C) or (N, C, d...), got shape ", shape_str(x_in.shape()));
+  KILN_CHECK(is_floating(x_in.dtype()), op, ": expected a floating input, got ", dtype_name(x_in.dtype()));
+  const int64_t C = x_in.size(1);
+  check_channel_vector(running_mean, "running_mean", x_in, C, op);
+  check_channel_vector(running_var, "running_var", x_in, C, op);
+  check_channel_vector(weight, "weight", x_in, C, op);
+  check_channel_vector(bias, "bias", x_in, C, op);
+  KILN_CHECK(running_mean.defined() == running_var.defined(), op,
+             ": running_mean and running_var must be both defined or both undefined");
+  KILN_CHECK(training || running_mean.defined(), op,
+             ": eval mode (training=false) needs running_mean and running_var");
+  KILN_CHECK(eps > 0, op, ": eps must be positive, got ", eps);
+
+  kernels::BatchNormArgs args;
+  args.dtype = x_in.dtype();
+  args.training = training;
+  args.relu = relu;
+  args.momentum = momentum;
+  args.eps = eps;
+  const bool channels_last = dense_channels_last(x_in);
+  Tensor x;
+  {
+    NoGradGuard no_grad;  // the layout copy is not part of the graph
+    x = channels_last ? x_in : x_in.contiguous();
+  }
+  if (channels_last) {
+    args.shape = {x.numel() / std::max<int64_t>(C, 1), C, 1};
+  } else {
+    args.shape = {x.size(0), C, C == 0 || x.size(0) == 0 ? 0 : x.numel() / (x.size(0) * C)};
+  }
+  KILN_CHECK(!training || args.shape.reduced() > 1 || x.numel() == 0, op,
+             ": expected more than 1 value per channel when training, got input ", shape_str(x_in.shape()));
+
+  const DType cdtype = compute_dtype(x.dtype());
+  const TensorOptions channel_options{.dtype = cdtype, .device = x.device()};
+  const Tensor w = as_compute(weight, cdtype), b = as_compute(bias, cdtype);
+  Tensor rm = as_compute(running_mean, cdtype), rv = as_compute(running_var, cdtype);
+  const bool update_running = training && running_mean.defined();
+  if (update_running) {
+    KILN_CHECK(!(grad_mode_enabled() && (running_mean.requires_grad() || running_var.requires_grad())), op,
+               ": running_mean/running_var are updated in place and must not require grad");
+  }
+  Tensor mean = empty({C}, channel_options), invstd = empty({C}, channel_options);
+  Tensor y = channels_last ? empty_strided(x.shape(), x.strides(), {.dtype = x.dtype(), .device = x.device()})
+                           : empty(x.shape(), {.dtype = x.dtype(), .device = x.device()});
+  void* rm_ptr = rm.defined() ? rm.data_ptr() : nullptr;
+  void* rv_ptr = rv.defined() ? rv.data_ptr() : nullptr;
+  if (training && !update_running) rm_ptr = rv_ptr = nullptr;
+  if (x.numel() > 0) {
+    if (x.is_cuda()) {
+      const auto stream = cuda::current_stream(x.device().index);
+      auto workspace = allocate_cuda(kernels::batch_norm_workspace_bytes(args), x.device().index, stream);
+      kernels::batch_norm_forward_cuda(args, x.data_ptr(), w.defined() ? w.data_ptr() : nullptr,
+                                       b.defined() ? b.data_ptr() : nullptr, rm_ptr, rv_ptr, y.data_ptr(),
+                                       mean.data_ptr(), invstd.data_ptr(), workspace.get(), stream);
+    } else {
+      kernels::batch_norm_forward_cpu(args, x.data_ptr(), w.defined() ? w.data_ptr() : nullptr,
+                                      b.defined() ? b.data_ptr() : nullptr, rm_ptr, rv_ptr, y.data_ptr(),
+                                      mean.data_ptr(), invstd.data_ptr());
+    }
+  }
+  if (update_running) {
+    // The kernel wrote the buffers in place (or converted copies, written back here).
+    NoGradGuard no_grad;
+    for (auto [target, written] : {std::pair{running_mean, rm}, std::pair{running_var, rv}}) {
+      if (written.same(target)) {
+        target.bump_version();
+      } else {
+        target.copy_(written);
+      }
+    }
+  }
+
+  if (autograd::any_requires_grad({&x_in, &weight, &bias})) {
+    const bool need_dx = x_in.requires_grad();
+    const bool need_dw = weight.defined() && weight.requires_grad();
+    const bool need_db = bias.defined() && bias.requires_grad();
+    const DType weight_dtype = weight.defined() ? weight.dtype() : cdtype;
+    const DType bias_dtype = bias.defined() ? bias.dtype() : cdtype;
+    autograd::SavedTensor saved_x(x, op), saved_w(w, op), saved_b(relu ? b : Tensor(), op);
+    autograd::SavedTensor saved_mean(mean, op), saved_invstd(invstd, op);
+    autograd::record(op, {x_in, weight, bias}, {y}, [=](const autograd::TensorList& grads) -> autograd::TensorList {
+      const Tensor x = saved_x.unpack(), w = saved_w.unpack(), b = saved_b.unpack();
+      const Tensor mean = saved_mean.unpack(), invstd = saved_invstd.unpack();
+      // The gradient in x's layout.
+      Tensor g = grads[0];
+      if (channels_last) {
+        if (!dense_channels_last(g) || g.strides() != x.strides()) {
+          Tensor dense = empty_strided(x.shape(), x.strides(), {.dtype = g.dtype(), .device = g.device()});
+          dense.copy_(g);
+          g = dense;
+        }
+      } else {
+        g = g.contiguous();
+      }
+      const TensorOptions channel_options{.dtype = mean.dtype(), .device = x.device()};
+      Tensor dx = need_dx ? (channels_last ? empty_strided(x.shape(), x.strides(), {.dtype = x.dtype(), .device = x.device()})
+                                           : empty(x.shape(), {.dtype = x.dtype(), .device = x.device()}))
+                          : Tensor();
+      Tensor dw = need_dw ? empty({C}, channel_options) : Tensor();
+      Tensor db = need_db ? empty({C}, channel_options) : Tensor();
+      if (x.numel() == 0) {
+        for (Tensor* t : {&dw, &db}) {
+          if (t->defined()) t->zero_();
+        }
+      } else if (x.is_cuda()) {
+        const auto stream = cuda::current_stream(x.device().index);
+        auto workspace = allocate_cuda(kernels::batch_norm_workspace_bytes(args), x.device().index, stream);
+        kernels::batch_norm_backward_cuda(args, x.data_ptr(), g.data_ptr(), w.defined() ? w.data_ptr() : nullptr,
+                                          b.defined() ? b.data_ptr() : nullptr, mean.data_ptr(), invstd.data_ptr(),
+                                          need_dx ? dx.data_ptr() : nullptr, need_dw ? dw.data_ptr() : nullptr,
+                                          need_db ? db.data_ptr() : nullptr, workspace.get(), stream);
+      } else {
+        kernels::batch_norm_backward_cpu(args, x.data_ptr(), g.data_ptr(), w.defined() ? w.data_ptr() : nullptr,
+                                         b.defined() ? b.data_ptr() : nullptr, mean.data_ptr(), invstd.data_ptr(),
+                                         need_dx ? dx.data_ptr() : nullptr, need_dw ? dw.data_ptr() : nullptr,
+                                         need_db ? db.data_ptr() : nullptr);
+      }
+      if (dw.defined() && dw.dtype() != weight_dtype) dw = dw.to(weight_dtype);
+      if (db.defined() && db.dtype() != bias_dtype) db = db.to(bias_dtype);
+      return {dx, dw, db};
+    });
+  }
+  return y;
+}
+
+}  // namespace
+
+Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& running_var, const Tensor& weight,
+                  const Tensor& bias, bool training, double momentum, double eps) {
+  return batch_norm_impl("batch_norm", x, running_mean, running_var, weight, bias, training, momentum, eps, false);
+}
+
+Tensor batch_norm_relu(const Tensor& x, const Tensor& running_mean, const Tensor& running_var, const Tensor& weight,
+                       const Tensor& bias, bool training, double momentum, double eps) {
+  return batch_norm_impl("batch_norm_relu", x, running_mean, running_var, weight, bias, training, momentum, eps,
+                         true);
+}
+
+Tensor layer_norm(const Tensor& x_in, const Shape& normalized_shape, const Tensor& weight, const Tensor& bias,
+                  double eps) {
+  const char* op = "layer_norm";
+  KILN_CHECK(x_in.defined(), op, ": input is undefined");
+  KILN_CHECK(is_floating(x_in.dtype()), op, ": expected a floating input, got ", dtype_name(x_in.dtype()));
+  const int64_t k = static_cast<int64_t>(normalized_shape.size());
+  KILN_CHECK(k >= 1 && k <= x_in.dim() &&
+                 Shape(x_in.shape().end() - k, x_in.shape().end()) == normalized_shape,
+             op, ": normalized_shape ", shape_str(normalized_shape), " must be the trailing dims of the input ",
+             shape_str(x_in.shape()));
+  for (const Tensor* t : {&weight, &bias}) {
+    if (!t->defined()) continue;
+    const char* what = t == &weight ? "weight" : "bias";
+    KILN_CHECK(t->shape() == normalized_shape, op, ": expected ", what, " of shape ", shape_str(normalized_shape),
+               ", got ", shape_str(t->shape()));
+    KILN_CHECK(t->dtype() == x_in.dtype() && t->device() == x_in.device(), op, ": ", what, " is ",
+               dtype_name(t->dtype()), " on ", t->device(), ", expected ", dtype_name(x_in.dtype()), " on ",
+               x_in.device());
+  }
+  KILN_CHECK(eps > 0, op, ": eps must be positive, got ", eps);
+  kernels::LayerNormArgs args;
+  args.cols = shape_numel(normalized_shape);
+  args.rows = args.cols == 0 ? 0 : x_in.numel() / args.cols;
+  args.dtype = x_in.dtype();
+  args.eps = eps;
+
+  Tensor x, w, b;
+  {
+    NoGradGuard no_grad;  // layout copies are not part of the graph
+    x = x_in.contiguous();
+    w = weight.defined() ? weight.contiguous() : Tensor();
+    b = bias.defined() ? bias.contiguous() : Tensor();
+  }
+  const TensorOptions row_options{.dtype = compute_dtype(x.dtype()), .device = x.device()};
+  Tensor mean = empty({args.rows}, row_options), rstd = empty({args.rows}, row_options);
+  Tensor y = empty(x.shape(), {.dtype = x.dtype(), .device = x.device()});
+  if (x.numel() > 0) {
+    if (x.is_cuda()) {
+      kernels::layer_norm_forward_cuda(args, x.data_ptr(), w.defined() ? w.data_ptr() : nullptr,
+                                       b.defined() ? b.data_ptr() : nullptr, y.data_ptr(), mean.data_ptr(),
+                                       rstd.data_ptr(), cuda::current_stream(x.device().index));
+    } else {
+      kernels::layer_norm_forward_cpu(args, x.data_ptr(), w.defined() ? w.data_ptr() : nullptr,
+                                      b.defined() ? b.data_ptr() : nullptr, y.data_ptr(), mean.data_ptr(),
+                                      rstd.data_ptr());
+    }
+  }
+
+  if (autograd::any_requires_grad({&x_in, &weight, &bias})) {
+    const bool need_dx = x_in.requires_grad();
+    const bool need_dw = weight.defined() && weight.requires_grad();
+    const bool need_db = bias.defined() && bias.requires_grad();
+    autograd::SavedTensor saved_x(x, op), saved_w(need_dx ? w : Tensor(), op);
+    autograd::SavedTensor saved_mean(mean, op), saved_rstd(rstd, op);
+    autograd::record(op, {x_in, weight, bias}, {y}, [=](const autograd::TensorList& grads) -> autograd::TensorList {
+      const Tensor x = saved_x.unpack(), w = saved_w.unpack(), mean = saved_mean.unpack(), rstd = saved_rstd.unpack();
+      const Tensor g = grads[0].contiguous();
+      const TensorOptions options{.dtype = x.dtype(), .device = x.device()};
+      Tensor dx = need_dx ? empty(x.shape(), options) : Tensor();
+      Tensor dw = need_dw ? empty(normalized_shape, options) : Tensor();
+      Tensor db = need_db ? empty(normalized_shape, options) : Tensor();
+      if (x.numel() == 0) {
+        for (Tensor* t : {&dw, &db}) {
+          if (t->defined()) t->zero_();
+        }
+      } else if (x.is_cuda()) {
+        const auto stream = cuda::current_stream(x.device().index);
+        auto workspace = allocate_cuda(kernels::layer_norm_workspace_bytes(args), x.device().index, stream);
+        kernels::layer_norm_backward_cuda(args, x.data_ptr(), g.data_ptr(), w.defined() ? w.data_ptr() : nullptr,
+                                          mean.data_ptr(), rstd.data_ptr(), need_dx ? dx.data_ptr() : nullptr,
+                                          need_dw ? dw.data_ptr() : nullptr, need_db ? db.data_ptr() : nullptr,
+                                          workspace.get(), stream);
+      } else {
+        kernels::layer_norm_backward_cpu(args, x.data_ptr(), g.data_ptr(), w.defined() ? w.data_ptr() : nullptr,
+                                         mean.data_ptr(), rstd.data_ptr(), need_dx ? dx.data_ptr() : nullptr,
+                                         need_dw ? dw.data_ptr() : nullptr, need_db ? db.data_ptr() : nullptr);
+      }
+      return {dx, dw, db};
+    });
+  }
+  return y;
+}
+
+}  // namespace kiln

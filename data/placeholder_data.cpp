@@ -1,2 +1,0 @@
-// placeholder: data has no sources yet
-namespace kiln {}

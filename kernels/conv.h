@@ -1,0 +1,94 @@
+// 2-D convolution kernels: the compute behind kiln::conv2d (core/ops/conv.cpp).
+//
+// CPU (kernels/cpu/conv.cpp): contiguous NCHW, float32 or float64 (the front
+// end converts 16-bit inputs to float32). im2col into a thread-local buffer
+// plus an Eigen GEMM per (sample, group), samples split across threads; the
+// weight gradient sums fixed chunks of the batch in a fixed order, so results
+// do not depend on the thread count.
+//
+// CUDA (kernels/cuda/conv.cpp): cuDNN 9 legacy convolution API, NCHW or
+// channels-last (NHWC) tensors, float32/float16/bfloat16/float64. Algorithms
+// come from cudnnGet*_v7 heuristics, or in benchmark mode from
+// cudnnFind*AlgorithmEx once per (shape, dtype, layout, flags) key, cached.
+// Workspace memory comes from the caller through `WorkspaceAllocator`.
+// Every call is asynchronous on the stream given, except that a benchmark-mode
+// cache miss synchronizes (cuDNN's Find times the candidates).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+
+#include "kernels/cuda/runtime.h"
+#include "kernels/dtype.h"
+
+namespace kiln::kernels {
+
+// Geometry of one 2-D convolution; the front end checks it and computes
+// out_h/out_w. Groups divide in_channels and out_channels.
+struct Conv2dParams {
+  int64_t batch = 0, in_channels = 0, in_h = 0, in_w = 0;
+  int64_t out_channels = 0, kernel_h = 0, kernel_w = 0;
+  int64_t out_h = 0, out_w = 0;
+  int64_t stride_h = 1, stride_w = 1;
+  int64_t pad_h = 0, pad_w = 0;
+  int64_t dilation_h = 1, dilation_w = 1;
+  int64_t groups = 1;
+};
+
+// Multiply-adds of the forward pass (each backward product costs the same).
+inline double conv2d_macs(const Conv2dParams& p) {
+  return static_cast<double>(p.batch) * static_cast<double>(p.out_channels) * static_cast<double>(p.out_h * p.out_w) *
+         static_cast<double>(p.in_channels / p.groups) * static_cast<double>(p.kernel_h * p.kernel_w);
+}
+
+// ---------------------------------------------------------------- CPU
+// x (N, C, H, W), weight (O, C/groups, kh, kw), bias (O) or null -> y (N, O, OH, OW); all contiguous.
+void conv2d_forward_cpu(DType dtype, const Conv2dParams& p, const void* x, const void* weight, const void* bias,
+                        void* y);
+// From dy (N, O, OH, OW): dx (N, C, H, W), dweight (O, C/groups, kh, kw) and
+// dbias (O), each written (=) when non-null. x is read only for dweight and
+// weight only for dx.
+void conv2d_backward_cpu(DType dtype, const Conv2dParams& p, const void* x, const void* weight, const void* dy,
+                         void* dx, void* dweight, void* dbias);
+
+// ---------------------------------------------------------------- CUDA (cuDNN)
+struct ConvCudaConfig {
+  DType dtype = DType::f32;
+  // Tensors are NHWC in memory (x, y and the weight as (O, kh, kw, C/groups));
+  // otherwise NCHW contiguous.
+  bool channels_last = false;
+  bool deterministic = false;  // only algorithms cuDNN reports deterministic
+  bool allow_tf32 = false;     // float32 may use TF32 tensor cores
+  bool benchmark = false;      // cudnnFind once per key instead of heuristics
+  int device = 0;
+  cuda::Stream stream = nullptr;
+};
+
+// Returns device memory of at least `bytes` on the config's stream, valid
+// until the kernel call returns (the caller's caching allocator keeps it
+// stream-ordered). Called at most twice per kernel call.
+using WorkspaceAllocator = std::function<void*(size_t bytes)>;
+
+// y = conv(x, weight) (+ bias (O) when non-null).
+void conv2d_forward_cuda(const Conv2dParams& p, const ConvCudaConfig& config, const void* x, const void* weight,
+                         const void* bias, void* y, const WorkspaceAllocator& workspace);
+// dx = conv_transpose(dy, weight) (written, =).
+void conv2d_backward_input_cuda(const Conv2dParams& p, const ConvCudaConfig& config, const void* weight,
+                                const void* dy, void* dx, const WorkspaceAllocator& workspace);
+// dweight = correlation of x and dy (written, =).
+void conv2d_backward_weight_cuda(const Conv2dParams& p, const ConvCudaConfig& config, const void* x, const void* dy,
+                                 void* dweight, const WorkspaceAllocator& workspace);
+// dbias (O) = sum of dy over N, OH, OW (written, =).
+void conv2d_backward_bias_cuda(const Conv2dParams& p, const ConvCudaConfig& config, const void* dy, void* dbias);
+
+// Counters of the benchmark-mode algorithm cache (all zero with CUDA off).
+struct CudnnConvCacheStats {
+  uint64_t hits = 0;    // a benchmark-mode call found its key cached
+  uint64_t misses = 0;  // a benchmark-mode call ran cudnnFind*AlgorithmEx
+  uint64_t entries = 0;
+};
+CudnnConvCacheStats cudnn_conv_cache_stats();
+// Forgets every cached algorithm and zeroes the counters.
+void cudnn_conv_cache_clear();
+
+}  // namespace kiln::kernels

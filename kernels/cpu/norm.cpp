@@ -1,0 +1,446 @@
+// CPU batch norm (optionally fused with ReLU) and layer norm.
+//
+// Batch norm over (outer, C, inner) planes runs one channel per task: its
+// planes (N*H*W elements; 400 KB for FashionCNN's first layer at batch 128)
+// stay in the core's L2 between the passes, so the training forward (mean,
+// centred variance, apply) and the backward (two sums, then dx) read memory
+// once and write once. For inner == 1 ((N, C) and channels-last NHWC) rows are
+// reduced in fixed chunks instead. Sums run in float lanes within a plane and
+// in double across planes, in a fixed order: no dependence on the thread count.
+#include <algorithm>
+#include <cmath>
+#include <utility>
+#include <vector>
+
+#include "kernels/norm.h"
+
+namespace kiln::kernels {
+
+namespace {
+
+constexpr int kLanes = 16;
+constexpr int64_t kRowChunks = 16;  // fixed blocking of row reductions
+
+template <typename T>
+inline compute_t<T> load(const T* p, int64_t i) {
+  return static_cast<compute_t<T>>(p[i]);
+}
+
+// Sum of f(i) for i in [0, n), with kLanes accumulators of type A.
+template <typename A, typename F>
+inline double lane_sum(int64_t n, F f) {
+  A acc[kLanes] = {};
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    for (int k = 0; k < kLanes; ++k) acc[k] += f(i + k);
+  }
+  for (int k = 0; i < n; ++i, ++k) acc[k] += f(i);
+  for (int width = kLanes / 2; width > 0; width /= 2) {
+    for (int k = 0; k < width; ++k) acc[k] += acc[k + width];
+  }
+  return static_cast<double>(acc[0]);
+}
+
+// Two sums of (f(i).first, f(i).second) in one pass, same blocking as lane_sum.
+template <typename A, typename F>
+inline void lane_sum2(int64_t n, F f, double* first, double* second) {
+  A acc0[kLanes] = {}, acc1[kLanes] = {};
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    for (int k = 0; k < kLanes; ++k) {
+      const auto [a, b] = f(i + k);
+      acc0[k] += a;
+      acc1[k] += b;
+    }
+  }
+  for (int k = 0; i < n; ++i, ++k) {
+    const auto [a, b] = f(i);
+    acc0[k] += a;
+    acc1[k] += b;
+  }
+  for (int width = kLanes / 2; width > 0; width /= 2) {
+    for (int k = 0; k < width; ++k) {
+      acc0[k] += acc0[k + width];
+      acc1[k] += acc1[k + width];
+    }
+  }
+  *first += static_cast<double>(acc0[0]);
+  *second += static_cast<double>(acc1[0]);
+}
+
+// ---------------------------------------------------------------- batch norm
+
+template <typename T>
+struct ChannelAffine {
+  using A = compute_t<T>;
+  A scale, shift;  // bn(x) = x * scale + shift
+};
+
+template <typename T>
+inline compute_t<T> affine(compute_t<T> x, const ChannelAffine<T>& a) {
+  return x * a.scale + a.shift;
+}
+
+// The forward and the backward (which recomputes the ReLU mask) build the
+// affine form the same way, so the mask matches the forward bit for bit.
+template <typename T>
+ChannelAffine<T> channel_affine(int64_t c, const compute_t<T>* mean, const compute_t<T>* invstd,
+                                const compute_t<T>* weight, const compute_t<T>* bias) {
+  using A = compute_t<T>;
+  const A w = weight ? weight[c] : A(1), b = bias ? bias[c] : A(0);
+  const A scale = invstd[c] * w;
+  return {scale, static_cast<A>(b - mean[c] * scale)};
+}
+
+template <typename T>
+void batch_norm_forward(const BatchNormArgs& args, const T* x, const compute_t<T>* weight,
+                        const compute_t<T>* bias, compute_t<T>* running_mean, compute_t<T>* running_var, T* y,
+                        compute_t<T>* save_mean, compute_t<T>* save_invstd) {
+  using A = compute_t<T>;
+  const int64_t outer = args.shape.outer, C = args.shape.channels, inner = args.shape.inner;
+  const int64_t M = args.shape.reduced();
+  const int64_t numel = M * C;
+
+  // Statistics (training) or running stats (eval) -> save_mean / save_invstd.
+  if (!args.training) {
+    for (int64_t c = 0; c < C; ++c) {
+      save_mean[c] = running_mean[c];
+      save_invstd[c] = static_cast<A>(1.0 / std::sqrt(static_cast<double>(running_var[c]) + args.eps));
+    }
+  } else if (inner > 1) {
+#pragma omp parallel for schedule(static) if (numel > (1 << 15))
+    for (int64_t c = 0; c < C; ++c) {
+      double total = 0;
+      for (int64_t o = 0; o < outer; ++o) {
+        const T* plane = x + (o * C + c) * inner;
+        total += lane_sum<A>(inner, [&](int64_t i) { return load(plane, i); });
+      }
+      const double mean = total / static_cast<double>(M);
+      const A mean_a = static_cast<A>(mean);
+      double squares = 0;
+      for (int64_t o = 0; o < outer; ++o) {
+        const T* plane = x + (o * C + c) * inner;
+        squares += lane_sum<A>(inner, [&](int64_t i) {
+          const A d = load(plane, i) - mean_a;
+          return d * d;
+        });
+      }
+      save_mean[c] = static_cast<A>(mean);
+      save_invstd[c] = static_cast<A>(1.0 / std::sqrt(squares / static_cast<double>(M) + args.eps));
+      if (running_mean != nullptr) {
+        running_mean[c] = static_cast<A>((1 - args.momentum) * running_mean[c] + args.momentum * mean);
+        const double unbiased = squares / static_cast<double>(M - 1);
+        running_var[c] = static_cast<A>((1 - args.momentum) * running_var[c] + args.momentum * unbiased);
+      }
+      // Apply while the channel's planes are still in this core's cache.
+      const ChannelAffine<T> a = channel_affine<T>(c, save_mean, save_invstd, weight, bias);
+      for (int64_t o = 0; o < outer; ++o) {
+        const T* src = x + (o * C + c) * inner;
+        T* dst = y + (o * C + c) * inner;
+        if (args.relu) {
+          for (int64_t i = 0; i < inner; ++i) dst[i] = static_cast<T>(std::max(affine(load(src, i), a), A(0)));
+        } else {
+          for (int64_t i = 0; i < inner; ++i) dst[i] = static_cast<T>(affine(load(src, i), a));
+        }
+      }
+    }
+    return;
+  } else {
+    // Rows (outer, C): per-chunk column sums, combined in chunk order.
+    const int64_t chunks = std::max<int64_t>(1, std::min(outer, kRowChunks));
+    const int64_t per_chunk = (outer + chunks - 1) / chunks;
+    std::vector<double> partial(static_cast<size_t>(chunks * C));
+    std::vector<double> mean(static_cast<size_t>(C), 0.0), squares(static_cast<size_t>(C), 0.0);
+    for (int pass = 0; pass < 2; ++pass) {
+#pragma omp parallel for schedule(static) if (numel > (1 << 15))
+      for (int64_t chunk = 0; chunk < chunks; ++chunk) {
+        double* acc = partial.data() + chunk * C;
+        std::fill(acc, acc + C, 0.0);
+        const int64_t end = std::min(outer, (chunk + 1) * per_chunk);
+        for (int64_t r = chunk * per_chunk; r < end; ++r) {
+          const T* row = x + r * C;
+          if (pass == 0) {
+            for (int64_t c = 0; c < C; ++c) acc[c] += static_cast<double>(load(row, c));
+          } else {
+            for (int64_t c = 0; c < C; ++c) {
+              const double d = static_cast<double>(load(row, c)) - mean[c];
+              acc[c] += d * d;
+            }
+          }
+        }
+      }
+      std::vector<double>& target = pass == 0 ? mean : squares;
+      for (int64_t chunk = 0; chunk < chunks; ++chunk) {
+        for (int64_t c = 0; c < C; ++c) target[c] += partial[chunk * C + c];
+      }
+      if (pass == 0) {
+        for (int64_t c = 0; c < C; ++c) mean[c] /= static_cast<double>(M);
+      }
+    }
+    for (int64_t c = 0; c < C; ++c) {
+      save_mean[c] = static_cast<A>(mean[c]);
+      save_invstd[c] = static_cast<A>(1.0 / std::sqrt(squares[c] / static_cast<double>(M) + args.eps));
+      if (running_mean != nullptr) {
+        running_mean[c] = static_cast<A>((1 - args.momentum) * running_mean[c] + args.momentum * mean[c]);
+        const double unbiased = squares[c] / static_cast<double>(M - 1);
+        running_var[c] = static_cast<A>((1 - args.momentum) * running_var[c] + args.momentum * unbiased);
+      }
+    }
+  }
+
+  // Apply with the per-channel affine form (eval mode, and training on rows).
+  std::vector<ChannelAffine<T>> affines(static_cast<size_t>(C));
+  for (int64_t c = 0; c < C; ++c) affines[c] = channel_affine<T>(c, save_mean, save_invstd, weight, bias);
+  const bool relu = args.relu;
+#pragma omp parallel for schedule(static) if (numel > (1 << 15))
+  for (int64_t o = 0; o < outer; ++o) {
+    for (int64_t c = 0; c < C; ++c) {
+      const ChannelAffine<T> a = affines[c];
+      const T* src = x + (o * C + c) * inner;
+      T* dst = y + (o * C + c) * inner;
+      for (int64_t i = 0; i < inner; ++i) {
+        const A v = affine(load(src, i), a);
+        dst[i] = static_cast<T>(relu ? std::max(v, A(0)) : v);
+      }
+    }
+  }
+}
+
+// kRelu is a template argument so that the masked loops have no branch and vectorize.
+template <typename T, bool kRelu>
+void batch_norm_backward(const BatchNormArgs& args, const T* x, const T* dy, const compute_t<T>* weight,
+                         const compute_t<T>* bias, const compute_t<T>* save_mean, const compute_t<T>* save_invstd,
+                         T* dx, compute_t<T>* dweight, compute_t<T>* dbias) {
+  using A = compute_t<T>;
+  const int64_t outer = args.shape.outer, C = args.shape.channels, inner = args.shape.inner;
+  const int64_t M = args.shape.reduced();
+  const int64_t numel = M * C;
+
+  std::vector<ChannelAffine<T>> affines(static_cast<size_t>(C));
+  for (int64_t c = 0; c < C; ++c) affines[c] = channel_affine<T>(c, save_mean, save_invstd, weight, bias);
+  // dz = dy masked by the recomputed ReLU.
+  auto dz_at = [](const T* xs, const T* dys, int64_t i, const ChannelAffine<T>& a) -> A {
+    const A g = load(dys, i);
+    if constexpr (kRelu) {
+      return affine(load(xs, i), a) > A(0) ? g : A(0);
+    } else {
+      return g;
+    }
+  };
+  // dx = k * (dz - sum_dz / M * training) - xmu * coef, per channel.
+  auto write_dx = [&](int64_t c, double sum_dz, double sum_dz_xmu, const T* xs, const T* dys, T* dxs, int64_t n,
+                      int64_t step) {
+    const A w = weight ? weight[c] : A(1);
+    const A invstd = save_invstd[c], mean = save_mean[c];
+    const A k = invstd * w;
+    const A mean_dz = args.training ? static_cast<A>(sum_dz / static_cast<double>(M)) : A(0);
+    const A coef = args.training ? static_cast<A>(sum_dz_xmu / static_cast<double>(M)) * invstd * invstd : A(0);
+    const ChannelAffine<T> a = affines[c];
+    for (int64_t i = 0; i < n; ++i) {
+      const A dz = dz_at(xs, dys, i * step, a);
+      dxs[i * step] = static_cast<T>(k * (dz - mean_dz - (load(xs, i * step) - mean) * coef));
+    }
+  };
+
+  if (inner > 1) {
+#pragma omp parallel for schedule(static) if (numel > (1 << 15))
+    for (int64_t c = 0; c < C; ++c) {
+      const ChannelAffine<T> a = affines[c];
+      const A mean = save_mean[c];
+      double sum_dz = 0, sum_dz_xmu = 0;
+      for (int64_t o = 0; o < outer; ++o) {
+        const T* xs = x + (o * C + c) * inner;
+        const T* dys = dy + (o * C + c) * inner;
+        lane_sum2<A>(
+            inner,
+            [&](int64_t i) {
+              const A dz = dz_at(xs, dys, i, a);
+              return std::pair<A, A>{dz, dz * (load(xs, i) - mean)};
+            },
+            &sum_dz, &sum_dz_xmu);
+      }
+      if (dbias != nullptr) dbias[c] = static_cast<A>(sum_dz);
+      if (dweight != nullptr) dweight[c] = static_cast<A>(sum_dz_xmu * static_cast<double>(save_invstd[c]));
+      if (dx != nullptr) {
+        for (int64_t o = 0; o < outer; ++o) {
+          const int64_t base = (o * C + c) * inner;
+          write_dx(c, sum_dz, sum_dz_xmu, x + base, dy + base, dx + base, inner, 1);
+        }
+      }
+    }
+    return;
+  }
+
+  // Rows (outer, C): chunked column sums, then dx row by row.
+  const int64_t chunks = std::max<int64_t>(1, std::min(outer, kRowChunks));
+  const int64_t per_chunk = (outer + chunks - 1) / chunks;
+  std::vector<double> partial(static_cast<size_t>(2 * chunks * C));
+#pragma omp parallel for schedule(static) if (numel > (1 << 15))
+  for (int64_t chunk = 0; chunk < chunks; ++chunk) {
+    double* acc_dz = partial.data() + 2 * chunk * C;
+    double* acc_dz_xmu = acc_dz + C;
+    std::fill(acc_dz, acc_dz + 2 * C, 0.0);
+    const int64_t end = std::min(outer, (chunk + 1) * per_chunk);
+    for (int64_t r = chunk * per_chunk; r < end; ++r) {
+      for (int64_t c = 0; c < C; ++c) {
+        const A dz = dz_at(x + r * C, dy + r * C, c, affines[c]);
+        acc_dz[c] += static_cast<double>(dz);
+        acc_dz_xmu[c] += static_cast<double>(dz) * (static_cast<double>(load(x + r * C, c)) - save_mean[c]);
+      }
+    }
+  }
+  std::vector<double> sum_dz(static_cast<size_t>(C), 0.0), sum_dz_xmu(static_cast<size_t>(C), 0.0);
+  for (int64_t chunk = 0; chunk < chunks; ++chunk) {
+    for (int64_t c = 0; c < C; ++c) {
+      sum_dz[c] += partial[2 * chunk * C + c];
+      sum_dz_xmu[c] += partial[2 * chunk * C + C + c];
+    }
+  }
+  for (int64_t c = 0; c < C; ++c) {
+    if (dbias != nullptr) dbias[c] = static_cast<A>(sum_dz[c]);
+    if (dweight != nullptr) dweight[c] = static_cast<A>(sum_dz_xmu[c] * static_cast<double>(save_invstd[c]));
+  }
+  if (dx != nullptr) {
+#pragma omp parallel for schedule(static) if (numel > (1 << 15))
+    for (int64_t r = 0; r < outer; ++r) {
+      for (int64_t c = 0; c < C; ++c) {
+        write_dx(c, sum_dz[c], sum_dz_xmu[c], x + r * C + c, dy + r * C + c, dx + r * C + c, 1, 1);
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------- layer norm
+
+template <typename T>
+void layer_norm_forward(const LayerNormArgs& args, const T* x, const T* weight, const T* bias, T* y,
+                        compute_t<T>* save_mean, compute_t<T>* save_rstd) {
+  using A = compute_t<T>;
+  const int64_t rows = args.rows, D = args.cols;
+#pragma omp parallel for schedule(static) if (rows * D > (1 << 15))
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* xs = x + r * D;
+    const double mean = lane_sum<A>(D, [&](int64_t i) { return load(xs, i); }) / static_cast<double>(D);
+    const A mean_a = static_cast<A>(mean);
+    const double var = lane_sum<A>(D, [&](int64_t i) {
+                         const A d = load(xs, i) - mean_a;
+                         return d * d;
+                       }) / static_cast<double>(D);
+    const A rstd = static_cast<A>(1.0 / std::sqrt(var + args.eps));
+    save_mean[r] = mean_a;
+    save_rstd[r] = rstd;
+    T* ys = y + r * D;
+    for (int64_t i = 0; i < D; ++i) {
+      A v = (load(xs, i) - mean_a) * rstd;
+      if (weight != nullptr) v *= load(weight, i);
+      if (bias != nullptr) v += load(bias, i);
+      ys[i] = static_cast<T>(v);
+    }
+  }
+}
+
+template <typename T>
+void layer_norm_backward(const LayerNormArgs& args, const T* x, const T* dy, const T* weight,
+                         const compute_t<T>* save_mean, const compute_t<T>* save_rstd, T* dx, T* dweight,
+                         T* dbias) {
+  using A = compute_t<T>;
+  const int64_t rows = args.rows, D = args.cols;
+  if (dx != nullptr) {
+#pragma omp parallel for schedule(static) if (rows * D > (1 << 15))
+    for (int64_t r = 0; r < rows; ++r) {
+      const T* xs = x + r * D;
+      const T* dys = dy + r * D;
+      const A mean = save_mean[r], rstd = save_rstd[r];
+      auto g = [&](int64_t i) { return weight != nullptr ? load(dys, i) * load(weight, i) : load(dys, i); };
+      const A mean_g = static_cast<A>(lane_sum<A>(D, g) / static_cast<double>(D));
+      const A mean_g_xhat = static_cast<A>(
+          lane_sum<A>(D, [&](int64_t i) { return g(i) * (load(xs, i) - mean) * rstd; }) / static_cast<double>(D));
+      T* dxs = dx + r * D;
+      for (int64_t i = 0; i < D; ++i) {
+        const A xhat = (load(xs, i) - mean) * rstd;
+        dxs[i] = static_cast<T>(rstd * (g(i) - mean_g - xhat * mean_g_xhat));
+      }
+    }
+  }
+  if (dweight == nullptr && dbias == nullptr) return;
+  const int64_t chunks = std::max<int64_t>(1, std::min(rows, kRowChunks));
+  const int64_t per_chunk = (rows + chunks - 1) / chunks;
+  std::vector<double> partial(static_cast<size_t>(2 * chunks * D));
+#pragma omp parallel for schedule(static) if (rows * D > (1 << 15))
+  for (int64_t chunk = 0; chunk < chunks; ++chunk) {
+    double* acc_w = partial.data() + 2 * chunk * D;
+    double* acc_b = acc_w + D;
+    std::fill(acc_w, acc_w + 2 * D, 0.0);
+    const int64_t end = std::min(rows, (chunk + 1) * per_chunk);
+    for (int64_t r = chunk * per_chunk; r < end; ++r) {
+      const A mean = save_mean[r], rstd = save_rstd[r];
+      for (int64_t i = 0; i < D; ++i) {
+        const A g = load(dy + r * D, i);
+        acc_w[i] += static_cast<double>(g * ((load(x + r * D, i) - mean) * rstd));
+        acc_b[i] += static_cast<double>(g);
+      }
+    }
+  }
+  for (int64_t i = 0; i < D; ++i) {
+    double total_w = 0, total_b = 0;
+    for (int64_t chunk = 0; chunk < chunks; ++chunk) {
+      total_w += partial[2 * chunk * D + i];
+      total_b += partial[2 * chunk * D + D + i];
+    }
+    if (dweight != nullptr) dweight[i] = static_cast<T>(total_w);
+    if (dbias != nullptr) dbias[i] = static_cast<T>(total_b);
+  }
+}
+
+}  // namespace
+
+void batch_norm_forward_cpu(const BatchNormArgs& args, const void* x, const void* weight, const void* bias,
+                            void* running_mean, void* running_var, void* y, void* save_mean, void* save_invstd) {
+  dispatch_floating(args.dtype, "batch_norm (cpu kernel)", [&]<typename T>() {
+    using A = compute_t<T>;
+    batch_norm_forward<T>(args, static_cast<const T*>(x), static_cast<const A*>(weight),
+                          static_cast<const A*>(bias), static_cast<A*>(running_mean), static_cast<A*>(running_var),
+                          static_cast<T*>(y), static_cast<A*>(save_mean), static_cast<A*>(save_invstd));
+  });
+}
+
+void batch_norm_backward_cpu(const BatchNormArgs& args, const void* x, const void* dy, const void* weight,
+                             const void* bias, const void* save_mean, const void* save_invstd, void* dx,
+                             void* dweight, void* dbias) {
+  dispatch_floating(args.dtype, "batch_norm backward (cpu kernel)", [&]<typename T>() {
+    using A = compute_t<T>;
+    auto run = [&]<bool kRelu>() {
+      batch_norm_backward<T, kRelu>(args, static_cast<const T*>(x), static_cast<const T*>(dy),
+                                    static_cast<const A*>(weight), static_cast<const A*>(bias),
+                                    static_cast<const A*>(save_mean), static_cast<const A*>(save_invstd),
+                                    static_cast<T*>(dx), static_cast<A*>(dweight), static_cast<A*>(dbias));
+    };
+    if (args.relu) {
+      run.template operator()<true>();
+    } else {
+      run.template operator()<false>();
+    }
+  });
+}
+
+void layer_norm_forward_cpu(const LayerNormArgs& args, const void* x, const void* weight, const void* bias, void* y,
+                            void* save_mean, void* save_rstd) {
+  dispatch_floating(args.dtype, "layer_norm (cpu kernel)", [&]<typename T>() {
+    using A = compute_t<T>;
+    layer_norm_forward<T>(args, static_cast<const T*>(x), static_cast<const T*>(weight),
+                          static_cast<const T*>(bias), static_cast<T*>(y), static_cast<A*>(save_mean),
+                          static_cast<A*>(save_rstd));
+  });
+}
+
+void layer_norm_backward_cpu(const LayerNormArgs& args, const void* x, const void* dy, const void* weight,
+                             const void* save_mean, const void* save_rstd, void* dx, void* dweight, void* dbias) {
+  dispatch_floating(args.dtype, "layer_norm backward (cpu kernel)", [&]<typename T>() {
+    using A = compute_t<T>;
+    layer_norm_backward<T>(args, static_cast<const T*>(x), static_cast<const T*>(dy), static_cast<const T*>(weight),
+                           static_cast<const A*>(save_mean), static_cast<const A*>(save_rstd), static_cast<T*>(dx),
+                           static_cast<T*>(dweight), static_cast<T*>(dbias));
+  });
+}
+
+}  // namespace kiln::kernels

@@ -1,0 +1,228 @@
+// CPU pooling: one plane per task (planes split across threads), so
+// backward scatters stay inside a plane and need no atomics.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <type_traits>
+
+#include "kernels/pool.h"
+
+namespace kiln::kernels {
+
+namespace {
+
+constexpr int64_t kParallelThreshold = 1 << 15;  // output elements
+
+template <typename T>
+void max_forward(const Pool2dParams& p, const T* x, T* y, int32_t* indices) {
+  using A = compute_t<T>;
+  const int64_t H = p.in_h, W = p.in_w, OH = p.out_h, OW = p.out_w;
+  const bool simple = p.kernel_h == 2 && p.kernel_w == 2 && p.stride_h == 2 && p.stride_w == 2 && p.pad_h == 0 &&
+                      p.pad_w == 0 && p.dilation_h == 1 && p.dilation_w == 1;
+#pragma omp parallel for schedule(static) if (p.planes * OH * OW > kParallelThreshold)
+  for (int64_t plane = 0; plane < p.planes; ++plane) {
+    const T* src = x + plane * H * W;
+    T* dst = y + plane * OH * OW;
+    int32_t* idx = indices + plane * OH * OW;
+    if (simple) {  // 2x2, stride 2: the common CNN case; branch-free so that it vectorizes
+      for (int64_t oh = 0; oh < OH; ++oh) {
+        const T* r0 = src + 2 * oh * W;
+        const T* r1 = r0 + W;
+        const int32_t base0 = static_cast<int32_t>(2 * oh * W), base1 = static_cast<int32_t>((2 * oh + 1) * W);
+        T* d = dst + oh * OW;
+        int32_t* q = idx + oh * OW;
+        for (int64_t ow = 0; ow < OW; ++ow) {
+          const int32_t c = 2 * static_cast<int32_t>(ow);  // int64 addressing below, so it vectorizes
+          A best = static_cast<A>(r0[2 * ow]);
+          int32_t at = base0 + c;
+          A v = static_cast<A>(r0[2 * ow + 1]);
+          bool take = (v > best) | (v != v);  // same rule as below: greater, or NaN
+          best = take ? v : best;
+          at = take ? base0 + c + 1 : at;
+          v = static_cast<A>(r1[2 * ow]);
+          take = (v > best) | (v != v);
+          best = take ? v : best;
+          at = take ? base1 + c : at;
+          v = static_cast<A>(r1[2 * ow + 1]);
+          take = (v > best) | (v != v);
+          best = take ? v : best;
+          at = take ? base1 + c + 1 : at;
+          d[ow] = static_cast<T>(best);
+          q[ow] = at;
+        }
+      }
+      continue;
+    }
+    for (int64_t oh = 0; oh < OH; ++oh) {
+      int64_t h0 = oh * p.stride_h - p.pad_h;
+      for (int64_t ow = 0; ow < OW; ++ow) {
+        int64_t w0 = ow * p.stride_w - p.pad_w;
+        A best = -std::numeric_limits<A>::infinity();
+        int64_t at = -1;
+        for (int64_t ki = 0; ki < p.kernel_h; ++ki) {
+          const int64_t ih = h0 + ki * p.dilation_h;
+          if (ih < 0 || ih >= H) continue;
+          for (int64_t kj = 0; kj < p.kernel_w; ++kj) {
+            const int64_t iw = w0 + kj * p.dilation_w;
+            if (iw < 0 || iw >= W) continue;
+            const A v = static_cast<A>(src[ih * W + iw]);
+            if (at < 0 || v > best || std::isnan(v)) {  // torch's rule: a later NaN wins
+              best = v;
+              at = ih * W + iw;
+            }
+          }
+        }
+        dst[oh * OW + ow] = static_cast<T>(best);
+        idx[oh * OW + ow] = static_cast<int32_t>(at);
+      }
+    }
+  }
+}
+
+// Zero the plane, then scatter: measured faster than a gather that writes each
+// element once, even for 2x2 tiles (memset streams; the scatter touches only
+// one element per window).
+template <typename T>
+void max_backward(const Pool2dParams& p, const T* dy, const int32_t* indices, T* dx) {
+  using A = compute_t<T>;
+  const int64_t HW = p.in_h * p.in_w, OHW = p.out_h * p.out_w;
+#pragma omp parallel for schedule(static) if (p.planes * HW > kParallelThreshold)
+  for (int64_t plane = 0; plane < p.planes; ++plane) {
+    T* dst = dx + plane * HW;
+    const T* g = dy + plane * OHW;
+    const int32_t* idx = indices + plane * OHW;
+    std::fill(dst, dst + HW, static_cast<T>(A(0)));
+    for (int64_t i = 0; i < OHW; ++i) dst[idx[i]] = static_cast<T>(static_cast<A>(dst[idx[i]]) + static_cast<A>(g[i]));
+  }
+}
+
+template <typename T>
+void avg_forward(const Pool2dParams& p, const T* x, T* y) {
+  using A = compute_t<T>;
+  const int64_t H = p.in_h, W = p.in_w, OH = p.out_h, OW = p.out_w;
+#pragma omp parallel for schedule(static) if (p.planes * OH * OW > kParallelThreshold)
+  for (int64_t plane = 0; plane < p.planes; ++plane) {
+    const T* src = x + plane * H * W;
+    T* dst = y + plane * OH * OW;
+    for (int64_t oh = 0; oh < OH; ++oh) {
+      const AvgWindow wh = avg_window(oh, p.stride_h, p.pad_h, p.kernel_h, H);
+      for (int64_t ow = 0; ow < OW; ++ow) {
+        const AvgWindow ww = avg_window(ow, p.stride_w, p.pad_w, p.kernel_w, W);
+        A total = 0;
+        for (int64_t ih = wh.start; ih < wh.end; ++ih) {
+          for (int64_t iw = ww.start; iw < ww.end; ++iw) total += static_cast<A>(src[ih * W + iw]);
+        }
+        const int64_t count = p.count_include_pad ? wh.padded_size * ww.padded_size
+                                                  : (wh.end - wh.start) * (ww.end - ww.start);
+        dst[oh * OW + ow] = static_cast<T>(total / static_cast<A>(count));
+      }
+    }
+  }
+}
+
+template <typename T>
+void avg_backward(const Pool2dParams& p, const T* dy, T* dx) {
+  using A = compute_t<T>;
+  const int64_t H = p.in_h, W = p.in_w, OH = p.out_h, OW = p.out_w;
+#pragma omp parallel for schedule(static) if (p.planes * H * W > kParallelThreshold)
+  for (int64_t plane = 0; plane < p.planes; ++plane) {
+    T* dst = dx + plane * H * W;
+    const T* g = dy + plane * OH * OW;
+    std::fill(dst, dst + H * W, static_cast<T>(A(0)));
+    for (int64_t oh = 0; oh < OH; ++oh) {
+      const AvgWindow wh = avg_window(oh, p.stride_h, p.pad_h, p.kernel_h, H);
+      for (int64_t ow = 0; ow < OW; ++ow) {
+        const AvgWindow ww = avg_window(ow, p.stride_w, p.pad_w, p.kernel_w, W);
+        const int64_t count = p.count_include_pad ? wh.padded_size * ww.padded_size
+                                                  : (wh.end - wh.start) * (ww.end - ww.start);
+        const A share = static_cast<A>(g[oh * OW + ow]) / static_cast<A>(count);
+        for (int64_t ih = wh.start; ih < wh.end; ++ih) {
+          for (int64_t iw = ww.start; iw < ww.end; ++iw) {
+            dst[ih * W + iw] = static_cast<T>(static_cast<A>(dst[ih * W + iw]) + share);
+          }
+        }
+      }
+    }
+  }
+}
+
+template <typename T>
+void adaptive_forward(const Pool2dParams& p, const T* x, T* y) {
+  using A = compute_t<T>;
+  const int64_t H = p.in_h, W = p.in_w, OH = p.out_h, OW = p.out_w;
+#pragma omp parallel for schedule(static) if (p.planes * H * W > kParallelThreshold)
+  for (int64_t plane = 0; plane < p.planes; ++plane) {
+    const T* src = x + plane * H * W;
+    T* dst = y + plane * OH * OW;
+    for (int64_t oh = 0; oh < OH; ++oh) {
+      const int64_t h0 = adaptive_start(oh, H, OH), h1 = adaptive_end(oh, H, OH);
+      for (int64_t ow = 0; ow < OW; ++ow) {
+        const int64_t w0 = adaptive_start(ow, W, OW), w1 = adaptive_end(ow, W, OW);
+        A total = 0;
+        for (int64_t ih = h0; ih < h1; ++ih) {
+          for (int64_t iw = w0; iw < w1; ++iw) total += static_cast<A>(src[ih * W + iw]);
+        }
+        dst[oh * OW + ow] = static_cast<T>(total / static_cast<A>((h1 - h0) * (w1 - w0)));
+      }
+    }
+  }
+}
+
+template <typename T>
+void adaptive_backward(const Pool2dParams& p, const T* dy, T* dx) {
+  using A = compute_t<T>;
+  const int64_t H = p.in_h, W = p.in_w, OH = p.out_h, OW = p.out_w;
+#pragma omp parallel for schedule(static) if (p.planes * H * W > kParallelThreshold)
+  for (int64_t plane = 0; plane < p.planes; ++plane) {
+    T* dst = dx + plane * H * W;
+    const T* g = dy + plane * OH * OW;
+    std::fill(dst, dst + H * W, static_cast<T>(A(0)));
+    for (int64_t oh = 0; oh < OH; ++oh) {
+      const int64_t h0 = adaptive_start(oh, H, OH), h1 = adaptive_end(oh, H, OH);
+      for (int64_t ow = 0; ow < OW; ++ow) {
+        const int64_t w0 = adaptive_start(ow, W, OW), w1 = adaptive_end(ow, W, OW);
+        const A share = static_cast<A>(g[oh * OW + ow]) / static_cast<A>((h1 - h0) * (w1 - w0));
+        for (int64_t ih = h0; ih < h1; ++ih) {
+          for (int64_t iw = w0; iw < w1; ++iw) {
+            dst[ih * W + iw] = static_cast<T>(static_cast<A>(dst[ih * W + iw]) + share);
+          }
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void max_pool2d_forward_cpu(DType dtype, const Pool2dParams& p, const void* x, void* y, int32_t* indices) {
+  dispatch_floating(dtype, "max_pool2d (cpu kernel)", [&]<typename T>() {
+    max_forward(p, static_cast<const T*>(x), static_cast<T*>(y), indices);
+  });
+}
+void max_pool2d_backward_cpu(DType dtype, const Pool2dParams& p, const void* dy, const int32_t* indices, void* dx) {
+  dispatch_floating(dtype, "max_pool2d backward (cpu kernel)", [&]<typename T>() {
+    max_backward(p, static_cast<const T*>(dy), indices, static_cast<T*>(dx));
+  });
+}
+void avg_pool2d_forward_cpu(DType dtype, const Pool2dParams& p, const void* x, void* y) {
+  dispatch_floating(dtype, "avg_pool2d (cpu kernel)", [&]<typename T>() {
+    avg_forward(p, static_cast<const T*>(x), static_cast<T*>(y));
+  });
+}
+void avg_pool2d_backward_cpu(DType dtype, const Pool2dParams& p, const void* dy, void* dx) {
+  dispatch_floating(dtype, "avg_pool2d backward (cpu kernel)", [&]<typename T>() {
+    avg_backward(p, static_cast<const T*>(dy), static_cast<T*>(dx));
+  });
+}
+void adaptive_avg_pool2d_forward_cpu(DType dtype, const Pool2dParams& p, const void* x, void* y) {
+  dispatch_floating(dtype, "adaptive_avg_pool2d (cpu kernel)", [&]<typename T>() {
+    adaptive_forward(p, static_cast<const T*>(x), static_cast<T*>(y));
+  });
+}
+void adaptive_avg_pool2d_backward_cpu(DType dtype, const Pool2dParams& p, const void* dy, void* dx) {
+  dispatch_floating(dtype, "adaptive_avg_pool2d backward (cpu kernel)", [&]<typename T>() {
+    adaptive_backward(p, static_cast<const T*>(dy), static_cast<T*>(dx));
+  });
+}
+
+}  // namespace kiln::kernels

@@ -1,0 +1,460 @@
+// cuDNN convolutions (cuDNN 9 legacy API): forward, backward data, backward
+// filter, backward bias.
+//
+// Invariants:
+//  - One cudnnHandle_t per (thread, device), bound to the caller's stream on
+//    every call; handles return to a pool when their thread exits (cuDNN
+//    handles are costly to create and must not be shared by threads at once).
+//  - Algorithms: cudnnGet*_v7 heuristics, cached per key; in benchmark mode
+//    cudnnFind*AlgorithmEx once per key (it synchronizes), cached, counted.
+//    The key holds every shape, the dtype, the layout, the device and the
+//    flags that restrict the choice (deterministic, TF32).
+//  - float32 runs with CUDNN_FMA_MATH unless TF32 is allowed, so float32
+//    results match the CPU to float32 tolerances; 16-bit types may use tensor
+//    cores. An algorithm is used with the math type cuDNN reported for it.
+//  - Workspace memory comes from the caller (stream-ordered caching allocator).
+#include <cudnn.h>
+
+#include <algorithm>
+#include <array>
+#include <map>
+#include <mutex>
+#include <vector>
+
+#include "kernels/conv.h"
+#include "kernels/cuda/check.h"
+
+namespace kiln::kernels {
+
+namespace {
+
+cudnnDataType_t data_type(DType dtype) {
+  switch (dtype) {
+    case DType::f32: return CUDNN_DATA_FLOAT;
+    case DType::f64: return CUDNN_DATA_DOUBLE;
+    case DType::f16: return CUDNN_DATA_HALF;
+    case DType::bf16: return CUDNN_DATA_BFLOAT16;
+    default: break;
+  }
+  KILN_THROW("conv2d (cuda): expected float32, float64, float16 or bfloat16, got ", dtype_name(dtype));
+}
+
+// ---------------------------------------------------------------- handles
+
+class HandlePool {
+ public:
+  static HandlePool& instance() {
+    static HandlePool* pool = new HandlePool();  // never destroyed: handles outlive static teardown
+    return *pool;
+  }
+  cudnnHandle_t acquire(int device) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      auto& free = free_[device];
+      if (!free.empty()) {
+        cudnnHandle_t handle = free.back();
+        free.pop_back();
+        return handle;
+      }
+    }
+    int previous = 0;
+    KILN_CUDA_CHECK(cudaGetDevice(&previous));
+    if (previous != device) KILN_CUDA_CHECK(cudaSetDevice(device));
+    cudnnHandle_t handle = nullptr;
+    const cudnnStatus_t status = cudnnCreate(&handle);
+    if (previous != device) KILN_CUDA_CHECK(cudaSetDevice(previous));
+    KILN_CUDNN_CHECK(status);
+    return handle;
+  }
+  void release(int device, cudnnHandle_t handle) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    free_[device].push_back(handle);
+  }
+
+ private:
+  std::mutex mutex_;
+  std::map<int, std::vector<cudnnHandle_t>> free_;
+};
+
+// The calling thread's handles, one per device, returned to the pool at thread exit.
+struct ThreadHandles {
+  std::map<int, cudnnHandle_t> handles;
+  ~ThreadHandles() {
+    for (auto& [device, handle] : handles) HandlePool::instance().release(device, handle);
+  }
+};
+
+cudnnHandle_t handle_for(int device, cuda::Stream stream) {
+  thread_local ThreadHandles mine;
+  auto it = mine.handles.find(device);
+  if (it == mine.handles.end()) it = mine.handles.emplace(device, HandlePool::instance().acquire(device)).first;
+  KILN_CUDNN_CHECK(cudnnSetStream(it->second, static_cast<cudaStream_t>(stream)));
+  return it->second;
+}
+
+// ---------------------------------------------------------------- descriptors
+
+struct Descriptors {
+  cudnnTensorDescriptor_t x = nullptr, y = nullptr;
+  cudnnFilterDescriptor_t w = nullptr;
+  cudnnConvolutionDescriptor_t conv = nullptr;
+
+  Descriptors(const Conv2dParams& p, const ConvCudaConfig& config) {
+    const cudnnDataType_t type = data_type(config.dtype);
+    const cudnnTensorFormat_t format = config.channels_last ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW;
+    KILN_CUDNN_CHECK(cudnnCreateTensorDescriptor(&x));
+    KILN_CUDNN_CHECK(cudnnCreateTensorDescriptor(&y));
+    KILN_CUDNN_CHECK(cudnnCreateFilterDescriptor(&w));
+    KILN_CUDNN_CHECK(cudnnCreateConvolutionDescriptor(&conv));
+    KILN_CUDNN_CHECK(cudnnSetTensor4dDescriptor(x, format, type, dim(p.batch), dim(p.in_channels), dim(p.in_h),
+                                                dim(p.in_w)));
+    KILN_CUDNN_CHECK(cudnnSetTensor4dDescriptor(y, format, type, dim(p.batch), dim(p.out_channels), dim(p.out_h),
+                                                dim(p.out_w)));
+    KILN_CUDNN_CHECK(cudnnSetFilter4dDescriptor(w, type, format, dim(p.out_channels), dim(p.in_channels / p.groups),
+                                                dim(p.kernel_h), dim(p.kernel_w)));
+    const cudnnDataType_t compute = config.dtype == DType::f64 ? CUDNN_DATA_DOUBLE : CUDNN_DATA_FLOAT;
+    KILN_CUDNN_CHECK(cudnnSetConvolution2dDescriptor(conv, dim(p.pad_h), dim(p.pad_w), dim(p.stride_h),
+                                                     dim(p.stride_w), dim(p.dilation_h), dim(p.dilation_w),
+                                                     CUDNN_CROSS_CORRELATION, compute));
+    KILN_CUDNN_CHECK(cudnnSetConvolutionGroupCount(conv, dim(p.groups)));
+    KILN_CUDNN_CHECK(cudnnSetConvolutionMathType(conv, requested_math(config)));
+  }
+  ~Descriptors() {
+    cudnnDestroyTensorDescriptor(x);
+    cudnnDestroyTensorDescriptor(y);
+    cudnnDestroyFilterDescriptor(w);
+    cudnnDestroyConvolutionDescriptor(conv);
+  }
+  Descriptors(const Descriptors&) = delete;
+  Descriptors& operator=(const Descriptors&) = delete;
+
+  static int dim(int64_t value) {
+    KILN_CHECK(value <= INT32_MAX, "conv2d (cuda): size ", value, " exceeds cuDNN's int dimensions");
+    return static_cast<int>(value);
+  }
+  static cudnnMathType_t requested_math(const ConvCudaConfig& config) {
+    if (config.dtype == DType::f32) return config.allow_tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH;
+    if (config.dtype == DType::f64) return CUDNN_DEFAULT_MATH;
+    return CUDNN_TENSOR_OP_MATH;
+  }
+};
+
+// Whether an algorithm's math type keeps the requested precision.
+bool math_allowed(cudnnMathType_t math, const ConvCudaConfig& config) {
+  if (config.dtype != DType::f32) return true;
+  if (math == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION) return false;  // float32 through float16
+  return config.allow_tf32 || math == CUDNN_FMA_MATH;
+}
+
+// ---------------------------------------------------------------- algorithm choice
+
+enum class Direction { forward, backward_data, backward_filter };
+
+struct Choice {
+  int algo = 0;
+  cudnnMathType_t math = CUDNN_DEFAULT_MATH;
+  size_t workspace = 0;
+};
+
+struct Candidate {
+  int algo;
+  cudnnStatus_t status;
+  cudnnDeterminism_t determinism;
+  cudnnMathType_t math;
+};
+
+struct AlgoKey {
+  int direction;
+  std::array<int64_t, 16> shape;
+  int dtype;
+  bool channels_last, deterministic, allow_tf32, benchmark;
+  int device;
+  auto operator<=>(const AlgoKey&) const = default;
+};
+
+AlgoKey make_key(Direction direction, const Conv2dParams& p, const ConvCudaConfig& config) {
+  return {static_cast<int>(direction),
+          {p.batch, p.in_channels, p.in_h, p.in_w, p.out_channels, p.kernel_h, p.kernel_w, p.out_h, p.out_w,
+           p.stride_h, p.stride_w, p.pad_h, p.pad_w, p.dilation_h, p.dilation_w, p.groups},
+          static_cast<int>(config.dtype),
+          config.channels_last,
+          config.deterministic,
+          config.allow_tf32,
+          config.benchmark,
+          config.device};
+}
+
+struct AlgoCache {
+  std::mutex mutex;
+  std::map<AlgoKey, Choice> choices;
+  CudnnConvCacheStats stats;
+};
+AlgoCache& algo_cache() {
+  static AlgoCache* cache = new AlgoCache();
+  return *cache;
+}
+
+// Device pointers of one call: a = x or dy, b = w or dy, c = the output.
+struct Operands {
+  const void* x;
+  const void* w;
+  const void* dy;
+  void* out;
+};
+
+template <typename Perf>
+Candidate to_candidate(const Perf& perf) {
+  return {static_cast<int>(perf.algo), perf.status, perf.determinism, perf.mathType};
+}
+
+std::vector<Candidate> heuristic_candidates(Direction direction, cudnnHandle_t handle, const Descriptors& d) {
+  std::vector<Candidate> out;
+  int returned = 0;
+  switch (direction) {
+    case Direction::forward: {
+      std::array<cudnnConvolutionFwdAlgoPerf_t, CUDNN_CONVOLUTION_FWD_ALGO_COUNT> perf{};
+      KILN_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(handle, d.x, d.w, d.conv, d.y,
+                                                              static_cast<int>(perf.size()), &returned, perf.data()));
+      for (int i = 0; i < returned; ++i) out.push_back(to_candidate(perf[i]));
+      break;
+    }
+    case Direction::backward_data: {
+      std::array<cudnnConvolutionBwdDataAlgoPerf_t, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT> perf{};
+      KILN_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(
+          handle, d.w, d.y, d.conv, d.x, static_cast<int>(perf.size()), &returned, perf.data()));
+      for (int i = 0; i < returned; ++i) out.push_back(to_candidate(perf[i]));
+      break;
+    }
+    case Direction::backward_filter: {
+      std::array<cudnnConvolutionBwdFilterAlgoPerf_t, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT> perf{};
+      KILN_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
+          handle, d.x, d.y, d.conv, d.w, static_cast<int>(perf.size()), &returned, perf.data()));
+      for (int i = 0; i < returned; ++i) out.push_back(to_candidate(perf[i]));
+      break;
+    }
+  }
+  return out;
+}
+
+// Workspace bytes of `algo`, or SIZE_MAX where cuDNN does not support it here.
+size_t workspace_size(Direction direction, cudnnHandle_t handle, const Descriptors& d, int algo) {
+  size_t bytes = 0;
+  cudnnStatus_t status = CUDNN_STATUS_SUCCESS;
+  switch (direction) {
+    case Direction::forward:
+      status = cudnnGetConvolutionForwardWorkspaceSize(handle, d.x, d.w, d.conv, d.y,
+                                                       static_cast<cudnnConvolutionFwdAlgo_t>(algo), &bytes);
+      break;
+    case Direction::backward_data:
+      status = cudnnGetConvolutionBackwardDataWorkspaceSize(handle, d.w, d.y, d.conv, d.x,
+                                                            static_cast<cudnnConvolutionBwdDataAlgo_t>(algo), &bytes);
+      break;
+    case Direction::backward_filter:
+      status = cudnnGetConvolutionBackwardFilterWorkspaceSize(
+          handle, d.x, d.y, d.conv, d.w, static_cast<cudnnConvolutionBwdFilterAlgo_t>(algo), &bytes);
+      break;
+  }
+  return status == CUDNN_STATUS_SUCCESS ? bytes : SIZE_MAX;
+}
+
+// Candidates timed by cuDNN (fastest first); synchronizes.
+std::vector<Candidate> find_candidates(Direction direction, cudnnHandle_t handle, const Descriptors& d,
+                                       const Operands& ops, void* workspace, size_t workspace_bytes) {
+  std::vector<Candidate> out;
+  int returned = 0;
+  switch (direction) {
+    case Direction::forward: {
+      std::array<cudnnConvolutionFwdAlgoPerf_t, CUDNN_CONVOLUTION_FWD_ALGO_COUNT> perf{};
+      KILN_CUDNN_CHECK(cudnnFindConvolutionForwardAlgorithmEx(handle, d.x, ops.x, d.w, ops.w, d.conv, d.y, ops.out,
+                                                              static_cast<int>(perf.size()), &returned, perf.data(),
+                                                              workspace, workspace_bytes));
+      for (int i = 0; i < returned; ++i) out.push_back(to_candidate(perf[i]));
+      break;
+    }
+    case Direction::backward_data: {
+      std::array<cudnnConvolutionBwdDataAlgoPerf_t, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT> perf{};
+      KILN_CUDNN_CHECK(cudnnFindConvolutionBackwardDataAlgorithmEx(
+          handle, d.w, ops.w, d.y, ops.dy, d.conv, d.x, ops.out, static_cast<int>(perf.size()), &returned,
+          perf.data(), workspace, workspace_bytes));
+      for (int i = 0; i < returned; ++i) out.push_back(to_candidate(perf[i]));
+      break;
+    }
+    case Direction::backward_filter: {
+      std::array<cudnnConvolutionBwdFilterAlgoPerf_t, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT> perf{};
+      KILN_CUDNN_CHECK(cudnnFindConvolutionBackwardFilterAlgorithmEx(
+          handle, d.x, ops.x, d.y, ops.dy, d.conv, d.w, ops.out, static_cast<int>(perf.size()), &returned,
+          perf.data(), workspace, workspace_bytes));
+      for (int i = 0; i < returned; ++i) out.push_back(to_candidate(perf[i]));
+      break;
+    }
+  }
+  return out;
+}
+
+// Largest workspace benchmark mode lets cudnnFind try (algorithms needing
+// more are skipped), as a bound on memory taken from training.
+constexpr size_t kMaxFindWorkspace = size_t{1} << 30;
+
+const char* direction_name(Direction direction) {
+  switch (direction) {
+    case Direction::forward: return "conv2d forward (cuDNN)";
+    case Direction::backward_data: return "conv2d backward data (cuDNN)";
+    case Direction::backward_filter: return "conv2d backward filter (cuDNN)";
+  }
+  return "conv2d (cuDNN)";
+}
+
+Choice choose(Direction direction, cudnnHandle_t handle, const Descriptors& d, const Conv2dParams& p,
+              const ConvCudaConfig& config, const Operands& ops, const WorkspaceAllocator& allocate) {
+  const AlgoKey key = make_key(direction, p, config);
+  AlgoCache& cache = algo_cache();
+  {
+    std::lock_guard<std::mutex> lock(cache.mutex);
+    auto it = cache.choices.find(key);
+    if (it != cache.choices.end()) {
+      if (config.benchmark) ++cache.stats.hits;
+      return it->second;
+    }
+  }
+  auto acceptable = [&](const Candidate& c) {
+    return c.status == CUDNN_STATUS_SUCCESS && (!config.deterministic || c.determinism == CUDNN_DETERMINISTIC);
+  };
+  std::vector<Candidate> heuristics = heuristic_candidates(direction, handle, d);
+  std::vector<Candidate> ranked;
+  if (config.benchmark) {
+    size_t find_bytes = 0;
+    for (const Candidate& c : heuristics) {
+      const size_t bytes = workspace_size(direction, handle, d, c.algo);
+      if (bytes != SIZE_MAX && bytes <= kMaxFindWorkspace) find_bytes = std::max(find_bytes, bytes);
+    }
+    void* scratch = nullptr;
+    try {
+      scratch = find_bytes > 0 ? allocate(find_bytes) : nullptr;
+    } catch (const OutOfMemoryError&) {
+      find_bytes = 0;  // time only the algorithms that need no workspace
+    }
+    ranked = find_candidates(direction, handle, d, ops, scratch, find_bytes);
+  } else {
+    ranked = heuristics;
+  }
+  // First choice: the fastest acceptable algorithm whose math type keeps the
+  // precision; failing that, the fastest acceptable one run with the
+  // requested math type (cuDNN ranked it under that setting).
+  Choice choice;
+  bool found = false;
+  for (int pass = 0; pass < 2 && !found; ++pass) {
+    for (const Candidate& c : ranked) {
+      if (!acceptable(c) || (pass == 0 && !math_allowed(c.math, config))) continue;
+      const size_t bytes = workspace_size(direction, handle, d, c.algo);
+      if (bytes == SIZE_MAX) continue;
+      choice = {c.algo, pass == 0 ? c.math : Descriptors::requested_math(config), bytes};
+      found = true;
+      break;
+    }
+  }
+  KILN_CHECK(found, direction_name(direction), ": cuDNN offers no algorithm for this convolution (",
+             config.deterministic ? "deterministic algorithms required, " : "", dtype_name(config.dtype),
+             config.channels_last ? ", channels-last" : ", NCHW", ")");
+  std::lock_guard<std::mutex> lock(cache.mutex);
+  if (config.benchmark) ++cache.stats.misses;
+  cache.choices[key] = choice;
+  cache.stats.entries = cache.choices.size();
+  return choice;
+}
+
+// alpha = 1, beta = 0 in the type cuDNN expects (double for double data).
+struct Scalars {
+  double d_one = 1.0, d_zero = 0.0;
+  float f_one = 1.0f, f_zero = 0.0f;
+  bool is_double;
+  explicit Scalars(DType dtype) : is_double(dtype == DType::f64) {}
+  const void* one() const { return is_double ? static_cast<const void*>(&d_one) : &f_one; }
+  const void* zero() const { return is_double ? static_cast<const void*>(&d_zero) : &f_zero; }
+};
+
+void run(Direction direction, const Conv2dParams& p, const ConvCudaConfig& config, const Operands& ops,
+         const WorkspaceAllocator& allocate) {
+  cudnnHandle_t handle = handle_for(config.device, config.stream);
+  Descriptors d(p, config);
+  const Choice choice = choose(direction, handle, d, p, config, ops, allocate);
+  KILN_CUDNN_CHECK(cudnnSetConvolutionMathType(d.conv, choice.math));
+  void* workspace = choice.workspace > 0 ? allocate(choice.workspace) : nullptr;
+  const Scalars s(config.dtype);
+  switch (direction) {
+    case Direction::forward:
+      KILN_CUDNN_CHECK(cudnnConvolutionForward(handle, s.one(), d.x, ops.x, d.w, ops.w, d.conv,
+                                               static_cast<cudnnConvolutionFwdAlgo_t>(choice.algo), workspace,
+                                               choice.workspace, s.zero(), d.y, ops.out));
+      break;
+    case Direction::backward_data:
+      KILN_CUDNN_CHECK(cudnnConvolutionBackwardData(handle, s.one(), d.w, ops.w, d.y, ops.dy, d.conv,
+                                                    static_cast<cudnnConvolutionBwdDataAlgo_t>(choice.algo),
+                                                    workspace, choice.workspace, s.zero(), d.x, ops.out));
+      break;
+    case Direction::backward_filter:
+      KILN_CUDNN_CHECK(cudnnConvolutionBackwardFilter(handle, s.one(), d.x, ops.x, d.y, ops.dy, d.conv,
+                                                      static_cast<cudnnConvolutionBwdFilterAlgo_t>(choice.algo),
+                                                      workspace, choice.workspace, s.zero(), d.w, ops.out));
+      break;
+  }
+}
+
+// (1, O, 1, 1) descriptor for the bias.
+struct BiasDescriptor {
+  cudnnTensorDescriptor_t desc = nullptr;
+  BiasDescriptor(const Conv2dParams& p, const ConvCudaConfig& config) {
+    KILN_CUDNN_CHECK(cudnnCreateTensorDescriptor(&desc));
+    KILN_CUDNN_CHECK(cudnnSetTensor4dDescriptor(desc, CUDNN_TENSOR_NCHW, data_type(config.dtype), 1,
+                                                Descriptors::dim(p.out_channels), 1, 1));
+  }
+  ~BiasDescriptor() { cudnnDestroyTensorDescriptor(desc); }
+  BiasDescriptor(const BiasDescriptor&) = delete;
+  BiasDescriptor& operator=(const BiasDescriptor&) = delete;
+};
+
+}  // namespace
+
+void conv2d_forward_cuda(const Conv2dParams& p, const ConvCudaConfig& config, const void* x, const void* weight,
+                         const void* bias, void* y, const WorkspaceAllocator& workspace) {
+  run(Direction::forward, p, config, {x, weight, nullptr, y}, workspace);
+  if (bias != nullptr) {
+    cudnnHandle_t handle = handle_for(config.device, config.stream);
+    Descriptors d(p, config);
+    BiasDescriptor b(p, config);
+    const Scalars s(config.dtype);
+    KILN_CUDNN_CHECK(cudnnAddTensor(handle, s.one(), b.desc, bias, s.one(), d.y, y));
+  }
+}
+
+void conv2d_backward_input_cuda(const Conv2dParams& p, const ConvCudaConfig& config, const void* weight,
+                                const void* dy, void* dx, const WorkspaceAllocator& workspace) {
+  run(Direction::backward_data, p, config, {nullptr, weight, dy, dx}, workspace);
+}
+
+void conv2d_backward_weight_cuda(const Conv2dParams& p, const ConvCudaConfig& config, const void* x, const void* dy,
+                                 void* dweight, const WorkspaceAllocator& workspace) {
+  run(Direction::backward_filter, p, config, {x, nullptr, dy, dweight}, workspace);
+}
+
+void conv2d_backward_bias_cuda(const Conv2dParams& p, const ConvCudaConfig& config, const void* dy, void* dbias) {
+  cudnnHandle_t handle = handle_for(config.device, config.stream);
+  Descriptors d(p, config);
+  BiasDescriptor b(p, config);
+  const Scalars s(config.dtype);
+  KILN_CUDNN_CHECK(cudnnConvolutionBackwardBias(handle, s.one(), d.y, dy, s.zero(), b.desc, dbias));
+}
+
+CudnnConvCacheStats cudnn_conv_cache_stats() {
+  AlgoCache& cache = algo_cache();
+  std::lock_guard<std::mutex> lock(cache.mutex);
+  return cache.stats;
+}
+
+void cudnn_conv_cache_clear() {
+  AlgoCache& cache = algo_cache();
+  std::lock_guard<std::mutex> lock(cache.mutex);
+  cache.choices.clear();
+  cache.stats = {};
+}
+
+}  // namespace kiln::kernels

@@ -1,0 +1,608 @@
+// CUDA batch norm (optionally fused with ReLU) and layer norm (see kernels/norm.h).
+//
+// Invariants:
+//  - Deterministic: every reduction has a fixed split (a function of the
+//    shape only, never of the GPU), a fixed per-thread order and a fixed tree
+//    in shared memory; per-split partials are combined in split order.
+//  - Batch norm: (1) per-(channel, split) partials -> workspace, (2) one
+//    thread per channel combines them (statistics, running-stat update on the
+//    device, weight/bias gradients), (3) an elementwise pass writes y or dx.
+//    Planar layouts (inner > 1) and rows (inner == 1, channels-last) have
+//    their own partial kernels so that loads stay coalesced.
+//  - Nothing here synchronizes; 16-bit types compute in float, float64 in double.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <type_traits>
+
+#include "kernels/cuda/check.h"
+#include "kernels/norm.h"
+
+namespace kiln::kernels {
+
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int64_t kMaxBlocks = int64_t{1} << 20;
+
+int blocks_for(int64_t n) { return static_cast<int>(std::min<int64_t>((n + kThreads - 1) / kThreads, kMaxBlocks)); }
+
+template <typename T> struct Native { using type = T; };
+template <> struct Native<Half> { using type = __half; };
+template <> struct Native<BFloat16> { using type = __nv_bfloat16; };
+
+template <typename T> struct Acc { using type = T; };
+template <> struct Acc<__half> { using type = float; };
+template <> struct Acc<__nv_bfloat16> { using type = float; };
+
+template <typename T>
+__device__ __forceinline__ typename Acc<T>::type to_acc(T value) {
+  if constexpr (std::is_same_v<T, __half>) {
+    return __half2float(value);
+  } else if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    return __bfloat162float(value);
+  } else {
+    return value;
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ T from_acc(typename Acc<T>::type value) {
+  if constexpr (std::is_same_v<T, __half>) {
+    return __float2half_rn(value);
+  } else if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    return __float2bfloat16_rn(value);
+  } else {
+    return static_cast<T>(value);
+  }
+}
+
+template <typename A>
+__device__ __forceinline__ A reciprocal_sqrt(A value) {
+  if constexpr (std::is_same_v<A, double>) {
+    return 1.0 / sqrt(value);
+  } else {
+    return 1.0f / sqrtf(value);
+  }
+}
+
+// Channel of flat element `index` of an (outer, C, inner) tensor.
+__device__ __forceinline__ int64_t channel_of(int64_t index, int64_t channels, int64_t inner) {
+  return inner == 1 ? index % channels : (index / inner) % channels;
+}
+
+// ---------------------------------------------------------------- batch norm: splits
+
+// Splits per channel: ~16K elements each, at most 256, from the shape only.
+int64_t bn_splits(const BatchNormShape& shape) {
+  return std::clamp<int64_t>((shape.reduced() + 16383) / 16384, 1, 256);
+}
+
+template <typename A>
+struct Stats {
+  A mean, m2, count;
+};
+
+template <typename A>
+__device__ __forceinline__ Stats<A> merge(const Stats<A>& a, const Stats<A>& b) {
+  const A count = a.count + b.count;
+  if (count == A(0)) return {A(0), A(0), A(0)};
+  const A delta = b.mean - a.mean;
+  const A share = b.count / count;
+  return {a.mean + delta * share, a.m2 + b.m2 + delta * delta * a.count * share, count};
+}
+
+// Tree-reduces `values` (kThreads entries) into values[0] with `combine`, in a fixed order.
+template <typename V, typename F>
+__device__ void block_reduce(V* values, int tid, int count, F combine) {
+  for (int stride = count / 2; stride > 0; stride /= 2) {
+    __syncthreads();
+    if (tid < stride) values[tid] = combine(values[tid], values[tid + stride]);
+  }
+  __syncthreads();
+}
+
+// Elements [first, last) of channel c along the reduced dim m = o * inner + i,
+// visited by `threads` threads starting at first + tid, without a division per step.
+template <typename F>
+__device__ __forceinline__ void for_channel_range(int64_t first, int64_t last, int tid, int threads, int64_t inner,
+                                                  int64_t channels, int64_t c, F visit) {
+  int64_t m = first + tid;
+  if (m >= last) return;
+  int64_t o = m / inner, i = m % inner;
+  const int64_t step_o = threads / inner, step_i = threads % inner;
+  for (; m < last; m += threads) {
+    visit((o * channels + c) * inner + i);
+    i += step_i;
+    o += step_o;
+    if (i >= inner) {
+      i -= inner;
+      ++o;
+    }
+  }
+}
+
+// ---------------------------------------------------------------- batch norm: forward
+
+// Planar (inner > 1): block (c, split) -> Welford partial.
+template <typename T, typename A>
+__global__ void bn_stats_planar(const T* x, BatchNormShape shape, int64_t splits, Stats<A>* partials) {
+  __shared__ Stats<A> shared[kThreads];
+  const int64_t c = blockIdx.x, split = blockIdx.y;
+  const int64_t M = shape.reduced(), chunk = (M + splits - 1) / splits;
+  const int64_t first = split * chunk, last = std::min(M, first + chunk);
+  Stats<A> local{A(0), A(0), A(0)};
+  for_channel_range(first, last, threadIdx.x, kThreads, shape.inner, shape.channels, c, [&](int64_t at) {
+    const A v = to_acc(x[at]);
+    local.count += A(1);
+    const A delta = v - local.mean;
+    local.mean += delta / local.count;
+    local.m2 += delta * (v - local.mean);
+  });
+  shared[threadIdx.x] = local;
+  block_reduce(shared, threadIdx.x, kThreads, [](const Stats<A>& a, const Stats<A>& b) { return merge(a, b); });
+  if (threadIdx.x == 0) partials[c * splits + split] = shared[0];
+}
+
+// Rows (inner == 1): block (32 channels x 8 row lanes, split) -> Welford partials.
+template <typename T, typename A>
+__global__ void bn_stats_rows(const T* x, BatchNormShape shape, int64_t splits, Stats<A>* partials) {
+  __shared__ Stats<A> shared[8][33];
+  const int64_t C = shape.channels, rows = shape.outer;
+  const int64_t c = blockIdx.x * 32 + threadIdx.x, split = blockIdx.y;
+  const int64_t chunk = (rows + splits - 1) / splits;
+  const int64_t first = split * chunk, last = std::min(rows, first + chunk);
+  Stats<A> local{A(0), A(0), A(0)};
+  if (c < C) {
+    for (int64_t r = first + threadIdx.y; r < last; r += 8) {
+      const A v = to_acc(x[r * C + c]);
+      local.count += A(1);
+      const A delta = v - local.mean;
+      local.mean += delta / local.count;
+      local.m2 += delta * (v - local.mean);
+    }
+  }
+  shared[threadIdx.y][threadIdx.x] = local;
+  __syncthreads();
+  if (threadIdx.y == 0 && c < C) {
+    Stats<A> total = shared[0][threadIdx.x];
+    for (int k = 1; k < 8; ++k) total = merge(total, shared[k][threadIdx.x]);
+    partials[c * splits + split] = total;
+  }
+}
+
+// One thread per channel: combine partials, save mean/invstd, update running stats.
+template <typename A>
+__global__ void bn_finalize_stats(const Stats<A>* partials, int64_t channels, int64_t splits, double eps,
+                                  double momentum, A* running_mean, A* running_var, A* save_mean, A* save_invstd) {
+  const int64_t c = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  if (c >= channels) return;
+  Stats<A> total = partials[c * splits];
+  for (int64_t s = 1; s < splits; ++s) total = merge(total, partials[c * splits + s]);
+  const A var = total.m2 / total.count;
+  save_mean[c] = total.mean;
+  save_invstd[c] = reciprocal_sqrt(var + static_cast<A>(eps));
+  if (running_mean != nullptr) {
+    const A m = static_cast<A>(momentum);
+    running_mean[c] = (A(1) - m) * running_mean[c] + m * total.mean;
+    running_var[c] = (A(1) - m) * running_var[c] + m * total.m2 / (total.count - A(1));
+  }
+}
+
+template <typename A>
+__global__ void bn_eval_stats(const A* running_mean, const A* running_var, int64_t channels, double eps,
+                              A* save_mean, A* save_invstd) {
+  const int64_t c = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  if (c >= channels) return;
+  save_mean[c] = running_mean[c];
+  save_invstd[c] = reciprocal_sqrt(running_var[c] + static_cast<A>(eps));
+}
+
+// bn(x) = x * scale + shift with scale = invstd * w, shift = b - mean * scale;
+// the backward recomputes the ReLU mask with the same expression.
+template <typename A>
+__device__ __forceinline__ void channel_affine(int64_t c, const A* mean, const A* invstd, const A* weight,
+                                               const A* bias, A* scale, A* shift) {
+  const A w = weight != nullptr ? weight[c] : A(1), b = bias != nullptr ? bias[c] : A(0);
+  *scale = invstd[c] * w;
+  *shift = b - mean[c] * *scale;
+}
+
+template <typename T, typename A, bool kRelu>
+__global__ void bn_apply(const T* x, BatchNormShape shape, const A* mean, const A* invstd, const A* weight,
+                         const A* bias, T* y) {
+  const int64_t n = shape.reduced() * shape.channels;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t c = channel_of(i, shape.channels, shape.inner);
+    A scale, shift;
+    channel_affine(c, mean, invstd, weight, bias, &scale, &shift);
+    A v = to_acc(x[i]) * scale + shift;
+    if constexpr (kRelu) v = v > A(0) ? v : A(0);
+    y[i] = from_acc<T>(v);
+  }
+}
+
+// ---------------------------------------------------------------- batch norm: backward
+
+template <typename A>
+struct GradSums {
+  A dz, dz_xmu;
+};
+
+template <typename T, typename A, bool kRelu>
+__device__ __forceinline__ A masked_grad(const T* x, const T* dy, int64_t at, A scale, A shift) {
+  const A g = to_acc(dy[at]);
+  if constexpr (kRelu) {
+    return to_acc(x[at]) * scale + shift > A(0) ? g : A(0);
+  } else {
+    return g;
+  }
+}
+
+template <typename T, typename A, bool kRelu>
+__global__ void bn_grad_sums_planar(const T* x, const T* dy, BatchNormShape shape, int64_t splits, const A* mean,
+                                    const A* invstd, const A* weight, const A* bias, GradSums<A>* partials) {
+  __shared__ GradSums<A> shared[kThreads];
+  const int64_t c = blockIdx.x, split = blockIdx.y;
+  const int64_t M = shape.reduced(), chunk = (M + splits - 1) / splits;
+  const int64_t first = split * chunk, last = std::min(M, first + chunk);
+  A scale, shift;
+  channel_affine(c, mean, invstd, weight, bias, &scale, &shift);
+  const A mu = mean[c];
+  GradSums<A> local{A(0), A(0)};
+  for_channel_range(first, last, threadIdx.x, kThreads, shape.inner, shape.channels, c, [&](int64_t at) {
+    const A dz = masked_grad<T, A, kRelu>(x, dy, at, scale, shift);
+    local.dz += dz;
+    local.dz_xmu += dz * (to_acc(x[at]) - mu);
+  });
+  shared[threadIdx.x] = local;
+  block_reduce(shared, threadIdx.x, kThreads, [](const GradSums<A>& a, const GradSums<A>& b) {
+    return GradSums<A>{a.dz + b.dz, a.dz_xmu + b.dz_xmu};
+  });
+  if (threadIdx.x == 0) partials[c * splits + split] = shared[0];
+}
+
+template <typename T, typename A, bool kRelu>
+__global__ void bn_grad_sums_rows(const T* x, const T* dy, BatchNormShape shape, int64_t splits, const A* mean,
+                                  const A* invstd, const A* weight, const A* bias, GradSums<A>* partials) {
+  __shared__ GradSums<A> shared[8][33];
+  const int64_t C = shape.channels, rows = shape.outer;
+  const int64_t c = blockIdx.x * 32 + threadIdx.x, split = blockIdx.y;
+  const int64_t chunk = (rows + splits - 1) / splits;
+  const int64_t first = split * chunk, last = std::min(rows, first + chunk);
+  GradSums<A> local{A(0), A(0)};
+  if (c < C) {
+    A scale, shift;
+    channel_affine(c, mean, invstd, weight, bias, &scale, &shift);
+    const A mu = mean[c];
+    for (int64_t r = first + threadIdx.y; r < last; r += 8) {
+      const int64_t at = r * C + c;
+      const A dz = masked_grad<T, A, kRelu>(x, dy, at, scale, shift);
+      local.dz += dz;
+      local.dz_xmu += dz * (to_acc(x[at]) - mu);
+    }
+  }
+  shared[threadIdx.y][threadIdx.x] = local;
+  __syncthreads();
+  if (threadIdx.y == 0 && c < C) {
+    GradSums<A> total = shared[0][threadIdx.x];
+    for (int k = 1; k < 8; ++k) {
+      total.dz += shared[k][threadIdx.x].dz;
+      total.dz_xmu += shared[k][threadIdx.x].dz_xmu;
+    }
+    partials[c * splits + split] = total;
+  }
+}
+
+template <typename A>
+__global__ void bn_finalize_grads(const GradSums<A>* partials, int64_t channels, int64_t splits, const A* invstd,
+                                  A* dweight, A* dbias, GradSums<A>* totals) {
+  const int64_t c = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  if (c >= channels) return;
+  GradSums<A> total = partials[c * splits];
+  for (int64_t s = 1; s < splits; ++s) {
+    total.dz += partials[c * splits + s].dz;
+    total.dz_xmu += partials[c * splits + s].dz_xmu;
+  }
+  totals[c] = total;
+  if (dweight != nullptr) dweight[c] = total.dz_xmu * invstd[c];
+  if (dbias != nullptr) dbias[c] = total.dz;
+}
+
+template <typename T, typename A, bool kRelu>
+__global__ void bn_grad_input(const T* x, const T* dy, BatchNormShape shape, bool training, const A* mean,
+                              const A* invstd, const A* weight, const A* bias, const GradSums<A>* totals, T* dx) {
+  const int64_t n = shape.reduced() * shape.channels;
+  const A inv_m = A(1) / static_cast<A>(shape.reduced());
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t c = channel_of(i, shape.channels, shape.inner);
+    A scale, shift;
+    channel_affine(c, mean, invstd, weight, bias, &scale, &shift);
+    const A dz = masked_grad<T, A, kRelu>(x, dy, i, scale, shift);
+    const A s = invstd[c];
+    const A mean_dz = training ? totals[c].dz * inv_m : A(0);
+    const A coef = training ? totals[c].dz_xmu * inv_m * s * s : A(0);
+    dx[i] = from_acc<T>(scale * (dz - mean_dz - (to_acc(x[i]) - mean[c]) * coef));
+  }
+}
+
+template <typename A>
+size_t bn_workspace_bytes_typed(const BatchNormShape& shape) {
+  const int64_t splits = bn_splits(shape);
+  const size_t forward = sizeof(Stats<A>) * static_cast<size_t>(shape.channels * splits);
+  const size_t backward = sizeof(GradSums<A>) * static_cast<size_t>(shape.channels * (splits + 1));
+  return std::max(forward, backward);
+}
+
+// ---------------------------------------------------------------- layer norm
+
+// Layer-norm dweight/dbias partial splits over rows, from the shape only.
+int64_t ln_splits(const LayerNormArgs& args) { return std::clamp<int64_t>((args.rows + 63) / 64, 1, 256); }
+
+template <typename T, typename A>
+__global__ void ln_forward(const T* x, const T* weight, const T* bias, int64_t rows, int64_t cols, double eps, T* y,
+                           A* save_mean, A* save_rstd) {
+  __shared__ Stats<A> shared[kThreads];
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const T* xs = x + r * cols;
+    Stats<A> local{A(0), A(0), A(0)};
+    for (int64_t j = threadIdx.x; j < cols; j += kThreads) {
+      const A v = to_acc(xs[j]);
+      local.count += A(1);
+      const A delta = v - local.mean;
+      local.mean += delta / local.count;
+      local.m2 += delta * (v - local.mean);
+    }
+    shared[threadIdx.x] = local;
+    block_reduce(shared, threadIdx.x, kThreads, [](const Stats<A>& a, const Stats<A>& b) { return merge(a, b); });
+    const A mean = shared[0].mean;
+    const A rstd = reciprocal_sqrt(shared[0].m2 / static_cast<A>(cols) + static_cast<A>(eps));
+    __syncthreads();  // everyone has read shared[0] before the next row overwrites it
+    if (threadIdx.x == 0) {
+      save_mean[r] = mean;
+      save_rstd[r] = rstd;
+    }
+    T* ys = y + r * cols;
+    for (int64_t j = threadIdx.x; j < cols; j += kThreads) {
+      A v = (to_acc(xs[j]) - mean) * rstd;
+      if (weight != nullptr) v *= to_acc(weight[j]);
+      if (bias != nullptr) v += to_acc(bias[j]);
+      ys[j] = from_acc<T>(v);
+    }
+  }
+}
+
+template <typename T, typename A>
+__global__ void ln_grad_input(const T* x, const T* dy, const T* weight, const A* save_mean, const A* save_rstd,
+                              int64_t rows, int64_t cols, T* dx) {
+  __shared__ GradSums<A> shared[kThreads];
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const T* xs = x + r * cols;
+    const T* dys = dy + r * cols;
+    const A mean = save_mean[r], rstd = save_rstd[r];
+    GradSums<A> local{A(0), A(0)};  // sums of g and g * xhat, g = dy * w
+    for (int64_t j = threadIdx.x; j < cols; j += kThreads) {
+      const A g = weight != nullptr ? to_acc(dys[j]) * to_acc(weight[j]) : to_acc(dys[j]);
+      local.dz += g;
+      local.dz_xmu += g * (to_acc(xs[j]) - mean) * rstd;
+    }
+    shared[threadIdx.x] = local;
+    block_reduce(shared, threadIdx.x, kThreads, [](const GradSums<A>& a, const GradSums<A>& b) {
+      return GradSums<A>{a.dz + b.dz, a.dz_xmu + b.dz_xmu};
+    });
+    const A mean_g = shared[0].dz / static_cast<A>(cols), mean_g_xhat = shared[0].dz_xmu / static_cast<A>(cols);
+    __syncthreads();
+    T* dxs = dx + r * cols;
+    for (int64_t j = threadIdx.x; j < cols; j += kThreads) {
+      const A g = weight != nullptr ? to_acc(dys[j]) * to_acc(weight[j]) : to_acc(dys[j]);
+      const A xhat = (to_acc(xs[j]) - mean) * rstd;
+      dxs[j] = from_acc<T>(rstd * (g - mean_g - xhat * mean_g_xhat));
+    }
+  }
+}
+
+// Block (32 columns x 8 row lanes, split) -> partial sums of dy * xhat and dy.
+template <typename T, typename A>
+__global__ void ln_grad_params_partial(const T* x, const T* dy, const A* save_mean, const A* save_rstd, int64_t rows,
+                                       int64_t cols, int64_t splits, GradSums<A>* partials) {
+  __shared__ GradSums<A> shared[8][33];
+  const int64_t j = blockIdx.x * 32 + threadIdx.x, split = blockIdx.y;
+  const int64_t chunk = (rows + splits - 1) / splits;
+  const int64_t first = split * chunk, last = std::min(rows, first + chunk);
+  GradSums<A> local{A(0), A(0)};  // .dz = sum dy * xhat (dweight), .dz_xmu = sum dy (dbias)
+  if (j < cols) {
+    for (int64_t r = first + threadIdx.y; r < last; r += 8) {
+      const A g = to_acc(dy[r * cols + j]);
+      local.dz += g * (to_acc(x[r * cols + j]) - save_mean[r]) * save_rstd[r];
+      local.dz_xmu += g;
+    }
+  }
+  shared[threadIdx.y][threadIdx.x] = local;
+  __syncthreads();
+  if (threadIdx.y == 0 && j < cols) {
+    GradSums<A> total = shared[0][threadIdx.x];
+    for (int k = 1; k < 8; ++k) {
+      total.dz += shared[k][threadIdx.x].dz;
+      total.dz_xmu += shared[k][threadIdx.x].dz_xmu;
+    }
+    partials[split * cols + j] = total;
+  }
+}
+
+template <typename T, typename A>
+__global__ void ln_grad_params_finalize(const GradSums<A>* partials, int64_t cols, int64_t splits, T* dweight,
+                                        T* dbias) {
+  const int64_t j = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  if (j >= cols) return;
+  GradSums<A> total = partials[j];
+  for (int64_t s = 1; s < splits; ++s) {
+    total.dz += partials[s * cols + j].dz;
+    total.dz_xmu += partials[s * cols + j].dz_xmu;
+  }
+  if (dweight != nullptr) dweight[j] = from_acc<T>(total.dz);
+  if (dbias != nullptr) dbias[j] = from_acc<T>(total.dz_xmu);
+}
+
+int row_blocks(int64_t rows) { return static_cast<int>(std::min<int64_t>(rows, kMaxBlocks)); }
+int channel_blocks(int64_t channels) { return static_cast<int>((channels + kThreads - 1) / kThreads); }
+
+template <typename Fn>
+void dispatch(DType dtype, const char* op, Fn&& fn) {
+  dispatch_floating(dtype, op, [&]<typename T>() { fn.template operator()<typename Native<T>::type>(); });
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- entry points
+
+size_t batch_norm_workspace_bytes(const BatchNormArgs& args) {
+  return args.dtype == DType::f64 ? bn_workspace_bytes_typed<double>(args.shape)
+                                  : bn_workspace_bytes_typed<float>(args.shape);
+}
+
+void batch_norm_forward_cuda(const BatchNormArgs& args, const void* x, const void* weight, const void* bias,
+                             void* running_mean, void* running_var, void* y, void* save_mean, void* save_invstd,
+                             void* workspace, cuda::Stream stream) {
+  const BatchNormShape shape = args.shape;
+  if (shape.reduced() * shape.channels == 0) return;
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  dispatch(args.dtype, "batch_norm (cuda)", [&]<typename T>() {
+    using A = typename Acc<T>::type;
+    const T* xs = static_cast<const T*>(x);
+    A* mean = static_cast<A*>(save_mean);
+    A* invstd = static_cast<A*>(save_invstd);
+    if (args.training) {
+      const int64_t splits = bn_splits(shape);
+      Stats<A>* partials = static_cast<Stats<A>*>(workspace);
+      if (shape.inner > 1) {
+        bn_stats_planar<T, A><<<dim3(static_cast<unsigned>(shape.channels), static_cast<unsigned>(splits)), kThreads, 0,
+                                s>>>(xs, shape, splits, partials);
+      } else {
+        bn_stats_rows<T, A><<<dim3(static_cast<unsigned>((shape.channels + 31) / 32), static_cast<unsigned>(splits)),
+                              dim3(32, 8), 0, s>>>(xs, shape, splits, partials);
+      }
+      cuda::check_last_launch("batch_norm statistics");
+      bn_finalize_stats<A><<<channel_blocks(shape.channels), kThreads, 0, s>>>(
+          partials, shape.channels, splits, args.eps, args.momentum, static_cast<A*>(running_mean),
+          static_cast<A*>(running_var), mean, invstd);
+      cuda::check_last_launch("batch_norm finalize statistics");
+    } else {
+      bn_eval_stats<A><<<channel_blocks(shape.channels), kThreads, 0, s>>>(
+          static_cast<const A*>(running_mean), static_cast<const A*>(running_var), shape.channels, args.eps, mean,
+          invstd);
+      cuda::check_last_launch("batch_norm eval statistics");
+    }
+    const int64_t n = shape.reduced() * shape.channels;
+    auto apply = [&]<bool kRelu>() {
+      bn_apply<T, A, kRelu><<<blocks_for(n), kThreads, 0, s>>>(xs, shape, mean, invstd, static_cast<const A*>(weight),
+                                                               static_cast<const A*>(bias), static_cast<T*>(y));
+    };
+    if (args.relu) {
+      apply.template operator()<true>();
+    } else {
+      apply.template operator()<false>();
+    }
+    cuda::check_last_launch("batch_norm apply");
+  });
+}
+
+void batch_norm_backward_cuda(const BatchNormArgs& args, const void* x, const void* dy, const void* weight,
+                              const void* bias, const void* save_mean, const void* save_invstd, void* dx,
+                              void* dweight, void* dbias, void* workspace, cuda::Stream stream) {
+  const BatchNormShape shape = args.shape;
+  if (shape.reduced() * shape.channels == 0) return;
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  dispatch(args.dtype, "batch_norm backward (cuda)", [&]<typename T>() {
+    using A = typename Acc<T>::type;
+    auto run = [&]<bool kRelu>() {
+      const T* xs = static_cast<const T*>(x);
+      const T* dys = static_cast<const T*>(dy);
+      const A* mean = static_cast<const A*>(save_mean);
+      const A* invstd = static_cast<const A*>(save_invstd);
+      const A* w = static_cast<const A*>(weight);
+      const A* b = static_cast<const A*>(bias);
+      const int64_t splits = bn_splits(shape);
+      GradSums<A>* totals = static_cast<GradSums<A>*>(workspace);
+      GradSums<A>* partials = totals + shape.channels;
+      // The sums are needed for dweight/dbias, and for dx in training mode.
+      if (dweight != nullptr || dbias != nullptr || args.training) {
+        if (shape.inner > 1) {
+          bn_grad_sums_planar<T, A, kRelu>
+              <<<dim3(static_cast<unsigned>(shape.channels), static_cast<unsigned>(splits)), kThreads, 0, s>>>(
+                  xs, dys, shape, splits, mean, invstd, w, b, partials);
+        } else {
+          bn_grad_sums_rows<T, A, kRelu>
+              <<<dim3(static_cast<unsigned>((shape.channels + 31) / 32), static_cast<unsigned>(splits)), dim3(32, 8),
+                 0, s>>>(xs, dys, shape, splits, mean, invstd, w, b, partials);
+        }
+        cuda::check_last_launch("batch_norm backward sums");
+        bn_finalize_grads<A><<<channel_blocks(shape.channels), kThreads, 0, s>>>(
+            partials, shape.channels, splits, invstd, static_cast<A*>(dweight), static_cast<A*>(dbias), totals);
+        cuda::check_last_launch("batch_norm backward finalize");
+      }
+      if (dx != nullptr) {
+        const int64_t n = shape.reduced() * shape.channels;
+        bn_grad_input<T, A, kRelu><<<blocks_for(n), kThreads, 0, s>>>(xs, dys, shape, args.training, mean, invstd, w,
+                                                                       b, totals, static_cast<T*>(dx));
+        cuda::check_last_launch("batch_norm backward input");
+      }
+    };
+    if (args.relu) {
+      run.template operator()<true>();
+    } else {
+      run.template operator()<false>();
+    }
+  });
+}
+
+size_t layer_norm_workspace_bytes(const LayerNormArgs& args) {
+  const size_t element = args.dtype == DType::f64 ? sizeof(GradSums<double>) : sizeof(GradSums<float>);
+  return element * static_cast<size_t>(ln_splits(args) * args.cols);
+}
+
+void layer_norm_forward_cuda(const LayerNormArgs& args, const void* x, const void* weight, const void* bias, void* y,
+                             void* save_mean, void* save_rstd, cuda::Stream stream) {
+  if (args.rows * args.cols == 0) return;
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  dispatch(args.dtype, "layer_norm (cuda)", [&]<typename T>() {
+    using A = typename Acc<T>::type;
+    ln_forward<T, A><<<row_blocks(args.rows), kThreads, 0, s>>>(
+        static_cast<const T*>(x), static_cast<const T*>(weight), static_cast<const T*>(bias), args.rows, args.cols,
+        args.eps, static_cast<T*>(y), static_cast<A*>(save_mean), static_cast<A*>(save_rstd));
+    cuda::check_last_launch("layer_norm forward");
+  });
+}
+
+void layer_norm_backward_cuda(const LayerNormArgs& args, const void* x, const void* dy, const void* weight,
+                              const void* save_mean, const void* save_rstd, void* dx, void* dweight, void* dbias,
+                              void* workspace, cuda::Stream stream) {
+  if (args.rows * args.cols == 0) return;
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  dispatch(args.dtype, "layer_norm backward (cuda)", [&]<typename T>() {
+    using A = typename Acc<T>::type;
+    const T* xs = static_cast<const T*>(x);
+    const T* dys = static_cast<const T*>(dy);
+    const A* mean = static_cast<const A*>(save_mean);
+    const A* rstd = static_cast<const A*>(save_rstd);
+    if (dx != nullptr) {
+      ln_grad_input<T, A><<<row_blocks(args.rows), kThreads, 0, s>>>(xs, dys, static_cast<const T*>(weight), mean,
+                                                                      rstd, args.rows, args.cols, static_cast<T*>(dx));
+      cuda::check_last_launch("layer_norm backward input");
+    }
+    if (dweight != nullptr || dbias != nullptr) {
+      const int64_t splits = ln_splits(args);
+      GradSums<A>* partials = static_cast<GradSums<A>*>(workspace);
+      ln_grad_params_partial<T, A>
+          <<<dim3(static_cast<unsigned>((args.cols + 31) / 32), static_cast<unsigned>(splits)), dim3(32, 8), 0, s>>>(
+              xs, dys, mean, rstd, args.rows, args.cols, splits, partials);
+      cuda::check_last_launch("layer_norm backward weight partials");
+      ln_grad_params_finalize<T, A><<<blocks_for(args.cols), kThreads, 0, s>>>(
+          partials, args.cols, splits, static_cast<T*>(dweight), static_cast<T*>(dbias));
+      cuda::check_last_launch("layer_norm backward weight");
+    }
+  });
+}
+
+}  // namespace kiln::kernels

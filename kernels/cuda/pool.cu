@@ -1,0 +1,269 @@
+// CUDA pooling (see kernels/pool.h): one thread per output element forward,
+// one thread per input element backward (a gather over the windows that cover
+// it, so no atomics: deterministic). 16-bit types compute in float.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <type_traits>
+
+#include "kernels/cuda/check.h"
+#include "kernels/pool.h"
+
+namespace kiln::kernels {
+
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int64_t kMaxBlocks = int64_t{1} << 20;
+
+int blocks_for(int64_t n) { return static_cast<int>(std::min<int64_t>((n + kThreads - 1) / kThreads, kMaxBlocks)); }
+
+template <typename T> struct Native { using type = T; };
+template <> struct Native<Half> { using type = __half; };
+template <> struct Native<BFloat16> { using type = __nv_bfloat16; };
+
+template <typename T> struct Acc { using type = T; };
+template <> struct Acc<__half> { using type = float; };
+template <> struct Acc<__nv_bfloat16> { using type = float; };
+
+template <typename T>
+__device__ __forceinline__ typename Acc<T>::type to_acc(T value) {
+  if constexpr (std::is_same_v<T, __half>) {
+    return __half2float(value);
+  } else if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    return __bfloat162float(value);
+  } else {
+    return value;
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ T from_acc(typename Acc<T>::type value) {
+  if constexpr (std::is_same_v<T, __half>) {
+    return __float2half_rn(value);
+  } else if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    return __float2bfloat16_rn(value);
+  } else {
+    return static_cast<T>(value);
+  }
+}
+
+#define KILN_GRID_STRIDE(i, n) \
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < (n); i += int64_t{gridDim.x} * blockDim.x)
+
+// The window positions k in [0, kernel) with index * stride - pad + k * dilation == at,
+// visited for each output index along one dim.
+template <typename F>
+__device__ __forceinline__ void covering_outputs(int64_t at, int64_t out_size, int64_t kernel, int64_t stride,
+                                                 int64_t pad, int64_t dilation, F visit) {
+  for (int64_t k = 0; k < kernel; ++k) {
+    const int64_t t = at + pad - k * dilation;
+    if (t < 0 || t % stride != 0) continue;
+    const int64_t o = t / stride;
+    if (o < out_size) visit(o);
+  }
+}
+
+template <typename T>
+__global__ void max_forward(Pool2dParams p, const T* x, T* y, int32_t* indices) {
+  using A = typename Acc<T>::type;
+  const int64_t n = p.planes * p.out_h * p.out_w;
+  KILN_GRID_STRIDE(i, n) {
+    const int64_t ow = i % p.out_w, oh = (i / p.out_w) % p.out_h, plane = i / (p.out_w * p.out_h);
+    const T* src = x + plane * p.in_h * p.in_w;
+    A best = A(0);
+    int64_t at = -1;
+    for (int64_t ki = 0; ki < p.kernel_h; ++ki) {
+      const int64_t ih = oh * p.stride_h - p.pad_h + ki * p.dilation_h;
+      if (ih < 0 || ih >= p.in_h) continue;
+      for (int64_t kj = 0; kj < p.kernel_w; ++kj) {
+        const int64_t iw = ow * p.stride_w - p.pad_w + kj * p.dilation_w;
+        if (iw < 0 || iw >= p.in_w) continue;
+        const A v = to_acc(src[ih * p.in_w + iw]);
+        if (at < 0 || v > best || v != v) {  // the CPU's rule: greater, or NaN
+          best = v;
+          at = ih * p.in_w + iw;
+        }
+      }
+    }
+    y[i] = from_acc<T>(best);
+    indices[i] = static_cast<int32_t>(at);
+  }
+}
+
+template <typename T>
+__global__ void max_backward(Pool2dParams p, const T* dy, const int32_t* indices, T* dx) {
+  using A = typename Acc<T>::type;
+  const int64_t n = p.planes * p.in_h * p.in_w;
+  KILN_GRID_STRIDE(i, n) {
+    const int64_t iw = i % p.in_w, ih = (i / p.in_w) % p.in_h, plane = i / (p.in_w * p.in_h);
+    const int64_t base = plane * p.out_h * p.out_w;
+    const int32_t self = static_cast<int32_t>(ih * p.in_w + iw);
+    A total = A(0);
+    covering_outputs(ih, p.out_h, p.kernel_h, p.stride_h, p.pad_h, p.dilation_h, [&](int64_t oh) {
+      covering_outputs(iw, p.out_w, p.kernel_w, p.stride_w, p.pad_w, p.dilation_w, [&](int64_t ow) {
+        const int64_t o = base + oh * p.out_w + ow;
+        if (indices[o] == self) total += to_acc(dy[o]);
+      });
+    });
+    dx[i] = from_acc<T>(total);
+  }
+}
+
+template <typename T>
+__global__ void avg_forward(Pool2dParams p, const T* x, T* y) {
+  using A = typename Acc<T>::type;
+  const int64_t n = p.planes * p.out_h * p.out_w;
+  KILN_GRID_STRIDE(i, n) {
+    const int64_t ow = i % p.out_w, oh = (i / p.out_w) % p.out_h, plane = i / (p.out_w * p.out_h);
+    const T* src = x + plane * p.in_h * p.in_w;
+    const AvgWindow wh = avg_window(oh, p.stride_h, p.pad_h, p.kernel_h, p.in_h);
+    const AvgWindow ww = avg_window(ow, p.stride_w, p.pad_w, p.kernel_w, p.in_w);
+    A total = A(0);
+    for (int64_t ih = wh.start; ih < wh.end; ++ih) {
+      for (int64_t iw = ww.start; iw < ww.end; ++iw) total += to_acc(src[ih * p.in_w + iw]);
+    }
+    const int64_t count =
+        p.count_include_pad ? wh.padded_size * ww.padded_size : (wh.end - wh.start) * (ww.end - ww.start);
+    y[i] = from_acc<T>(total / static_cast<A>(count));
+  }
+}
+
+template <typename T>
+__global__ void avg_backward(Pool2dParams p, const T* dy, T* dx) {
+  using A = typename Acc<T>::type;
+  const int64_t n = p.planes * p.in_h * p.in_w;
+  KILN_GRID_STRIDE(i, n) {
+    const int64_t iw = i % p.in_w, ih = (i / p.in_w) % p.in_h, plane = i / (p.in_w * p.in_h);
+    const int64_t base = plane * p.out_h * p.out_w;
+    A total = A(0);
+    covering_outputs(ih, p.out_h, p.kernel_h, p.stride_h, p.pad_h, 1, [&](int64_t oh) {
+      const AvgWindow wh = avg_window(oh, p.stride_h, p.pad_h, p.kernel_h, p.in_h);
+      covering_outputs(iw, p.out_w, p.kernel_w, p.stride_w, p.pad_w, 1, [&](int64_t ow) {
+        const AvgWindow ww = avg_window(ow, p.stride_w, p.pad_w, p.kernel_w, p.in_w);
+        const int64_t count =
+            p.count_include_pad ? wh.padded_size * ww.padded_size : (wh.end - wh.start) * (ww.end - ww.start);
+        total += to_acc(dy[base + oh * p.out_w + ow]) / static_cast<A>(count);
+      });
+    });
+    dx[i] = from_acc<T>(total);
+  }
+}
+
+template <typename T>
+__global__ void adaptive_forward(Pool2dParams p, const T* x, T* y) {
+  using A = typename Acc<T>::type;
+  const int64_t n = p.planes * p.out_h * p.out_w;
+  KILN_GRID_STRIDE(i, n) {
+    const int64_t ow = i % p.out_w, oh = (i / p.out_w) % p.out_h, plane = i / (p.out_w * p.out_h);
+    const T* src = x + plane * p.in_h * p.in_w;
+    const int64_t h0 = adaptive_start(oh, p.in_h, p.out_h), h1 = adaptive_end(oh, p.in_h, p.out_h);
+    const int64_t w0 = adaptive_start(ow, p.in_w, p.out_w), w1 = adaptive_end(ow, p.in_w, p.out_w);
+    A total = A(0);
+    for (int64_t ih = h0; ih < h1; ++ih) {
+      for (int64_t iw = w0; iw < w1; ++iw) total += to_acc(src[ih * p.in_w + iw]);
+    }
+    y[i] = from_acc<T>(total / static_cast<A>((h1 - h0) * (w1 - w0)));
+  }
+}
+
+template <typename T>
+__global__ void adaptive_backward(Pool2dParams p, const T* dy, T* dx) {
+  using A = typename Acc<T>::type;
+  const int64_t n = p.planes * p.in_h * p.in_w;
+  KILN_GRID_STRIDE(i, n) {
+    const int64_t iw = i % p.in_w, ih = (i / p.in_w) % p.in_h, plane = i / (p.in_w * p.in_h);
+    const int64_t base = plane * p.out_h * p.out_w;
+    // Output cells whose window holds ih: from floor(ih*OH/H) to ceil((ih+1)*OH/H), checked.
+    const int64_t oh0 = (ih * p.out_h) / p.in_h, oh1 = ((ih + 1) * p.out_h + p.in_h - 1) / p.in_h;
+    const int64_t ow0 = (iw * p.out_w) / p.in_w, ow1 = ((iw + 1) * p.out_w + p.in_w - 1) / p.in_w;
+    A total = A(0);
+    for (int64_t oh = oh0; oh < oh1 && oh < p.out_h; ++oh) {
+      const int64_t h0 = adaptive_start(oh, p.in_h, p.out_h), h1 = adaptive_end(oh, p.in_h, p.out_h);
+      if (ih < h0 || ih >= h1) continue;
+      for (int64_t ow = ow0; ow < ow1 && ow < p.out_w; ++ow) {
+        const int64_t w0 = adaptive_start(ow, p.in_w, p.out_w), w1 = adaptive_end(ow, p.in_w, p.out_w);
+        if (iw < w0 || iw >= w1) continue;
+        total += to_acc(dy[base + oh * p.out_w + ow]) / static_cast<A>((h1 - h0) * (w1 - w0));
+      }
+    }
+    dx[i] = from_acc<T>(total);
+  }
+}
+
+#undef KILN_GRID_STRIDE
+
+template <typename Fn>
+void dispatch(DType dtype, const char* op, Fn&& fn) {
+  dispatch_floating(dtype, op, [&]<typename T>() { fn.template operator()<typename Native<T>::type>(); });
+}
+
+}  // namespace
+
+void max_pool2d_forward_cuda(DType dtype, const Pool2dParams& p, const void* x, void* y, int32_t* indices,
+                             cuda::Stream stream) {
+  const int64_t n = p.planes * p.out_h * p.out_w;
+  if (n == 0) return;
+  dispatch(dtype, "max_pool2d (cuda)", [&]<typename T>() {
+    max_forward<T><<<blocks_for(n), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(p, static_cast<const T*>(x),
+                                                                                     static_cast<T*>(y), indices);
+    cuda::check_last_launch("max_pool2d forward");
+  });
+}
+
+void max_pool2d_backward_cuda(DType dtype, const Pool2dParams& p, const void* dy, const int32_t* indices, void* dx,
+                              cuda::Stream stream) {
+  const int64_t n = p.planes * p.in_h * p.in_w;
+  if (n == 0) return;
+  dispatch(dtype, "max_pool2d backward (cuda)", [&]<typename T>() {
+    max_backward<T><<<blocks_for(n), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+        p, static_cast<const T*>(dy), indices, static_cast<T*>(dx));
+    cuda::check_last_launch("max_pool2d backward");
+  });
+}
+
+void avg_pool2d_forward_cuda(DType dtype, const Pool2dParams& p, const void* x, void* y, cuda::Stream stream) {
+  const int64_t n = p.planes * p.out_h * p.out_w;
+  if (n == 0) return;
+  dispatch(dtype, "avg_pool2d (cuda)", [&]<typename T>() {
+    avg_forward<T><<<blocks_for(n), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(p, static_cast<const T*>(x),
+                                                                                     static_cast<T*>(y));
+    cuda::check_last_launch("avg_pool2d forward");
+  });
+}
+
+void avg_pool2d_backward_cuda(DType dtype, const Pool2dParams& p, const void* dy, void* dx, cuda::Stream stream) {
+  const int64_t n = p.planes * p.in_h * p.in_w;
+  if (n == 0) return;
+  dispatch(dtype, "avg_pool2d backward (cuda)", [&]<typename T>() {
+    avg_backward<T><<<blocks_for(n), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(p, static_cast<const T*>(dy),
+                                                                                      static_cast<T*>(dx));
+    cuda::check_last_launch("avg_pool2d backward");
+  });
+}
+
+void adaptive_avg_pool2d_forward_cuda(DType dtype, const Pool2dParams& p, const void* x, void* y,
+                                      cuda::Stream stream) {
+  const int64_t n = p.planes * p.out_h * p.out_w;
+  if (n == 0) return;
+  dispatch(dtype, "adaptive_avg_pool2d (cuda)", [&]<typename T>() {
+    adaptive_forward<T><<<blocks_for(n), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+        p, static_cast<const T*>(x), static_cast<T*>(y));
+    cuda::check_last_launch("adaptive_avg_pool2d forward");
+  });
+}
+
+void adaptive_avg_pool2d_backward_cuda(DType dtype, const Pool2dParams& p, const void* dy, void* dx,
+                                       cuda::Stream stream) {
+  const int64_t n = p.planes * p.in_h * p.in_w;
+  if (n == 0) return;
+  dispatch(dtype, "adaptive_avg_pool2d backward (cuda)", [&]<typename T>() {
+    adaptive_backward<T><<<blocks_for(n), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+        p, static_cast<const T*>(dy), static_cast<T*>(dx));
+    cuda::check_last_launch("adaptive_avg_pool2d backward");
+  });
+}
+
+}  // namespace kiln::kernels

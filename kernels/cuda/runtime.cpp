@@ -1,0 +1,333 @@
+// The CUDA runtime behind kernels/cuda/runtime.h (compiled when CUDA is on).
+// Invariants:
+//  - device_count() never throws: no driver or no device is 0 GPUs, cached.
+//  - Every call that waits for the device or copies device-to-host bumps the
+//    sync counters first, so a test can prove a training step sync-free.
+//  - Calls that take a device argument run on that device and restore the
+//    caller's current device afterwards.
+//  - Out-of-memory is not an error here (raw_malloc / host_alloc_pinned return
+//    nullptr and clear the error); every other failure throws via KILN_CUDA_CHECK.
+#include "kernels/cuda/runtime.h"
+
+#include <cuda_runtime_api.h>
+
+#include <atomic>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "kernels/cuda/check.h"
+#include "kernels/error.h"
+
+namespace kiln::cuda {
+
+namespace {
+
+std::atomic<uint64_t> device_to_host_copies{0};
+std::atomic<uint64_t> synchronizations{0};
+
+void check_device(int device, const char* what) {
+  const int count = device_count();
+  KILN_CHECK(device >= 0 && device < count, what, ": device cuda:", device,
+             " does not exist (", count, " CUDA device", count == 1 ? "" : "s", " visible)");
+}
+
+// Makes `device` current for the guard's lifetime (no call when it already is).
+class DeviceGuard {
+ public:
+  DeviceGuard(int device, const char* what) {
+    check_device(device, what);
+    KILN_CUDA_CHECK(cudaGetDevice(&previous_));
+    if (previous_ != device) KILN_CUDA_CHECK(cudaSetDevice(device));
+    device_ = device;
+  }
+  ~DeviceGuard() {
+    // A destructor must not throw; failing to switch back leaves the device
+    // current, which the next kiln call sets explicitly anyway.
+    if (previous_ != device_ && cudaSetDevice(previous_) != cudaSuccess) (void)cudaGetLastError();
+  }
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int previous_ = 0;
+  int device_ = 0;
+};
+
+// The default stream of each device: one non-blocking stream created on first
+// use and kept for the life of the process (destroying it at exit could run
+// after the driver has shut down).
+struct DefaultStreams {
+  std::mutex mutex;
+  std::vector<Stream> streams;
+};
+DefaultStreams& default_streams() {
+  static DefaultStreams* instance = new DefaultStreams();  // never destroyed, see above
+  return *instance;
+}
+
+Stream default_stream(int device) {
+  DefaultStreams& defaults = default_streams();
+  std::lock_guard<std::mutex> lock(defaults.mutex);
+  if (defaults.streams.empty()) defaults.streams.assign(static_cast<size_t>(device_count()), nullptr);
+  Stream& stream = defaults.streams[static_cast<size_t>(device)];
+  if (stream == nullptr) stream = create_stream(device);
+  return stream;
+}
+
+// Per-thread override of the current stream; `set` distinguishes "the legacy
+// default stream (nullptr) was chosen" from "nothing was chosen".
+struct CurrentStream {
+  Stream stream = nullptr;
+  bool set = false;
+};
+thread_local std::vector<CurrentStream> current_streams;
+
+struct PropertiesCache {
+  std::mutex mutex;
+  std::vector<std::unique_ptr<DeviceProperties>> properties;
+  std::vector<size_t> total_memory;
+};
+PropertiesCache& properties_cache() {
+  static PropertiesCache* instance = new PropertiesCache();
+  return *instance;
+}
+
+cudaMemcpyKind to_cuda(CopyKind kind) {
+  switch (kind) {
+    case CopyKind::host_to_device: return cudaMemcpyHostToDevice;
+    case CopyKind::device_to_host: return cudaMemcpyDeviceToHost;
+    case CopyKind::device_to_device: return cudaMemcpyDeviceToDevice;
+    case CopyKind::host_to_host: return cudaMemcpyHostToHost;
+  }
+  KILN_THROW("internal error (a bug in kiln): unknown CopyKind ", static_cast<int>(kind));
+}
+
+cudaStream_t as_stream(Stream stream) { return static_cast<cudaStream_t>(stream); }
+cudaEvent_t as_event(Event event) { return static_cast<cudaEvent_t>(event); }
+
+}  // namespace
+
+int device_count() {
+  static const int count = [] {
+    int n = 0;
+    const cudaError_t status = cudaGetDeviceCount(&n);
+    if (status != cudaSuccess) {
+      // cudaErrorNoDevice, cudaErrorInsufficientDriver, ...: no usable GPU.
+      (void)cudaGetLastError();
+      return 0;
+    }
+    return n;
+  }();
+  return count;
+}
+
+bool compiled_with_cuda() { return true; }
+
+void set_device(int device) {
+  check_device(device, "set_device");
+  KILN_CUDA_CHECK(cudaSetDevice(device));
+}
+
+int current_device() {
+  if (device_count() == 0) return 0;
+  int device = 0;
+  KILN_CUDA_CHECK(cudaGetDevice(&device));
+  return device;
+}
+
+void* raw_malloc(size_t bytes, int device) {
+  DeviceGuard guard(device, "cudaMalloc");
+  void* pointer = nullptr;
+  const cudaError_t status = cudaMalloc(&pointer, bytes);
+  if (status == cudaErrorMemoryAllocation) {
+    (void)cudaGetLastError();  // not sticky: clear it so later launch checks do not see it
+    return nullptr;
+  }
+  KILN_CUDA_CHECK(status);
+  return pointer;
+}
+
+void raw_free(void* pointer, int device) {
+  if (pointer == nullptr) return;
+  DeviceGuard guard(device, "cudaFree");
+  KILN_CUDA_CHECK(cudaFree(pointer));
+}
+
+size_t device_total_memory(int device) {
+  check_device(device, "device_total_memory");
+  PropertiesCache& cache = properties_cache();
+  {
+    std::lock_guard<std::mutex> lock(cache.mutex);
+    if (static_cast<size_t>(device) < cache.total_memory.size() && cache.total_memory[static_cast<size_t>(device)] != 0)
+      return cache.total_memory[static_cast<size_t>(device)];
+  }
+  (void)device_properties(device);  // fills total_memory
+  std::lock_guard<std::mutex> lock(cache.mutex);
+  return cache.total_memory[static_cast<size_t>(device)];
+}
+
+void* host_alloc_pinned(size_t bytes) {
+  KILN_CHECK(device_count() > 0, "pinned memory: no CUDA device is available");
+  void* pointer = nullptr;
+  // Portable: pinned for every device's context, so any GPU can copy from it.
+  const cudaError_t status = cudaHostAlloc(&pointer, bytes, cudaHostAllocPortable);
+  if (status == cudaErrorMemoryAllocation) {
+    (void)cudaGetLastError();
+    return nullptr;
+  }
+  KILN_CUDA_CHECK(status);
+  return pointer;
+}
+
+void host_free_pinned(void* pointer) {
+  if (pointer == nullptr) return;
+  KILN_CUDA_CHECK(cudaFreeHost(pointer));
+}
+
+bool is_pinned(const void* pointer) {
+  if (pointer == nullptr || device_count() == 0) return false;
+  cudaPointerAttributes attributes{};
+  if (cudaPointerGetAttributes(&attributes, pointer) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  return attributes.type == cudaMemoryTypeHost;
+}
+
+void memcpy_async(void* dst, const void* src, size_t bytes, CopyKind kind, Stream stream) {
+  if (kind == CopyKind::device_to_host) device_to_host_copies.fetch_add(1, std::memory_order_relaxed);
+  if (bytes == 0) return;
+  KILN_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, to_cuda(kind), as_stream(stream)));
+}
+
+void memset_async(void* dst, int value, size_t bytes, Stream stream) {
+  if (bytes == 0) return;
+  KILN_CUDA_CHECK(cudaMemsetAsync(dst, value, bytes, as_stream(stream)));
+}
+
+Stream current_stream(int device) {
+  check_device(device, "current_stream");
+  const auto index = static_cast<size_t>(device);
+  if (index < current_streams.size() && current_streams[index].set) return current_streams[index].stream;
+  return default_stream(device);
+}
+
+void set_current_stream(int device, Stream stream) {
+  check_device(device, "set_current_stream");
+  const auto index = static_cast<size_t>(device);
+  if (current_streams.size() <= index) current_streams.resize(index + 1);
+  current_streams[index] = CurrentStream{stream, true};
+}
+
+Stream create_stream(int device) {
+  DeviceGuard guard(device, "create_stream");
+  cudaStream_t stream = nullptr;
+  // Non-blocking: kiln's streams never serialize with the legacy default stream.
+  KILN_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  return stream;
+}
+
+void destroy_stream(Stream stream) {
+  if (stream == nullptr) return;
+  KILN_CUDA_CHECK(cudaStreamDestroy(as_stream(stream)));
+}
+
+void stream_synchronize(Stream stream) {
+  synchronizations.fetch_add(1, std::memory_order_relaxed);
+  KILN_CUDA_CHECK(cudaStreamSynchronize(as_stream(stream)));
+}
+
+void device_synchronize(int device) {
+  DeviceGuard guard(device, "device_synchronize");
+  synchronizations.fetch_add(1, std::memory_order_relaxed);
+  KILN_CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+Event create_event(bool timing) {
+  KILN_CHECK(device_count() > 0, "create_event: no CUDA device is available");
+  cudaEvent_t event = nullptr;
+  // Events without timing are cheaper to record and to wait on.
+  KILN_CUDA_CHECK(cudaEventCreateWithFlags(&event, timing ? cudaEventDefault : cudaEventDisableTiming));
+  return event;
+}
+
+void destroy_event(Event event) {
+  if (event == nullptr) return;
+  KILN_CUDA_CHECK(cudaEventDestroy(as_event(event)));
+}
+
+void record_event(Event event, Stream stream) {
+  KILN_CUDA_CHECK(cudaEventRecord(as_event(event), as_stream(stream)));
+}
+
+void stream_wait_event(Stream stream, Event event) {
+  KILN_CUDA_CHECK(cudaStreamWaitEvent(as_stream(stream), as_event(event), 0));
+}
+
+void event_synchronize(Event event) {
+  synchronizations.fetch_add(1, std::memory_order_relaxed);
+  KILN_CUDA_CHECK(cudaEventSynchronize(as_event(event)));
+}
+
+bool event_query(Event event) {
+  const cudaError_t status = cudaEventQuery(as_event(event));
+  if (status == cudaErrorNotReady) {
+    (void)cudaGetLastError();  // "not ready" is an answer, not an error
+    return false;
+  }
+  KILN_CUDA_CHECK(status);
+  return true;
+}
+
+float event_elapsed_ms(Event start, Event end) {
+  float milliseconds = 0.0f;
+  KILN_CUDA_CHECK(cudaEventElapsedTime(&milliseconds, as_event(start), as_event(end)));
+  return milliseconds;
+}
+
+SyncCounters sync_counters() {
+  SyncCounters counters;
+  counters.device_to_host_copies = device_to_host_copies.load(std::memory_order_relaxed);
+  counters.synchronizations = synchronizations.load(std::memory_order_relaxed);
+  return counters;
+}
+
+DeviceProperties device_properties(int device) {
+  check_device(device, "device_properties");
+  PropertiesCache& cache = properties_cache();
+  std::lock_guard<std::mutex> lock(cache.mutex);
+  const auto index = static_cast<size_t>(device);
+  if (cache.properties.size() <= index) {
+    cache.properties.resize(index + 1);
+    cache.total_memory.resize(index + 1, 0);
+  }
+  if (!cache.properties[index]) {
+    cudaDeviceProp prop{};
+    KILN_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+    auto properties = std::make_unique<DeviceProperties>();
+    std::memset(properties.get(), 0, sizeof(DeviceProperties));
+    static_assert(sizeof(properties->name) == sizeof(prop.name));
+    std::memcpy(properties->name, prop.name, sizeof(properties->name));
+    properties->name[sizeof(properties->name) - 1] = '\0';
+    properties->multiprocessor_count = prop.multiProcessorCount;
+    properties->l2_cache_bytes = static_cast<size_t>(prop.l2CacheSize);
+    properties->shared_memory_per_block_optin = prop.sharedMemPerBlockOptin;
+    properties->major = prop.major;
+    properties->minor = prop.minor;
+    cache.properties[index] = std::move(properties);
+    cache.total_memory[index] = prop.totalGlobalMem;
+  }
+  return *cache.properties[index];
+}
+
+void check_last_launch(const char* what) {
+  const cudaError_t status = cudaGetLastError();
+  if (status != cudaSuccess) [[unlikely]] {
+    KILN_THROW("CUDA kernel launch failed: ", what, ": ", cudaGetErrorString(status), " (",
+               cudaGetErrorName(status), ")");
+  }
+}
+
+}  // namespace kiln::cuda

@@ -1,0 +1,85 @@
+#include "nn/checkpoint.h"
+
+#include "core/autograd.h"
+#include "core/generator.h"
+
+namespace kiln::nn {
+
+Tensor checkpoint(const CheckpointFunction& fn, const std::vector<Tensor>& inputs) {
+  KILN_CHECK(!inputs.empty() && inputs[0].defined(), "checkpoint: needs at least one defined input");
+  if (!grad_mode_enabled()) return fn(inputs);
+  const Device device = inputs[0].device();
+  const GeneratorState rng_state = default_generator(device).state();
+  Tensor output;
+  {
+    NoGradGuard no_grad;
+    output = fn(inputs);
+  }
+  KILN_CHECK(is_floating(output.dtype()), "checkpoint: the function must return a floating tensor, got ",
+             dtype_name(output.dtype()));
+  // Record one node over the inputs. Parameters used inside fn are not its
+  // inputs: the reentrant backward below accumulates their gradients directly.
+  std::vector<Tensor> detached_inputs;
+  for (const Tensor& input : inputs) detached_inputs.push_back(input.defined() ? input.detach() : input);
+  auto backward = [fn, detached_inputs, rng_state, device](const autograd::TensorList& grads) {
+    std::vector<Tensor> leaves;
+    for (const Tensor& input : detached_inputs) {
+      Tensor leaf = input.defined() ? input.detach() : input;
+      if (leaf.defined() && is_floating(leaf.dtype())) leaf.requires_grad_(true);
+      leaves.push_back(leaf);
+    }
+    Generator& generator = default_generator(device);
+    const GeneratorState current = generator.state();
+    generator.set_state(rng_state);
+    Tensor recomputed;
+    {
+      EnableGradGuard enable_grad;
+      recomputed = fn(leaves);
+    }
+    generator.set_state(current);
+    if (recomputed.requires_grad()) autograd::run_backward({recomputed}, {grads[0]}, /*retain_graph=*/false);
+    autograd::TensorList input_grads;
+    for (const Tensor& leaf : leaves) input_grads.push_back(leaf.defined() ? leaf.grad() : Tensor());
+    return input_grads;
+  };
+  // The graph through fn must be rebuilt for the parameters inside it, so
+  // record even when only parameters (not the inputs) need gradients.
+  bool inputs_need_grad = autograd::any_requires_grad(inputs);
+  if (!inputs_need_grad) {
+    // A leaf stand-in so the node is reached by backward; it gets no gradient.
+    Tensor anchor = zeros({}, {.dtype = output.dtype(), .device = device}).requires_grad_(true);
+    std::vector<Tensor> with_anchor = inputs;
+    with_anchor.push_back(anchor);
+    autograd::record("checkpoint", with_anchor, {output}, [backward](const autograd::TensorList& grads) {
+      autograd::TensorList result = backward(grads);
+      result.push_back(Tensor());  // the anchor gets no gradient
+      return result;
+    });
+    return output;
+  }
+  autograd::record("checkpoint", inputs, {output}, backward);
+  return output;
+}
+
+Tensor checkpoint(const ModulePtr& module, const Tensor& input) {
+  return checkpoint([module](const std::vector<Tensor>& inputs) { return module->forward(inputs[0]); }, {input});
+}
+
+Tensor checkpoint_sequential(const std::vector<ModulePtr>& layers, int segments, const Tensor& input) {
+  KILN_CHECK(segments > 0, "checkpoint_sequential: segments must be positive, got ", segments);
+  const size_t count = layers.size();
+  const size_t per_segment = (count + static_cast<size_t>(segments) - 1) / static_cast<size_t>(segments);
+  Tensor x = input;
+  for (size_t start = 0; start < count; start += per_segment) {
+    const size_t end = std::min(count, start + per_segment);
+    auto run = [&layers, start, end](const std::vector<Tensor>& inputs) {
+      Tensor y = inputs[0];
+      for (size_t i = start; i < end; ++i) y = layers[i]->forward(y);
+      return y;
+    };
+    x = end == count ? run({x}) : checkpoint(run, {x});
+  }
+  return x;
+}
+
+}  // namespace kiln::nn

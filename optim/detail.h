@@ -1,0 +1,41 @@
+// Helpers shared by the optim/ sources (not part of the public API).
+#pragma once
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/tensor.h"
+#include "kernels/optim.h"
+
+namespace kiln::optim::detail {
+
+// The stream kernels run on for tensors on `device` (nullptr for the CPU).
+cuda::Stream stream_of(Device device);
+
+// "parameter 3 ('fc.weight')" for messages.
+std::string param_label(const Tensor& param, int64_t index);
+
+// The gradients of the params that have one, in order. A non-contiguous
+// gradient is replaced (in .grad) by a contiguous copy, since the kernels
+// write gradients in place. Throws naming `op` when gradients are on several
+// devices or not floating.
+std::vector<Tensor> grads_of(const std::vector<Tensor>& params, const char* op);
+
+// Tensors grouped by dtype, in a fixed dtype order, as kernel lists.
+struct DTypeList {
+  DType dtype;
+  std::vector<kernels::ListTensor> tensors;
+};
+std::vector<DTypeList> lists_by_dtype(const std::vector<Tensor>& tensors);
+
+// Total norm of `grads` into total_norm (0-d float32) and, when clip_coef is
+// defined, min(max_norm / (norm + 1e-6), 1) into clip_coef. Every gradient
+// is on `device`. Does not synchronize.
+void grad_norm_into(const std::vector<Tensor>& grads, Device device, double norm_type, double max_norm,
+                    const Tensor& total_norm, const Tensor& clip_coef);
+
+// Checks a norm type: p > 0 or infinity.
+void check_norm_type(double norm_type, const char* op);
+
+}  // namespace kiln::optim::detail

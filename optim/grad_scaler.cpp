@@ -1,0 +1,167 @@
+// GradScaler: loss scaling with the scale, the growth tracker and the
+// found-inf flags on the device (see grad_scaler.h for the semantics).
+#include "optim/grad_scaler.h"
+
+#include "core/autograd.h"
+#include "core/ops.h"
+#include "kernels/optim.h"
+#include "optim/detail.h"
+
+namespace kiln::optim {
+
+GradScaler::GradScaler(const GradScalerOptions& options) : options_(options) {
+  KILN_CHECK(options.init_scale > 0, "GradScaler: init_scale must be positive, got ", options.init_scale);
+  KILN_CHECK(options.growth_factor > 1.0, "GradScaler: growth_factor must be > 1, got ", options.growth_factor);
+  KILN_CHECK(options.backoff_factor > 0 && options.backoff_factor < 1.0,
+             "GradScaler: backoff_factor must be in (0, 1), got ", options.backoff_factor);
+  KILN_CHECK(options.growth_interval > 0, "GradScaler: growth_interval must be positive, got ",
+             options.growth_interval);
+}
+
+void GradScaler::lazy_init(Device device) {
+  if (scale_.defined()) {
+    KILN_CHECK(scale_.device() == device, "GradScaler: the scale lives on ", scale_.device(), " but was used with ",
+               device, " (one scaler per device)");
+    return;
+  }
+  NoGradGuard no_grad;
+  const Tensor loaded_scale = scale_loaded_, loaded_tracker = tracker_loaded_;
+  scale_ = full({}, options_.init_scale, {.dtype = DType::f32, .device = device});
+  growth_tracker_ = zeros({}, {.dtype = DType::i32, .device = device});
+  if (loaded_scale.defined()) scale_.copy_(loaded_scale);
+  if (loaded_tracker.defined()) growth_tracker_.copy_(loaded_tracker);
+  scale_loaded_ = Tensor();
+  tracker_loaded_ = Tensor();
+}
+
+Tensor GradScaler::scale(const Tensor& loss) {
+  if (!options_.enabled) return loss;
+  KILN_CHECK(loss.defined() && is_floating(loss.dtype()), "GradScaler.scale: expected a floating loss tensor");
+  lazy_init(loss.device());
+  return mul(loss, loss.dtype() == DType::f32 ? scale_ : scale_.to(loss.dtype()));
+}
+
+void GradScaler::unscale_(Optimizer& optimizer) {
+  if (!options_.enabled) return;
+  Stage& stage = stages_[&optimizer];
+  KILN_CHECK(stage != Stage::unscaled,
+             "GradScaler.unscale_: unscale_() has already been called on this optimizer since the last update()");
+  KILN_CHECK(stage != Stage::stepped, "GradScaler.unscale_: unscale_() is being called after step()");
+  KILN_CHECK(stages_.size() <= static_cast<size_t>(kernels::kGradScalerMaxFoundInf), "GradScaler: more than ",
+             kernels::kGradScalerMaxFoundInf, " optimizers between updates");
+  lazy_init(optimizer.device());
+  NoGradGuard no_grad;
+  Tensor found_inf = optimizer.step_state().found_inf;
+  found_inf.fill_(0.0);
+  std::vector<Tensor> grads;
+  for (const Tensor& p : optimizer.params_with_grad()) grads.push_back(p.grad());
+  const float* scale = scale_.data<float>();
+  float* found = found_inf.data<float>();
+  for (const detail::DTypeList& list : detail::lists_by_dtype(grads)) {
+    const int64_t count = static_cast<int64_t>(list.tensors.size());
+    if (optimizer.device().is_cpu()) {
+      kernels::grad_scaler_unscale_cpu(list.dtype, list.tensors.data(), count, scale, found);
+    } else {
+      kernels::grad_scaler_unscale_cuda(list.dtype, list.tensors.data(), count, scale, found,
+                                        detail::stream_of(optimizer.device()));
+    }
+  }
+  for (const Tensor& g : grads) g.bump_version();
+  found_inf.bump_version();
+  optimizer.arm_found_inf();
+  stage = Stage::unscaled;
+}
+
+void GradScaler::step(Optimizer& optimizer) {
+  if (!options_.enabled) {
+    optimizer.step();
+    return;
+  }
+  KILN_CHECK(stages_[&optimizer] != Stage::stepped,
+             "GradScaler.step: step() has already been called since the last update()");
+  if (stages_[&optimizer] == Stage::ready) unscale_(optimizer);
+  optimizer.arm_found_inf();
+  optimizer.step();
+  stages_[&optimizer] = Stage::stepped;
+}
+
+void GradScaler::update() {
+  if (!options_.enabled) return;
+  std::vector<const float*> found_infs;
+  for (const auto& [optimizer, stage] : stages_) {
+    if (stage != Stage::ready) found_infs.push_back(optimizer->step_state().found_inf.data<float>());
+  }
+  KILN_CHECK(!found_infs.empty() && scale_.defined(),
+             "GradScaler.update: no inf checks were recorded prior to update() (call step() or unscale_() first)");
+  const int count = static_cast<int>(found_infs.size());
+  if (scale_.is_cpu()) {
+    kernels::grad_scaler_update_cpu(scale_.data<float>(), growth_tracker_.data<int32_t>(), found_infs.data(), count,
+                                    options_.growth_factor, options_.backoff_factor, options_.growth_interval);
+  } else {
+    kernels::grad_scaler_update_cuda(scale_.data<float>(), growth_tracker_.data<int32_t>(), found_infs.data(), count,
+                                     options_.growth_factor, options_.backoff_factor, options_.growth_interval,
+                                     detail::stream_of(scale_.device()));
+  }
+  scale_.bump_version();
+  growth_tracker_.bump_version();
+  stages_.clear();
+}
+
+void GradScaler::update(double new_scale) {
+  if (!options_.enabled) return;
+  KILN_CHECK(scale_.defined(), "GradScaler.update: the scaler has not been used yet");
+  KILN_CHECK(new_scale > 0, "GradScaler.update: new_scale must be positive, got ", new_scale);
+  NoGradGuard no_grad;
+  scale_.fill_(new_scale);
+  stages_.clear();
+}
+
+double GradScaler::get_scale() const {
+  if (!options_.enabled) return 1.0;
+  if (scale_.defined()) return scale_.item<double>();
+  return scale_loaded_.defined() ? scale_loaded_.item<double>() : options_.init_scale;
+}
+
+StateDict GradScaler::state_dict() const {
+  StateDict dict;
+  dict.meta = {{"scaler", "GradScaler"},
+               {"init_scale", options_.init_scale},
+               {"growth_factor", options_.growth_factor},
+               {"backoff_factor", options_.backoff_factor},
+               {"growth_interval", options_.growth_interval},
+               {"enabled", options_.enabled}};
+  if (scale_.defined()) {
+    dict.tensors["scale"] = scale_;
+    dict.tensors["growth_tracker"] = growth_tracker_;
+  }
+  return dict;
+}
+
+void GradScaler::load_state_dict(const StateDict& dict) {
+  NoGradGuard no_grad;
+  KILN_CHECK(dict.meta.value("scaler", std::string()) == "GradScaler",
+             "GradScaler.load_state_dict: the state is not a GradScaler's");
+  options_.init_scale = dict.meta.at("init_scale").get<double>();
+  options_.growth_factor = dict.meta.at("growth_factor").get<double>();
+  options_.backoff_factor = dict.meta.at("backoff_factor").get<double>();
+  options_.growth_interval = dict.meta.at("growth_interval").get<int64_t>();
+  options_.enabled = dict.meta.at("enabled").get<bool>();
+  auto scale = dict.tensors.find("scale");
+  auto tracker = dict.tensors.find("growth_tracker");
+  KILN_CHECK((scale == dict.tensors.end()) == (tracker == dict.tensors.end()),
+             "GradScaler.load_state_dict: expected both scale and growth_tracker, or neither");
+  if (scale == dict.tensors.end()) return;
+  KILN_CHECK(scale->second.numel() == 1 && tracker->second.numel() == 1,
+             "GradScaler.load_state_dict: scale and growth_tracker must have one element");
+  if (scale_.defined()) {
+    scale_.copy_(scale->second.reshape({}));
+    growth_tracker_.copy_(tracker->second.reshape({}));
+  } else {
+    // Kept until the scaler learns its device.
+    scale_loaded_ = scale->second.reshape({}).to(DType::f32).clone();
+    tracker_loaded_ = tracker->second.reshape({}).to(DType::i32).clone();
+  }
+  stages_.clear();
+}
+
+}  // namespace kiln::optim

@@ -1,2 +1,0 @@
-// placeholder: optim has no sources yet
-namespace kiln {}

@@ -1,0 +1,322 @@
+// The caching allocator (core/allocator.cpp), driven by a fake source of
+// device memory so that rounding, caching, statistics and the out-of-memory
+// path are tested without a GPU; then the real CUDA allocator on a GPU.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <set>
+#include <string>
+
+#include "core/allocator.h"
+#include "core/tensor.h"
+#include "kernels/cuda/runtime.h"
+#include "tests/support/test_util.h"
+
+namespace kiln {
+namespace {
+
+using doctest::Contains;
+
+constexpr size_t KiB = 1024, MiB = 1024 * 1024;
+
+// Host memory posing as device memory, with a byte budget: allocate() returns
+// nullptr when the live bytes would exceed it, as cudaMalloc does.
+struct FakeDeviceMemory : RawDeviceMemory {
+  struct Shared {
+    size_t budget = 0;
+    size_t live_bytes = 0;
+    int allocate_calls = 0;
+    int failed_calls = 0;
+    int release_calls = 0;
+    std::set<void*> live;
+    std::map<void*, size_t> sizes;
+  };
+  explicit FakeDeviceMemory(Shared* shared) : shared(shared) {}
+  ~FakeDeviceMemory() override {
+    for (void* pointer : shared->live) std::free(pointer);
+    shared->live.clear();
+  }
+  void* allocate(size_t bytes) override {
+    ++shared->allocate_calls;
+    if (shared->live_bytes + bytes > shared->budget) {
+      ++shared->failed_calls;
+      return nullptr;
+    }
+    void* pointer = std::malloc(bytes);
+    shared->live.insert(pointer);
+    shared->sizes[pointer] = bytes;
+    shared->live_bytes += bytes;
+    return pointer;
+  }
+  void release(void* pointer) override {
+    ++shared->release_calls;
+    REQUIRE(shared->live.erase(pointer) == 1);
+    shared->live_bytes -= shared->sizes[pointer];
+    std::free(pointer);
+  }
+  Shared* shared;
+};
+
+// Distinct fake stream handles (never dereferenced).
+cuda::Stream stream_a() { return reinterpret_cast<cuda::Stream>(uintptr_t{0x1000}); }
+cuda::Stream stream_b() { return reinterpret_cast<cuda::Stream>(uintptr_t{0x2000}); }
+
+struct Fixture {
+  FakeDeviceMemory::Shared memory;
+  CachingAllocator allocator;
+  explicit Fixture(size_t budget = 1024 * MiB)
+      : allocator(make_source(memory, budget), "fake:0") {}
+  static std::unique_ptr<RawDeviceMemory> make_source(FakeDeviceMemory::Shared& memory, size_t budget) {
+    memory.budget = budget;
+    return std::make_unique<FakeDeviceMemory>(&memory);
+  }
+};
+
+}  // namespace
+
+TEST_CASE("allocator: sizes round up to 512 B below 1 MiB and 2 MiB above") {
+  CHECK(CachingAllocator::round_size(0) == 512);
+  CHECK(CachingAllocator::round_size(1) == 512);
+  CHECK(CachingAllocator::round_size(512) == 512);
+  CHECK(CachingAllocator::round_size(513) == 1024);
+  CHECK(CachingAllocator::round_size(1000 * KiB) == 1000 * KiB);
+  CHECK(CachingAllocator::round_size(MiB - 1) == MiB);
+  CHECK(CachingAllocator::round_size(MiB) == 2 * MiB);
+  CHECK(CachingAllocator::round_size(2 * MiB) == 2 * MiB);
+  CHECK(CachingAllocator::round_size(2 * MiB + 1) == 4 * MiB);
+  CHECK(CachingAllocator::round_size(9 * MiB) == 10 * MiB);
+
+  Fixture f;
+  void* p = f.allocator.allocate(100, stream_a());
+  CHECK(f.memory.sizes[p] == 512);  // the device sees the rounded size
+  void* q = f.allocator.allocate(3 * MiB, stream_a());
+  CHECK(f.memory.sizes[q] == 4 * MiB);
+  CHECK(f.allocator.stats().allocated_bytes == 4 * MiB + 512);
+  f.allocator.deallocate(p);
+  f.allocator.deallocate(q);
+}
+
+TEST_CASE("allocator: a freed block is reused on the same stream, not across streams") {
+  Fixture f;
+  void* p = f.allocator.allocate(1000, stream_a());
+  f.allocator.deallocate(p);
+  void* same = f.allocator.allocate(900, stream_a());  // rounds to 1024 too
+  CHECK(same == p);
+  CHECK(f.memory.allocate_calls == 1);
+  f.allocator.deallocate(same);
+
+  void* other = f.allocator.allocate(1000, stream_b());
+  CHECK(other != p);  // p is cached for stream a
+  CHECK(f.memory.allocate_calls == 2);
+  f.allocator.deallocate(other);
+
+  SUBCASE("best fit: the smallest cached block that fits") {
+    void* big = f.allocator.allocate(8 * KiB, stream_a());
+    void* small = f.allocator.allocate(2 * KiB, stream_a());
+    f.allocator.deallocate(big);
+    f.allocator.deallocate(small);
+    CHECK(f.allocator.allocate(1536, stream_a()) == small);
+    CHECK(f.allocator.allocate(1536, stream_a()) == big);  // p (1024) is too small
+  }
+}
+
+TEST_CASE("allocator: a large request does not take a cached block more than twice its size") {
+  Fixture f;
+  void* huge = f.allocator.allocate(10 * MiB, stream_a());
+  f.allocator.deallocate(huge);
+  void* large = f.allocator.allocate(4 * MiB, stream_a());  // 10 MiB > 2 x 4 MiB
+  CHECK(large != huge);
+  void* fits = f.allocator.allocate(6 * MiB, stream_a());  // 10 MiB <= 2 x 6 MiB
+  CHECK(fits == huge);
+  // Small requests may take any cached small block.
+  void* s = f.allocator.allocate(4 * KiB, stream_a());
+  f.allocator.deallocate(s);
+  CHECK(f.allocator.allocate(512, stream_a()) == s);
+}
+
+TEST_CASE("allocator: statistics, reset_peak and empty_cache") {
+  Fixture f;
+  AllocatorStats s = f.allocator.stats();
+  CHECK(s.allocated_bytes == 0);
+  CHECK(s.reserved_bytes == 0);
+  CHECK(s.peak_allocated_bytes == 0);
+
+  void* a = f.allocator.allocate(2 * MiB, stream_a());
+  void* b = f.allocator.allocate(4 * MiB, stream_a());
+  void* c = f.allocator.allocate(1024, stream_a());
+  s = f.allocator.stats();
+  CHECK(s.allocated_bytes == 6 * MiB + 1024);
+  CHECK(s.reserved_bytes == 6 * MiB + 1024);
+  CHECK(s.peak_allocated_bytes == 6 * MiB + 1024);
+  CHECK(s.device_malloc_calls == 3);
+  CHECK(s.device_free_calls == 0);
+
+  f.allocator.deallocate(b);
+  s = f.allocator.stats();
+  CHECK(s.allocated_bytes == 2 * MiB + 1024);
+  CHECK(s.reserved_bytes == 6 * MiB + 1024);  // b is cached, not returned
+  CHECK(s.peak_allocated_bytes == 6 * MiB + 1024);
+  CHECK(f.memory.release_calls == 0);
+
+  f.allocator.reset_peak();
+  CHECK(f.allocator.stats().peak_allocated_bytes == 2 * MiB + 1024);
+  void* d = f.allocator.allocate(3 * MiB, stream_a());  // reuses b (4 MiB)
+  CHECK(d == b);
+  s = f.allocator.stats();
+  CHECK(s.device_malloc_calls == 3);
+  CHECK(s.allocated_bytes == 6 * MiB + 1024);
+  CHECK(s.peak_allocated_bytes == 6 * MiB + 1024);
+
+  f.allocator.deallocate(a);
+  f.allocator.deallocate(d);
+  f.allocator.empty_cache();
+  s = f.allocator.stats();
+  CHECK(s.allocated_bytes == 1024);
+  CHECK(s.reserved_bytes == 1024);
+  CHECK(s.device_free_calls == 2);
+  CHECK(f.memory.release_calls == 2);
+  CHECK(f.memory.live.size() == 1);  // only c
+  CHECK(f.memory.live.count(c) == 1);
+  f.allocator.deallocate(c);
+  f.allocator.empty_cache();
+  CHECK(f.memory.live.empty());
+  CHECK(f.allocator.stats().reserved_bytes == 0);
+  CHECK(f.allocator.stats().oom_retries == 0);
+}
+
+TEST_CASE("allocator: out of memory empties the cache and retries once") {
+  Fixture f(8 * MiB);
+  void* a = f.allocator.allocate(4 * MiB, stream_a());
+  void* b = f.allocator.allocate(4 * MiB, stream_a());
+  f.allocator.deallocate(b);  // cached: the device is full
+  CHECK(f.memory.live_bytes == 8 * MiB);
+
+  SUBCASE("the freed cache makes room: success") {
+    // On another stream b cannot be reused; the first device call fails, the
+    // cache is emptied (b returned), the retry succeeds.
+    void* c = f.allocator.allocate(4 * MiB, stream_b());
+    CHECK(c != nullptr);
+    AllocatorStats s = f.allocator.stats();
+    CHECK(s.oom_retries == 1);
+    CHECK(f.memory.failed_calls == 1);
+    CHECK(f.memory.release_calls == 1);
+    CHECK(s.device_malloc_calls == 4);  // a, b, failed c, retried c
+    CHECK(s.reserved_bytes == 8 * MiB);
+    CHECK(s.allocated_bytes == 8 * MiB);
+    f.allocator.deallocate(c);
+  }
+  SUBCASE("still no room: OutOfMemoryError naming the bytes") {
+    bool caught = false;
+    try {
+      (void)f.allocator.allocate(6 * MiB, stream_b());
+    } catch (const OutOfMemoryError& error) {
+      caught = true;
+      const std::string message = error.what();
+      CHECK(message.find("out of memory on fake:0") != std::string::npos);
+      CHECK(message.find(std::to_string(6 * MiB) + " bytes") != std::string::npos);
+      CHECK(message.find(std::to_string(4 * MiB) + " bytes allocated") != std::string::npos);
+    }
+    CHECK(caught);
+    CHECK(f.allocator.stats().oom_retries == 1);
+    CHECK(f.memory.failed_calls == 2);  // first try and the retry
+    CHECK(f.memory.live_bytes == 4 * MiB);  // the cache was emptied on the way
+    // OutOfMemoryError is a kiln::Error, and the allocator still works after it.
+    CHECK_THROWS_AS(f.allocator.allocate(100 * MiB, stream_a()), Error);
+    void* small = f.allocator.allocate(1 * KiB, stream_a());
+    CHECK(small != nullptr);
+    f.allocator.deallocate(small);
+  }
+  f.allocator.deallocate(a);
+}
+
+TEST_CASE("allocator: deallocating an unknown pointer is a bug, reported") {
+  Fixture f;
+  int local = 0;
+  CHECK_THROWS_WITH_AS(f.allocator.deallocate(&local), Contains("unknown pointer"), Error);
+}
+
+TEST_CASE("allocator: CPU memory is 64-byte aligned and poisoning fills 0xFF") {
+  for (size_t bytes : {size_t{1}, size_t{63}, size_t{64}, size_t{1000}}) {
+    std::shared_ptr<void> memory = allocate_cpu(bytes);
+    CHECK(reinterpret_cast<uintptr_t>(memory.get()) % 64 == 0);
+  }
+  CHECK_FALSE(poison_allocations());
+  set_poison_allocations(true);
+  CHECK(poison_allocations());
+  Tensor f = empty({17});
+  Tensor u = empty({5}, {.dtype = DType::u8});
+  Tensor h = empty({3}, {.dtype = DType::bf16});
+  set_poison_allocations(false);
+  for (float value : f.to_vector<float>()) CHECK(std::isnan(value));
+  for (uint8_t value : u.to_vector<uint8_t>()) CHECK(value == 0xFF);
+  for (float value : h.to_vector<float>()) CHECK(std::isnan(value));
+  const auto* bytes = static_cast<const uint8_t*>(f.data_ptr());
+  for (int i = 0; i < 17 * 4; ++i) CHECK(bytes[i] == 0xFF);
+  // Off again: a fresh allocation is not poisoned by kiln (zeros() writes it).
+  CHECK(zeros({4}).to_vector<float>() == std::vector<float>{0, 0, 0, 0});
+}
+
+TEST_CASE("allocator: without a GPU the CUDA allocator and runtime fail clearly") {
+  if (cuda::is_available()) return;  // covered by the [gpu] case
+  CHECK(cuda::device_count() == 0);
+  CHECK_FALSE(cuda::is_pinned(nullptr));
+  int local = 0;
+  CHECK_FALSE(cuda::is_pinned(&local));
+  CHECK_THROWS_WITH_AS(cuda_allocator(0), Contains("no CUDA device 0"), Error);
+  CHECK_THROWS_AS(cuda::raw_malloc(16, 0), Error);
+  CHECK_THROWS_AS(allocate_pinned(16), Error);
+  CHECK_THROWS_AS(empty({2}, {.pinned = true}), Error);
+  CHECK_NOTHROW((void)cuda::sync_counters());
+}
+
+TEST_CASE("allocator: the CUDA caching allocator reuses memory and keeps statistics [gpu]") {
+  KILN_REQUIRE_GPU();
+  CachingAllocator& allocator = cuda_allocator(0);
+  allocator.empty_cache();
+  const AllocatorStats before = allocator.stats();
+  void* first = nullptr;
+  {
+    Tensor x = empty({1024, 1024}, {.device = Device::cuda(0)});  // 4 MiB
+    first = x.data_ptr();
+    const AllocatorStats during = allocator.stats();
+    CHECK(during.allocated_bytes == before.allocated_bytes + 4 * MiB);
+    CHECK(during.reserved_bytes == before.reserved_bytes + 4 * MiB);
+    CHECK(during.device_malloc_calls == before.device_malloc_calls + 1);
+    CHECK(during.peak_allocated_bytes >= during.allocated_bytes);
+  }
+  const AllocatorStats after = allocator.stats();
+  CHECK(after.allocated_bytes == before.allocated_bytes);
+  CHECK(after.reserved_bytes == before.reserved_bytes + 4 * MiB);  // cached
+  {
+    Tensor y = empty({1024, 1024}, {.device = Device::cuda(0)});
+    CHECK(y.data_ptr() == first);  // same stream: reused, no cudaMalloc
+    CHECK(allocator.stats().device_malloc_calls == after.device_malloc_calls);
+  }
+  allocator.empty_cache();
+  CHECK(allocator.stats().reserved_bytes == before.reserved_bytes);
+  CHECK(allocator.stats().device_free_calls > before.device_free_calls);
+
+  // A request larger than the device throws OutOfMemoryError after one retry.
+  const size_t too_big = cuda::device_total_memory(0) * 2;
+  const uint64_t retries = allocator.stats().oom_retries;
+  CHECK_THROWS_AS(allocator.allocate(too_big, cuda::current_stream(0)), OutOfMemoryError);
+  CHECK(allocator.stats().oom_retries == retries + 1);
+  // The runtime cleared the out-of-memory error: later launches check clean.
+  CHECK_NOTHROW(cuda::check_last_launch("after out of memory"));
+  CHECK(zeros({4}, {.device = Device::cuda(0)}).to_vector<float>() == std::vector<float>{0, 0, 0, 0});
+
+  // Pinned host memory.
+  std::shared_ptr<void> pinned = allocate_pinned(4096);
+  CHECK(cuda::is_pinned(pinned.get()));
+  const cuda::DeviceProperties properties = cuda::device_properties(0);
+  CHECK(properties.multiprocessor_count > 0);
+  CHECK(properties.l2_cache_bytes > 0);
+  CHECK(std::strlen(properties.name) > 0);
+  MESSAGE("GPU: " << std::string(properties.name) << ", " << properties.multiprocessor_count << " SMs, L2 "
+                  << properties.l2_cache_bytes / MiB << " MiB, sm_" << properties.major << properties.minor);
+}
+
+}  // namespace kiln

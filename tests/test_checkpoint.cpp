@@ -1,0 +1,80 @@
+#include <doctest/doctest.h>
+
+#include "core/generator.h"
+#include "nn/checkpoint.h"
+#include "nn/layers.h"
+#include "tests/support/test_util.h"
+
+using namespace kiln;
+
+namespace {
+struct Gradients {
+  std::vector<std::vector<double>> parameters;
+  std::vector<double> input;
+};
+
+Gradients run(uint64_t seed, bool use_checkpoint, int segments) {
+  manual_seed(100);  // same weights every run
+  auto model = std::make_shared<nn::Sequential>(std::vector<nn::ModulePtr>{
+      std::make_shared<nn::Linear>(6, 8), std::make_shared<nn::Dropout>(0.3), std::make_shared<nn::GELU>(),
+      std::make_shared<nn::Linear>(8, 8), std::make_shared<nn::Dropout>(0.3), std::make_shared<nn::Tanh>(),
+      std::make_shared<nn::Linear>(8, 3)});
+  model->to(DType::f64);
+  manual_seed(seed);  // same dropout masks for the same seed
+  Tensor x = randn({5, 6}, {.dtype = DType::f64}).requires_grad_(true);
+  std::vector<nn::ModulePtr> layers;
+  for (size_t i = 0; i < model->size(); ++i) layers.push_back((*model)[i]);
+  Tensor y = use_checkpoint ? nn::checkpoint_sequential(layers, segments, x) : model->forward(x);
+  sum(mul(y, y)).backward();
+  Gradients result;
+  for (auto& parameter : model->parameters()) result.parameters.push_back(parameter.grad().to_vector<double>());
+  result.input = x.grad().to_vector<double>();
+  return result;
+}
+}  // namespace
+
+TEST_CASE("checkpoint_sequential gives the same gradients as the plain forward, dropout on") {
+  for (uint64_t seed : {1, 2, 3}) {
+    for (int segments : {2, 3}) {
+      INFO("seed " << seed << " segments " << segments);
+      Gradients plain = run(seed, false, segments);
+      Gradients checkpointed = run(seed, true, segments);
+      CHECK(checkpointed.input == plain.input);
+      REQUIRE(checkpointed.parameters.size() == plain.parameters.size());
+      for (size_t i = 0; i < plain.parameters.size(); ++i) CHECK(checkpointed.parameters[i] == plain.parameters[i]);
+    }
+  }
+}
+
+TEST_CASE("checkpoint keeps no activations: the recomputation happens in backward") {
+  manual_seed(5);
+  auto layer = std::make_shared<nn::Linear>(4, 4);
+  int calls = 0;
+  Tensor x = randn({2, 4}).requires_grad_(true);
+  Tensor y = nn::checkpoint(
+      [&](const std::vector<Tensor>& inputs) {
+        ++calls;
+        return layer->forward(inputs[0]);
+      },
+      {x});
+  CHECK(calls == 1);
+  sum(y).backward();
+  CHECK(calls == 2);
+  CHECK(layer->weight.grad().defined());
+  CHECK(x.grad().defined());
+}
+
+TEST_CASE("checkpoint reaches parameters even when the input needs no gradient") {
+  manual_seed(6);
+  auto layer = std::make_shared<nn::Linear>(3, 2);
+  Tensor x = randn({4, 3});
+  Tensor y = nn::checkpoint(layer, x);
+  sum(y).backward();
+  REQUIRE(layer->weight.grad().defined());
+  // d sum(x W^T + b) / dW = column sums of x, for every output row.
+  std::vector<float> grad = layer->weight.grad().to_vector<float>();
+  std::vector<float> column_sums = sum(x, {0}).to_vector<float>();
+  for (int row = 0; row < 2; ++row) {
+    for (int col = 0; col < 3; ++col) CHECK(grad[row * 3 + col] == doctest::Approx(column_sums[col]));
+  }
+}

@@ -1,0 +1,333 @@
+// conv2d, batch_norm, layer_norm and pooling against plain double loops and
+// hand computations; error messages; cuDNN benchmark cache (GPU).
+#include <doctest/doctest.h>
+#include <omp.h>
+
+#include <cmath>
+#include <random>
+
+#include "core/nn_ops.h"
+#include "tests/support/op_info.h"
+#include "tests/support/test_util.h"
+
+namespace kiln::testing {
+namespace {
+
+std::vector<double> random_values(int64_t count, uint64_t seed) {
+  std::mt19937_64 engine(seed);
+  std::normal_distribution<double> normal;
+  std::vector<double> values(static_cast<size_t>(count));
+  for (double& v : values) v = normal(engine);
+  return values;
+}
+
+struct ConvCase {
+  Shape x, w;
+  bool bias;
+  Size2 stride, padding, dilation;
+  int64_t groups;
+};
+
+// Direct convolution and its three gradients (for an upstream gradient g) in double.
+struct NaiveConv {
+  std::vector<double> y, dx, dw, db;
+  Shape y_shape;
+};
+NaiveConv naive_conv(const ConvCase& c, const std::vector<double>& x, const std::vector<double>& w,
+                     const std::vector<double>& b, const std::vector<double>* g) {
+  const int64_t N = c.x[0], C = c.x[1], H = c.x[2], W = c.x[3];
+  const int64_t O = c.w[0], Cg = c.w[1], KH = c.w[2], KW = c.w[3], Og = O / c.groups;
+  const int64_t OH = (H + 2 * c.padding.h - c.dilation.h * (KH - 1) - 1) / c.stride.h + 1;
+  const int64_t OW = (W + 2 * c.padding.w - c.dilation.w * (KW - 1) - 1) / c.stride.w + 1;
+  NaiveConv r;
+  r.y_shape = {N, O, OH, OW};
+  r.y.assign(static_cast<size_t>(N * O * OH * OW), 0.0);
+  r.dx.assign(x.size(), 0.0);
+  r.dw.assign(w.size(), 0.0);
+  r.db.assign(static_cast<size_t>(O), 0.0);
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t o = 0; o < O; ++o)
+      for (int64_t oh = 0; oh < OH; ++oh)
+        for (int64_t ow = 0; ow < OW; ++ow) {
+          const int64_t yi = ((n * O + o) * OH + oh) * OW + ow;
+          double total = c.bias ? b[o] : 0.0;
+          const double gy = g ? (*g)[yi] : 0.0;
+          if (g) r.db[o] += gy;
+          for (int64_t ci = 0; ci < Cg; ++ci)
+            for (int64_t ki = 0; ki < KH; ++ki)
+              for (int64_t kj = 0; kj < KW; ++kj) {
+                const int64_t ih = oh * c.stride.h - c.padding.h + ki * c.dilation.h;
+                const int64_t iw = ow * c.stride.w - c.padding.w + kj * c.dilation.w;
+                if (ih < 0 || ih >= H || iw < 0 || iw >= W) continue;
+                const int64_t channel = (o / Og) * Cg + ci;
+                const int64_t xi = ((n * C + channel) * H + ih) * W + iw;
+                const int64_t wi = ((o * Cg + ci) * KH + ki) * KW + kj;
+                total += x[xi] * w[wi];
+                if (g) {
+                  r.dx[xi] += gy * w[wi];
+                  r.dw[wi] += gy * x[xi];
+                }
+              }
+          r.y[yi] = total;
+        }
+  return r;
+}
+
+Tensor from_doubles(const std::vector<double>& values, const Shape& shape, DType dtype) {
+  return tensor<double>(values, shape).to(dtype);
+}
+
+}  // namespace
+
+TEST_CASE("conv2d matches a direct loop in double, forward and backward") {
+  const std::vector<ConvCase> cases = {
+      {{2, 3, 7, 9}, {4, 3, 3, 3}, true, 2, 1, 1, 1},
+      {{2, 2, 7, 9}, {3, 2, 3, 3}, false, 1, {2, 1}, 2, 1},
+      {{2, 4, 6, 5}, {6, 2, 3, 2}, true, {1, 2}, {1, 0}, 1, 2},
+      {{1, 6, 5, 5}, {6, 1, 3, 3}, true, 1, 1, 1, 6},  // depthwise
+      {{3, 3, 5, 4}, {5, 3, 1, 1}, false, 1, 0, 1, 1},  // pointwise fast path
+      {{2, 2, 5, 5}, {3, 2, 1, 1}, true, 2, 0, 1, 1},   // 1x1 with stride: im2col path
+      {{20, 1, 8, 8}, {4, 1, 3, 3}, false, 1, 1, 1, 1}, // more samples than weight chunks
+  };
+  for (DType dtype : {DType::f64, DType::f32}) {
+    for (size_t k = 0; k < cases.size(); ++k) {
+      const ConvCase& c = cases[k];
+      INFO("case " << k << " x " << shape_str(c.x) << " w " << shape_str(c.w) << " " << dtype_name(dtype));
+      const auto xv = random_values(shape_numel(c.x), 1 + k), wv = random_values(shape_numel(c.w), 100 + k);
+      const auto bv = random_values(c.w[0], 200 + k);
+      const NaiveConv probe = naive_conv(c, xv, wv, bv, nullptr);
+      const auto gv = random_values(shape_numel(probe.y_shape), 300 + k);
+      const NaiveConv ref = naive_conv(c, xv, wv, bv, &gv);
+
+      Tensor x = from_doubles(xv, c.x, dtype).requires_grad_();
+      Tensor w = from_doubles(wv, c.w, dtype).requires_grad_();
+      Tensor b = c.bias ? from_doubles(bv, {c.w[0]}, dtype).requires_grad_() : Tensor();
+      Tensor y = conv2d(x, w, b, c.stride, c.padding, c.dilation, c.groups);
+      const double tol = dtype == DType::f64 ? 1e-12 : 2e-5;
+      KILN_CHECK_CLOSE(y, tensor<double>(ref.y, ref.y_shape).to(dtype), tol, tol);
+      y.backward(from_doubles(gv, probe.y_shape, dtype));
+      KILN_CHECK_CLOSE(x.grad(), tensor<double>(ref.dx, c.x).to(dtype), tol, tol);
+      KILN_CHECK_CLOSE(w.grad(), tensor<double>(ref.dw, c.w).to(dtype), tol, tol * 10);
+      if (c.bias) KILN_CHECK_CLOSE(b.grad(), tensor<double>(ref.db, {c.w[0]}).to(dtype), tol, tol * 10);
+    }
+  }
+}
+
+TEST_CASE("conv2d: unbatched input, and results independent of the thread count") {
+  const auto xv = random_values(2 * 3 * 9 * 9, 5), wv = random_values(8 * 3 * 3 * 3, 6);
+  Tensor x = tensor<double>(xv, {2, 3, 9, 9}).to(DType::f32);
+  Tensor w = tensor<double>(wv, {8, 3, 3, 3}).to(DType::f32);
+  Tensor y1 = conv2d(x.select(0, 1), w, Tensor(), 1, 1);
+  CHECK(y1.shape() == Shape{8, 9, 9});
+  KILN_CHECK_CLOSE(y1, conv2d(x, w, Tensor(), 1, 1).select(0, 1), 0.0, 0.0);
+
+  // Weight gradients of a batch of 40 with 1 thread and with 2 must agree bit
+  // for bit (the batch is large enough for the kernels to go parallel).
+  const auto big = random_values(40 * 3 * 16 * 16, 7);
+  std::vector<Tensor> grads;
+  const int threads_before = omp_get_max_threads();
+  for (int threads : {1, 2}) {
+    omp_set_num_threads(threads);
+    Tensor wt = w.detach().clone().requires_grad_();
+    Tensor out = conv2d(tensor<double>(big, {40, 3, 16, 16}).to(DType::f32), wt, Tensor(), 1, 1);
+    out.backward(ones_like(out));
+    grads.push_back(wt.grad());
+  }
+  omp_set_num_threads(threads_before);
+  KILN_CHECK_CLOSE(grads[0], grads[1], 0.0, 0.0);
+}
+
+TEST_CASE("conv2d: shape errors name the problem") {
+  Tensor x = zeros({2, 4, 5, 5});
+  CHECK_THROWS_WITH_AS(conv2d(x, zeros({3, 3, 3, 3})), doctest::Contains("channel mismatch"), Error);
+  CHECK_THROWS_WITH_AS(conv2d(x, zeros({3, 3, 3, 3})), doctest::Contains("[2, 4, 5, 5]"), Error);
+  CHECK_THROWS_WITH_AS(conv2d(x, zeros({4, 4, 7, 7})), doctest::Contains("larger than the padded input"), Error);
+  CHECK_THROWS_WITH_AS(conv2d(x, zeros({4, 4, 3, 3}), Tensor(), 1, 0, 3), doctest::Contains("larger than the padded"),
+                       Error);  // dilation 3 makes the 3x3 kernel 7x7
+  CHECK_NOTHROW(conv2d(x, zeros({4, 4, 7, 7}), Tensor(), 1, 1));  // fits once padded
+  CHECK_THROWS_WITH_AS(conv2d(x, zeros({3, 4, 3, 3}), Tensor(), 1, 0, 1, 3),
+                       doctest::Contains("groups=3 does not divide the input's 4 channels"), Error);
+  CHECK_THROWS_WITH_AS(conv2d(x, zeros({3, 2, 3, 3}), Tensor(), 1, 0, 1, 2),
+                       doctest::Contains("does not divide the weight's 3 output channels"), Error);
+  CHECK_THROWS_WITH_AS(conv2d(x, zeros({3, 4, 3, 3}), zeros({4})), doctest::Contains("bias of shape [3]"), Error);
+  CHECK_THROWS_WITH_AS(conv2d(zeros({4, 5, 5, 1, 1}), zeros({3, 4, 3, 3})), doctest::Contains("expected input"), Error);
+  CHECK_THROWS_WITH_AS(conv2d(x, zeros({3, 4, 3, 3}, {.dtype = DType::f64})), doctest::Contains("float64"), Error);
+}
+
+TEST_CASE("batch_norm: running statistics after two training steps, then eval uses them") {
+  const int64_t N = 4, C = 3, HW = 5;
+  Tensor running_mean = zeros({C}), running_var = ones({C});
+  Tensor weight = tensor<float>({1.5f, -0.5f, 2.0f}, {C}), bias = tensor<float>({0.1f, 0.2f, -0.3f}, {C});
+  std::vector<double> expected_mean(C, 0.0), expected_var(C, 1.0);
+  for (int step = 0; step < 2; ++step) {
+    const auto values = random_values(N * C * HW, 40 + step);
+    Tensor x = tensor<double>(values, {N, C, HW}).to(DType::f32);
+    Tensor y = batch_norm(x, running_mean, running_var, weight, bias, true, 0.1, 1e-5);
+    std::vector<double> y_expected(values.size());
+    for (int64_t c = 0; c < C; ++c) {
+      double sum = 0, squares = 0;
+      for (int64_t n = 0; n < N; ++n)
+        for (int64_t i = 0; i < HW; ++i) sum += values[(n * C + c) * HW + i];
+      const double mean = sum / (N * HW);
+      for (int64_t n = 0; n < N; ++n)
+        for (int64_t i = 0; i < HW; ++i) squares += std::pow(values[(n * C + c) * HW + i] - mean, 2);
+      const double biased = squares / (N * HW), unbiased = squares / (N * HW - 1);
+      expected_mean[c] = 0.9 * expected_mean[c] + 0.1 * mean;
+      expected_var[c] = 0.9 * expected_var[c] + 0.1 * unbiased;
+      const std::vector<double> w{1.5, -0.5, 2.0}, b{0.1, 0.2, -0.3};
+      for (int64_t n = 0; n < N; ++n)
+        for (int64_t i = 0; i < HW; ++i) {
+          const int64_t at = (n * C + c) * HW + i;
+          y_expected[at] = (values[at] - mean) / std::sqrt(biased + 1e-5) * w[c] + b[c];
+        }
+    }
+    KILN_CHECK_CLOSE(y, tensor<double>(y_expected, {N, C, HW}).to(DType::f32), 1e-5, 1e-5);
+  }
+  KILN_CHECK_CLOSE(running_mean, tensor<double>(expected_mean, {C}).to(DType::f32), 1e-6, 1e-6);
+  KILN_CHECK_CLOSE(running_var, tensor<double>(expected_var, {C}).to(DType::f32), 1e-6, 1e-6);
+
+  // Eval: normalizes with the running stats and leaves them unchanged.
+  const auto values = random_values(N * C * HW, 99);
+  Tensor x = tensor<double>(values, {N, C, HW}).to(DType::f32);
+  Tensor y = batch_norm(x, running_mean, running_var, weight, bias, false, 0.1, 1e-5);
+  std::vector<double> y_expected(values.size());
+  const std::vector<double> w{1.5, -0.5, 2.0}, b{0.1, 0.2, -0.3};
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t c = 0; c < C; ++c)
+      for (int64_t i = 0; i < HW; ++i) {
+        const int64_t at = (n * C + c) * HW + i;
+        y_expected[at] = (values[at] - expected_mean[c]) / std::sqrt(expected_var[c] + 1e-5) * w[c] + b[c];
+      }
+  KILN_CHECK_CLOSE(y, tensor<double>(y_expected, {N, C, HW}).to(DType::f32), 1e-5, 1e-5);
+  KILN_CHECK_CLOSE(running_mean, tensor<double>(expected_mean, {C}).to(DType::f32), 1e-6, 1e-6);
+}
+
+TEST_CASE("batch_norm_relu equals relu(batch_norm) forward and backward, in NCHW and channels-last") {
+  const int64_t N = 4, C = 3, H = 5, W = 6;
+  const auto xv = random_values(N * C * H * W, 11), gv = random_values(N * C * H * W, 12);
+  for (bool training : {true, false}) {
+    INFO("training " << training);
+    Tensor x = tensor<double>(xv, {N, C, H, W}).requires_grad_();
+    Tensor weight = tensor<double>({1.2, -0.7, 0.9}, {C}).requires_grad_();
+    Tensor bias = tensor<double>({0.3, 0.1, -0.2}, {C}).requires_grad_();
+    Tensor rm = tensor<double>({0.1, -0.2, 0.05}, {C}), rv = tensor<double>({0.8, 1.3, 1.1}, {C});
+    Tensor y = batch_norm(x, rm.clone(), rv.clone(), weight, bias, training);
+    std::vector<double> yv = y.to_vector<double>(), relu_y(yv.size()), masked_g(yv.size());
+    for (size_t i = 0; i < yv.size(); ++i) {
+      relu_y[i] = std::max(yv[i], 0.0);
+      masked_g[i] = yv[i] > 0 ? gv[i] : 0.0;
+    }
+    y.backward(tensor<double>(masked_g, {N, C, H, W}));
+    const Tensor dx_ref = x.grad(), dw_ref = weight.grad(), db_ref = bias.grad();
+    for (bool channels_last : {false, true}) {
+      INFO("channels_last " << channels_last);
+      Tensor xi = tensor<double>(xv, {N, C, H, W});
+      if (channels_last) xi = xi.permute({0, 2, 3, 1}).contiguous().permute({0, 3, 1, 2});
+      xi = xi.detach().requires_grad_();
+      Tensor wi = weight.detach().clone().requires_grad_(), bi = bias.detach().clone().requires_grad_();
+      Tensor fused = batch_norm_relu(xi, rm.clone(), rv.clone(), wi, bi, training);
+      if (channels_last) CHECK(fused.strides() == xi.strides());
+      KILN_CHECK_CLOSE(fused, tensor<double>(relu_y, {N, C, H, W}), 1e-12, 1e-12);
+      fused.backward(tensor<double>(gv, {N, C, H, W}));
+      KILN_CHECK_CLOSE(xi.grad(), dx_ref, 1e-10, 1e-12);
+      KILN_CHECK_CLOSE(wi.grad(), dw_ref, 1e-10, 1e-12);
+      KILN_CHECK_CLOSE(bi.grad(), db_ref, 1e-10, 1e-12);
+    }
+  }
+}
+
+TEST_CASE("batch_norm: checks") {
+  Tensor x = zeros({4, 3, 2, 2});
+  CHECK_THROWS_WITH_AS(batch_norm(x, zeros({4}), ones({4}), Tensor(), Tensor(), true),
+                       doctest::Contains("running_mean of shape [3]"), Error);
+  CHECK_THROWS_WITH_AS(batch_norm(x, Tensor(), Tensor(), Tensor(), Tensor(), false),
+                       doctest::Contains("eval mode"), Error);
+  CHECK_THROWS_WITH_AS(batch_norm(zeros({1, 3}), Tensor(), Tensor(), Tensor(), Tensor(), true),
+                       doctest::Contains("more than 1 value per channel"), Error);
+  CHECK_THROWS_WITH_AS(layer_norm(zeros({2, 3}), {2}), doctest::Contains("trailing dims"), Error);
+}
+
+TEST_CASE("layer_norm matches a hand computation") {
+  const int64_t R = 3, D = 7;
+  const auto xv = random_values(R * D, 21), wv = random_values(D, 22), bv = random_values(D, 23);
+  Tensor y = layer_norm(tensor<double>(xv, {R, D}), {D}, tensor<double>(wv, {D}), tensor<double>(bv, {D}), 1e-5);
+  std::vector<double> expected(xv.size());
+  for (int64_t r = 0; r < R; ++r) {
+    double mean = 0, var = 0;
+    for (int64_t i = 0; i < D; ++i) mean += xv[r * D + i] / D;
+    for (int64_t i = 0; i < D; ++i) var += std::pow(xv[r * D + i] - mean, 2) / D;
+    for (int64_t i = 0; i < D; ++i) expected[r * D + i] = (xv[r * D + i] - mean) / std::sqrt(var + 1e-5) * wv[i] + bv[i];
+  }
+  KILN_CHECK_CLOSE(y, tensor<double>(expected, {R, D}), 1e-12, 1e-12);
+}
+
+TEST_CASE("max_pool2d: ties go to the first maximum, padding never wins, NaN propagates") {
+  // One 2x2 window of equal values, one with a tie between positions 1 and 3.
+  Tensor x = tensor<double>({5, 5, 1, 7, 5, 5, 2, 7}, {1, 1, 2, 4}).requires_grad_();
+  Tensor y = max_pool2d(x, 2);
+  KILN_CHECK_CLOSE(y, tensor<double>({5, 7}, {1, 1, 1, 2}), 0.0, 0.0);
+  y.backward(tensor<double>({1, 1}, {1, 1, 1, 2}));
+  KILN_CHECK_CLOSE(x.grad(), tensor<double>({1, 0, 0, 1, 0, 0, 0, 0}, {1, 1, 2, 4}), 0.0, 0.0);
+
+  // All-negative input with padding: the maximum is a real element, not a padded zero.
+  Tensor neg = tensor<double>({-3, -1, -2, -4}, {1, 1, 2, 2}).requires_grad_();
+  Tensor pooled = max_pool2d(neg, 3, Size2(1), 1);
+  KILN_CHECK_CLOSE(pooled, tensor<double>({-1, -1, -1, -1}, {1, 1, 2, 2}), 0.0, 0.0);
+  pooled.backward(ones_like(pooled));
+  KILN_CHECK_CLOSE(neg.grad(), tensor<double>({0, 4, 0, 0}, {1, 1, 2, 2}), 0.0, 0.0);
+
+  Tensor with_nan = tensor<double>({1, NAN, 3, 2}, {1, 1, 2, 2});
+  CHECK(std::isnan(max_pool2d(with_nan, 2).item<double>()));
+  CHECK(std::isnan(max_pool2d(with_nan.to(DType::f32), {1, 2}, Size2(1)).to_vector<float>()[0]));
+}
+
+TEST_CASE("pooling: checks and output sizes") {
+  Tensor x = zeros({2, 3, 5, 5});
+  CHECK(max_pool2d(x, 2).shape() == Shape{2, 3, 2, 2});
+  CHECK(max_pool2d(x, 3, Size2(2), 1).shape() == Shape{2, 3, 3, 3});
+  CHECK(avg_pool2d(x, 3, Size2(2), 1).shape() == Shape{2, 3, 3, 3});
+  CHECK(adaptive_avg_pool2d(x, {2, 3}).shape() == Shape{2, 3, 2, 3});
+  CHECK_THROWS_WITH_AS(max_pool2d(x, 7), doctest::Contains("larger than the padded input"), Error);
+  CHECK_THROWS_WITH_AS(max_pool2d(x, 2, Size2(2), 2), doctest::Contains("at most half"), Error);
+  CHECK_THROWS_WITH_AS(avg_pool2d(zeros({5, 5}), 2), doctest::Contains("expected input (N, C, H, W)"), Error);
+  // avg with count_include_pad=false divides by the real elements only.
+  Tensor ones4 = ones({1, 1, 2, 2});
+  KILN_CHECK_CLOSE(avg_pool2d(ones4, 2, Size2(1), 1, false), ones({1, 1, 3, 3}), 0.0, 0.0);
+  KILN_CHECK_CLOSE(avg_pool2d(ones4, 2, Size2(1), 1, true),
+                   tensor<float>({0.25f, 0.5f, 0.25f, 0.5f, 1.0f, 0.5f, 0.25f, 0.5f, 0.25f}, {1, 1, 3, 3}), 0.0, 0.0);
+}
+
+TEST_CASE("cuDNN benchmark mode: the second call of a shape hits the algorithm cache [gpu]") {
+  KILN_REQUIRE_GPU();
+  const bool before = cudnn_benchmark();
+  set_cudnn_benchmark(true);
+  cudnn_benchmark_cache_clear();
+  Tensor x = tensor<double>(random_values(2 * 3 * 9 * 9, 1), {2, 3, 9, 9}).to(Device::cuda(), DType::f32);
+  Tensor w = tensor<double>(random_values(4 * 3 * 3 * 3, 2), {4, 3, 3, 3}).to(Device::cuda(), DType::f32);
+  Tensor first = conv2d(x, w, Tensor(), 1, 1);
+  const CudnnBenchmarkStats after_first = cudnn_benchmark_stats();
+  CHECK(after_first.misses == 1);
+  CHECK(after_first.hits == 0);
+  Tensor second = conv2d(x, w, Tensor(), 1, 1);
+  const CudnnBenchmarkStats after_second = cudnn_benchmark_stats();
+  CHECK(after_second.hits == 1);
+  CHECK(after_second.misses == 1);
+  KILN_CHECK_CLOSE(second.cpu(), first.cpu(), 1e-6, 1e-6);
+  // A new shape is a new key.
+  conv2d(x.narrow(0, 0, 1), w, Tensor(), 1, 1);
+  CHECK(cudnn_benchmark_stats().misses == 2);
+  set_cudnn_benchmark(before);
+}
+
+TEST_CASE("conv2d on CUDA: channels-last input gives a channels-last output equal to NCHW [gpu]") {
+  KILN_REQUIRE_GPU();
+  Tensor x = tensor<double>(random_values(2 * 8 * 7 * 9, 3), {2, 8, 7, 9}).to(Device::cuda(), DType::f32);
+  Tensor w = tensor<double>(random_values(16 * 8 * 3 * 3, 4), {16, 8, 3, 3}).to(Device::cuda(), DType::f32);
+  Tensor reference = conv2d(x, w, Tensor(), 1, 1);
+  Tensor x_nhwc = x.permute({0, 2, 3, 1}).contiguous().permute({0, 3, 1, 2});
+  Tensor y = conv2d(x_nhwc, w, Tensor(), 1, 1);
+  CHECK(y.stride(1) == 1);
+  KILN_CHECK_CLOSE(y.cpu(), reference.cpu(), 1e-5, 1e-5);
+}
+
+}  // namespace kiln::testing

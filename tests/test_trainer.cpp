@@ -1,0 +1,315 @@
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+
+#include "core/generator.h"
+#include "data/dataloader.h"
+#include "nn/layers.h"
+#include "optim/lr_scheduler.h"
+#include "tests/support/test_util.h"
+#include "trainer/trainer.h"
+
+using namespace kiln;
+namespace fs = std::filesystem;
+
+namespace {
+
+fs::path fresh_folder(const std::string& name) {
+  fs::path folder = fs::temp_directory_path() / ("kiln_trainer_" + name + "_" + std::to_string(::getpid()));
+  fs::remove_all(folder);
+  fs::create_directories(folder);
+  return folder;
+}
+
+// A linear regression problem with a known answer.
+std::shared_ptr<TensorDataset> regression_data(int64_t count) {
+  manual_seed(11);
+  Tensor x = randn({count, 4});
+  Tensor w = tensor<float>({1, -2, 0.5, 3}, {4, 1});
+  Tensor y = add(matmul(x, w), mul(randn({count, 1}), 0.01));
+  return std::make_shared<TensorDataset>(x, y);
+}
+
+struct Regression : TrainModule {
+  explicit Regression(double lr = 0.05, bool with_schedule = false) : lr(lr), with_schedule(with_schedule) {
+    manual_seed(3);
+    net = std::make_shared<nn::Linear>(4, 1);
+  }
+  nn::Module& model() override { return *net; }
+  Tensor training_step(const Batch& batch, int64_t) override {
+    Tensor difference = sub(net->forward(batch.input), batch.target);
+    Tensor loss = mean(mul(difference, difference));
+    log("train_loss", loss);
+    ++training_steps;
+    return loss;
+  }
+  void validation_step(const Batch& batch, int64_t) override {
+    Tensor difference = sub(net->forward(batch.input), batch.target);
+    log("val_loss", mean(mul(difference, difference)), std::nullopt, std::nullopt, false, batch.size());
+    ++validation_steps;
+  }
+  OptimizerConfig configure_optimizers() override {
+    OptimizerConfig config;
+    optim::SGDOptions sgd;
+    sgd.lr = lr;
+    sgd.momentum = 0.9;
+    config.optimizer = std::make_unique<optim::SGD>(net->parameters(), sgd);
+    if (with_schedule) config.scheduler = std::make_unique<optim::StepLR>(*config.optimizer, 3, 0.5);
+    return config;
+  }
+  std::shared_ptr<nn::Linear> net;
+  double lr;
+  bool with_schedule;
+  int training_steps = 0, validation_steps = 0;
+};
+
+TrainerOptions quiet_options(const fs::path& root) {
+  TrainerOptions options;
+  options.accelerator = "cpu";
+  options.default_root_dir = root.string();
+  options.enable_progress_bar = false;
+  options.num_sanity_val_steps = 0;
+  options.deterministic = true;
+  return options;
+}
+
+DataLoaderOptions loader_options(int64_t batch_size, bool shuffle = true) {
+  DataLoaderOptions options;
+  options.batch_size = batch_size;
+  options.shuffle = shuffle;
+  options.seed = 5;
+  return options;
+}
+
+}  // namespace
+
+TEST_CASE("Trainer: accumulating k micro-batches equals one batch k times larger") {
+  auto data = regression_data(64);
+  fs::path root = fresh_folder("accumulate");
+  Regression small, large;
+  {
+    TrainerOptions options = quiet_options(root);
+    options.max_steps = 4;
+    options.accumulate_grad_batches = 4;
+    options.logger = false;
+    DataLoader loader(data, loader_options(4, false));
+    Trainer(options).fit(small, loader);
+  }
+  {
+    TrainerOptions options = quiet_options(root);
+    options.max_steps = 4;
+    options.logger = false;
+    DataLoader loader(data, loader_options(16, false));
+    Trainer(options).fit(large, loader);
+  }
+  KILN_CHECK_CLOSE(small.net->weight, large.net->weight, 1e-5, 1e-6);
+  KILN_CHECK_CLOSE(small.net->bias, large.net->bias, 1e-5, 1e-6);
+  CHECK(small.training_steps == 16);
+  CHECK(large.training_steps == 4);
+  fs::remove_all(root);
+}
+
+TEST_CASE("Trainer: val_check_interval=0.25 validates four times per epoch; max_steps stops") {
+  auto data = regression_data(64);
+  fs::path root = fresh_folder("cadence");
+  Regression module;
+  TrainerOptions options = quiet_options(root);
+  options.max_epochs = 2;
+  options.val_check_interval = 0.25;
+  DataLoader train(data, loader_options(4));
+  DataLoader val(data, loader_options(32, false));
+  Trainer trainer(options);
+  trainer.fit(module, train, &val);
+  CHECK(module.validation_steps == 2 * 4 * 2);  // 2 epochs x 4 checks x 2 batches
+  CHECK(trainer.global_step() == 32);
+
+  Regression limited;
+  TrainerOptions step_limited = quiet_options(root);
+  step_limited.max_steps = 5;
+  DataLoader train2(data, loader_options(4));
+  Trainer limited_trainer(step_limited);
+  limited_trainer.fit(limited, train2);
+  CHECK(limited_trainer.global_step() == 5);
+  CHECK(limited.training_steps == 5);
+  fs::remove_all(root);
+}
+
+TEST_CASE("Trainer: CSV logs in Lightning's layout") {
+  auto data = regression_data(32);
+  fs::path root = fresh_folder("csv");
+  Regression module;
+  TrainerOptions options = quiet_options(root);
+  options.max_epochs = 2;
+  options.log_every_n_steps = 2;
+  DataLoader train(data, loader_options(4));
+  DataLoader val(data, loader_options(16, false));
+  Trainer trainer(options);
+  trainer.fit(module, train, &val);
+  const fs::path csv = root / "lightning_logs" / "version_0" / "metrics.csv";
+  REQUIRE(fs::exists(csv));
+  std::ifstream in(csv);
+  std::string header;
+  std::getline(in, header);
+  CHECK(header.find("epoch") == 0);
+  CHECK(header.find("train_loss") != std::string::npos);
+  CHECK(header.find("val_loss") != std::string::npos);
+  int rows = 0;
+  for (std::string line; std::getline(in, line);) ++rows;
+  CHECK(rows == 8 + 2);  // 16 steps logged every 2, plus one validation row per epoch
+  // A second run gets the next version folder.
+  Regression again;
+  DataLoader train2(data, loader_options(4));
+  Trainer(options).fit(again, train2);
+  CHECK(fs::exists(root / "lightning_logs" / "version_1" / "metrics.csv"));
+  fs::remove_all(root);
+}
+
+TEST_CASE("EarlyStopping follows Lightning's sequences") {
+  SUBCASE("check_finite stops at the NaN of [4, 3, NaN, 2, 1]") {
+    EarlyStopping stopping(EarlyStoppingOptions{.patience = 3});
+    std::string reason;
+    CHECK_FALSE(stopping.update(4, &reason));
+    CHECK_FALSE(stopping.update(3, &reason));
+    CHECK(stopping.update(NAN, &reason));
+    CHECK(reason.find("not finite") != std::string::npos);
+  }
+  SUBCASE("stopping_threshold stops when reached") {
+    EarlyStoppingOptions options;
+    options.stopping_threshold = 1.0;
+    EarlyStopping stopping(options);
+    std::string reason;
+    CHECK_FALSE(stopping.update(3, &reason));
+    CHECK_FALSE(stopping.update(1.5, &reason));
+    CHECK(stopping.update(0.9, &reason));
+    CHECK(reason.find("Stopping threshold") != std::string::npos);
+  }
+  SUBCASE("divergence_threshold stops when exceeded") {
+    EarlyStoppingOptions options;
+    options.divergence_threshold = 10.0;
+    EarlyStopping stopping(options);
+    std::string reason;
+    CHECK_FALSE(stopping.update(3, &reason));
+    CHECK(stopping.update(11, &reason));
+    CHECK(reason.find("Divergence") != std::string::npos);
+  }
+  SUBCASE("patience counts checks without improvement; min_delta must be beaten") {
+    EarlyStoppingOptions options;
+    options.patience = 2;
+    options.min_delta = 0.5;
+    EarlyStopping stopping(options);
+    std::string reason;
+    CHECK_FALSE(stopping.update(5, &reason));
+    CHECK_FALSE(stopping.update(4.8, &reason));  // not better by 0.5
+    CHECK(stopping.wait_count() == 1);
+    CHECK_FALSE(stopping.update(4.0, &reason));  // better: resets
+    CHECK(stopping.wait_count() == 0);
+    CHECK_FALSE(stopping.update(4.1, &reason));
+    CHECK(stopping.update(4.2, &reason));
+  }
+}
+
+TEST_CASE("Trainer: resume mid-epoch is bit-identical to an uninterrupted run") {
+  auto data = regression_data(48);
+  fs::path root = fresh_folder("resume");
+  // Uninterrupted: 10 steps (an epoch is 6 batches, so the stop at 4 is mid-epoch).
+  Regression full(0.05, /*with_schedule=*/true);
+  {
+    TrainerOptions options = quiet_options(root);
+    options.max_steps = 10;
+    options.logger = false;
+    DataLoader loader(data, loader_options(8));
+    Trainer(options).fit(full, loader);
+  }
+  // 4 steps, checkpoint, then a new process-like run resumes for 6 more.
+  const std::string checkpoint = (root / "mid.safetensors").string();
+  {
+    Regression first(0.05, true);
+    TrainerOptions options = quiet_options(root);
+    options.max_steps = 4;
+    options.logger = false;
+    DataLoader loader(data, loader_options(8));
+    Trainer trainer(options);
+    trainer.fit(first, loader);
+    trainer.save_checkpoint(checkpoint);
+  }
+  Regression resumed(0.05, true);
+  {
+    manual_seed(999);  // the checkpoint restores the generators
+    TrainerOptions options = quiet_options(root);
+    options.max_steps = 10;
+    options.logger = false;
+    DataLoader loader(data, loader_options(8));
+    Trainer trainer(options);
+    trainer.fit(resumed, loader, nullptr, checkpoint);
+    CHECK(trainer.global_step() == 10);
+  }
+  CHECK(resumed.net->weight.to_vector<float>() == full.net->weight.to_vector<float>());
+  CHECK(resumed.net->bias.to_vector<float>() == full.net->bias.to_vector<float>());
+
+  // A checkpoint of another model is refused with a clear error, and nothing changes.
+  struct Other : Regression {
+    Other() : Regression(0.05, /*with_schedule=*/true) { net = std::make_shared<nn::Linear>(4, 2); }
+  } other;
+  std::vector<float> before = other.net->weight.to_vector<float>();
+  TrainerOptions options = quiet_options(root);
+  options.max_steps = 12;
+  options.logger = false;
+  DataLoader loader(data, loader_options(8));
+  CHECK_THROWS_WITH_AS(Trainer(options).fit(other, loader, nullptr, checkpoint),
+                       doctest::Contains("does not match"), Error);
+  CHECK(other.net->weight.to_vector<float>() == before);
+  fs::remove_all(root);
+}
+
+TEST_CASE("ModelCheckpoint keeps the best save_top_k and formats file names") {
+  auto data = regression_data(32);
+  fs::path root = fresh_folder("checkpoint");
+  Regression module;
+  TrainerOptions options = quiet_options(root);
+  options.max_epochs = 4;
+  ModelCheckpointOptions checkpointing;
+  checkpointing.monitor = "val_loss";
+  checkpointing.save_top_k = 2;
+  checkpointing.save_last = true;
+  checkpointing.filename = "e{epoch}-{val_loss}";
+  auto callback = std::make_shared<ModelCheckpoint>(checkpointing);
+  options.callbacks = {callback};
+  DataLoader train(data, loader_options(4));
+  DataLoader val(data, loader_options(16, false));
+  Trainer trainer(options);
+  trainer.fit(module, train, &val);
+  // Two best by val_loss plus last.safetensors; the best path holds the smallest loss.
+  std::vector<std::pair<double, std::string>> kept;
+  int files = 0;
+  for (auto& entry : fs::directory_iterator(fs::path(trainer.log_dir()) / "checkpoints")) {
+    ++files;
+    const std::string stem = entry.path().stem().string();
+    if (stem == "last") continue;
+    kept.emplace_back(std::stod(stem.substr(stem.find('-') + 1)), entry.path().string());
+  }
+  CHECK(files == 3);
+  REQUIRE(kept.size() == 2);
+  std::sort(kept.begin(), kept.end());
+  CHECK(callback->best_model_path() == kept[0].second);
+  CHECK(fs::exists(callback->last_model_path()));
+  CHECK(ModelCheckpoint::format_filename("epoch={epoch}-step={step}-{acc}", 2, 30, {{"acc", 0.91234}}) ==
+        "epoch=2-step=30-0.9123");
+  fs::remove_all(root);
+}
+
+TEST_CASE("Trainer: bad flags give clear errors") {
+  CHECK_THROWS_WITH_AS(Trainer(TrainerOptions{.accumulate_grad_batches = 0}), doctest::Contains("accumulate_grad_batches"),
+                       Error);
+  TrainerOptions precision;
+  precision.precision = "8-bit";
+  CHECK_THROWS_WITH_AS(Trainer{precision}, doctest::Contains("unknown precision"), Error);
+  TrainerOptions half;
+  half.precision = "16-mixed";
+  half.accelerator = "cpu";
+  CHECK_THROWS_WITH_AS(Trainer{half}, doctest::Contains("needs a GPU"), Error);
+  CHECK(parse_max_time("00:00:01:30").count() == 90);
+  CHECK(parse_max_time("45").count() == 45);
+  CHECK_THROWS_AS(parse_max_time("1:2"), Error);
+}

@@ -1,2 +1,0 @@
-// placeholder: trainer has no sources yet
-namespace kiln {}
