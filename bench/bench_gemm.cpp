@@ -2,7 +2,8 @@
 // same machine:
 //   CPU: kernels::gemm_cpu vs a direct Eigen product with Eigen's own OpenMP
 //        threading on the same shapes (the ratio is kiln vs Eigen's peak here);
-//        FashionCNN shapes (batch 128) first, then squares.
+//        FashionCNN shapes (batch 128) first, then squares; the two are timed
+//        alternately (median of each) so that both see the same machine load.
 //   GPU: kernels::gemm_cuda (cuBLASLt) in float32, TF32 and bfloat16: CUDA
 //        events around each call after warm-up, median of the repeats, inputs
 //        rotated through more than twice the L2 so no repeat reads a warm cache,
@@ -44,17 +45,23 @@ double median(std::vector<double> values) {
   return values[values.size() / 2];
 }
 
-// Median seconds of `fn` over `repeats` runs after one warm-up, on the host clock.
-template <typename Fn>
-double time_host(Fn fn, int repeats) {
-  fn();
-  std::vector<double> seconds;
-  for (int i = 0; i < repeats; ++i) {
+// Median seconds of `first` and of `second` over `repeats` runs each after
+// one warm-up, alternating the two so that both see the same machine load.
+template <typename First, typename Second>
+std::pair<double, double> time_host_pair(First first, Second second, int repeats) {
+  first();
+  second();
+  std::vector<double> first_seconds, second_seconds;
+  auto seconds_of = [](auto& fn) {
     const auto start = std::chrono::steady_clock::now();
     fn();
-    seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  };
+  for (int i = 0; i < repeats; ++i) {
+    first_seconds.push_back(seconds_of(first));
+    second_seconds.push_back(seconds_of(second));
   }
-  return median(seconds);
+  return {median(first_seconds), median(second_seconds)};
 }
 
 using RowMatrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
@@ -90,8 +97,8 @@ void bench_cpu() {
     problem.c = {c.data(), s.n, 0, false};
     const double flops = 2.0 * static_cast<double>(s.m) * static_cast<double>(s.n) * static_cast<double>(s.k);
     const int repeats = std::clamp(static_cast<int>(2e10 / flops), 5, 50);
-    const double kiln_s = time_host([&] { kernels::gemm_cpu(problem); }, repeats);
-    const double eigen_s = time_host(
+    const auto [kiln_s, eigen_s] = time_host_pair(
+        [&] { kernels::gemm_cpu(problem); },
         [&] {
           if (s.trans_a && s.trans_b) {
             c.noalias() = a.transpose() * b.transpose();

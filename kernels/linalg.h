@@ -33,9 +33,10 @@ struct GemmProblem {
 };
 
 // On the CPU: Eigen products in float/double (float16/bfloat16 are converted
-// to float and back). Work is split into tiles (batch x blocks of C) fixed by
-// the shape alone and run in parallel with OpenMP, each tile by one thread, so
-// results do not depend on the thread count.
+// to float and back). Work is split into items (batch entries x tiles of C x
+// chunks of k) fixed by the shape alone and run in parallel with OpenMP, each
+// by one thread, chunk partials summed in a fixed order, so results do not
+// depend on the thread count.
 void gemm_cpu(const GemmProblem& problem);
 
 // On the GPU: cuBLASLt for float32 (TF32 tensor cores only when allow_tf32),

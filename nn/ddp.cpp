@@ -13,6 +13,7 @@
 #include <unordered_set>
 
 #include "core/autograd.h"
+#include "core/ops.h"
 #include "kernels/error.h"
 
 namespace kiln::nn {
@@ -350,6 +351,59 @@ std::vector<std::vector<std::string>> DistributedDataParallel::bucket_parameter_
   for (const auto& b : reducer_->buckets) {
     out.emplace_back();
     for (size_t index : b.params) out.back().push_back(reducer_->names[index]);
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------- SyncBatchNorm
+
+Tensor all_reduce_sum_with_grad(const Tensor& x, const std::shared_ptr<ProcessGroup>& group) {
+  Tensor out = x.detach().contiguous().clone();
+  group->all_reduce(out, ReduceOp::sum)->wait();
+  if (autograd::any_requires_grad({&x})) {
+    autograd::record("all_reduce", {x}, {out}, [group](const autograd::TensorList& grads) -> autograd::TensorList {
+      Tensor summed = grads[0].contiguous().clone();
+      group->all_reduce(summed, ReduceOp::sum)->wait();
+      return {summed};
+    });
+  }
+  return out;
+}
+
+SyncBatchNorm::SyncBatchNorm(int64_t num_features, std::shared_ptr<ProcessGroup> group, double eps,
+                             std::optional<double> momentum, bool affine, bool track_running_stats, int spatial_dims)
+    : BatchNorm(num_features, eps, momentum, affine, track_running_stats, spatial_dims), group_(std::move(group)) {
+  KILN_CHECK(group_ != nullptr, "SyncBatchNorm: the process group is null");
+}
+
+Tensor SyncBatchNorm::forward(const Tensor& input) {
+  if (!is_training() || group_->size() == 1) return BatchNorm::forward(input);
+  KILN_CHECK(input.dim() >= 2 && input.size(1) == num_features, "SyncBatchNorm: expected an input of shape (N, ",
+             num_features, ", ...), got ", shape_str(input.shape()));
+  std::vector<int64_t> dims = {0};
+  Shape channel_shape(input.dim(), 1);  // (1, C, 1, ...)
+  channel_shape[1] = num_features;
+  for (int64_t d = 2; d < input.dim(); ++d) dims.push_back(d);
+  const TensorOptions options{.dtype = input.dtype(), .device = input.device()};
+  // Global count and mean, then the global sum of squared deviations from it.
+  const double local_count = static_cast<double>(input.numel() / num_features);
+  Tensor sums = all_reduce_sum_with_grad(cat({sum(input, dims), full({1}, local_count, options)}), group_);
+  Tensor count = sums.narrow(0, num_features, 1).detach();  // (1)
+  Tensor mean = sums.narrow(0, 0, num_features) / count;    // (C)
+  Tensor centered = input - mean.view(channel_shape);
+  Tensor squares = all_reduce_sum_with_grad(sum(centered * centered, dims), group_);
+  Tensor var = squares / count;  // biased, for normalizing
+  Tensor out = centered * rsqrt(var + eps).view(channel_shape);
+  if (weight.defined()) out = out * weight.view(channel_shape) + bias.view(channel_shape);
+  if (running_mean.defined()) {
+    NoGradGuard no_grad;
+    num_batches_tracked.add_(ones({}, {.dtype = DType::i64, .device = num_batches_tracked.device()}));
+    const double factor =
+        momentum ? *momentum : 1.0 / static_cast<double>(num_batches_tracked.item<int64_t>());
+    // torch keeps the unbiased variance: squares / (count - 1).
+    Tensor unbiased = squares.detach() / (count - 1.0);
+    running_mean.mul_(1.0 - factor).add_(mean.detach().to(running_mean.dtype()), factor);
+    running_var.mul_(1.0 - factor).add_(unbiased.to(running_var.dtype()), factor);
   }
   return out;
 }

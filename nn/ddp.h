@@ -28,6 +28,7 @@
 #include <string>
 
 #include "core/distributed/process_group.h"
+#include "nn/conv.h"
 #include "nn/module.h"
 
 namespace kiln::nn {
@@ -105,5 +106,28 @@ class DistributedDataParallel : public Module {
   DDPOptions options_;
   std::shared_ptr<Reducer> reducer_;  // the parameter hooks hold weak references
 };
+
+// BatchNorm whose training statistics are those of the global batch (every
+// rank of `group`), after torch.nn.SyncBatchNorm: per channel, the sums and
+// counts are all-reduced (two small collectives: the mean, then the squared
+// deviations from it, which is numerically stable), and the backward
+// all-reduces their gradients in turn. Same parameters, buffers and
+// state_dict names as BatchNorm; in eval mode, or with one rank, it is
+// BatchNorm. Every rank must run it in the same order (it communicates).
+class SyncBatchNorm : public BatchNorm {
+ public:
+  SyncBatchNorm(int64_t num_features, std::shared_ptr<distributed::ProcessGroup> group, double eps = 1e-5,
+                std::optional<double> momentum = 0.1, bool affine = true, bool track_running_stats = true,
+                int spatial_dims = 2);
+  Tensor forward(const Tensor& input) override;
+  std::string type_name() const override { return "SyncBatchNorm"; }
+
+ private:
+  std::shared_ptr<distributed::ProcessGroup> group_;
+};
+
+// sum over the ranks of `group`, differentiable: the gradient of each rank's
+// input is the sum over the ranks of the output gradients. Blocks until done (CPU).
+Tensor all_reduce_sum_with_grad(const Tensor& x, const std::shared_ptr<distributed::ProcessGroup>& group);
 
 }  // namespace kiln::nn

@@ -40,11 +40,19 @@ namespace {
 
 constexpr int64_t kIn = 5, kHidden = 7, kOut = 3;
 
-std::shared_ptr<nn::Sequential> make_model(uint64_t seed, DType dtype) {
+// Linear -> [BatchNorm1d | SyncBatchNorm over `sync_group`] -> Tanh -> Linear.
+std::shared_ptr<nn::Sequential> make_model(uint64_t seed, DType dtype, bool batch_norm = false,
+                                           std::shared_ptr<ProcessGroup> sync_group = nullptr) {
   manual_seed(seed);
-  auto model = std::make_shared<nn::Sequential>(std::vector<nn::ModulePtr>{
-      std::make_shared<nn::Linear>(kIn, kHidden), std::make_shared<nn::Tanh>(),
-      std::make_shared<nn::Linear>(kHidden, kOut)});
+  auto model = std::make_shared<nn::Sequential>();
+  model->push_back(std::make_shared<nn::Linear>(kIn, kHidden));
+  if (sync_group) {
+    model->push_back(std::make_shared<nn::SyncBatchNorm>(kHidden, sync_group, 1e-5, 0.1, true, true, 0));
+  } else if (batch_norm) {
+    model->push_back(std::make_shared<nn::BatchNorm1d>(kHidden));
+  }
+  model->push_back(std::make_shared<nn::Tanh>());
+  model->push_back(std::make_shared<nn::Linear>(kHidden, kOut));
   model->to(dtype);
   return model;
 }
@@ -66,6 +74,8 @@ std::string param_values(const nn::Module& model) {
   out.precision(17);
   for (const Tensor& p : model.parameters())
     for (double v : p.to(DType::f64).to_vector<double>()) out << v << ' ';
+  for (const auto& [name, b] : model.named_buffers())  // BatchNorm running statistics
+    for (double v : b.to(DType::f64).to_vector<double>()) out << v << ' ';
   return out.str();
 }
 
@@ -189,7 +199,9 @@ void scenario_ddp(const std::shared_ptr<ProcessGroup>& group) {
   const int micro = std::stoi(env_string("KILN_DIST_MICRO", "1"));
   const int64_t rows = 2;  // per rank and micro-batch
   const int64_t total = rows * micro * pg.size();
-  auto model = make_model(1234 + pg.rank(), dtype);  // ranks start apart; DDP broadcasts rank 0's
+  const bool sync_bn = env_string("KILN_DIST_NORM") == "sync";
+  // Ranks start apart; DDP broadcasts rank 0's parameters.
+  auto model = make_model(1234 + pg.rank(), dtype, sync_bn, sync_bn ? group : nullptr);
   nn::DDPOptions options;
   options.bucket_cap_mb = std::stod(env_string("KILN_DIST_BUCKET_MB", "25"));
   nn::DistributedDataParallel ddp(model, group, options);
@@ -430,8 +442,8 @@ WorkerRun run_workers(const std::string& scenario, int world, std::map<std::stri
 }
 
 // Single-process SGD on the concatenated batch (what DDP must reproduce).
-std::vector<double> reference_params(DType dtype, int world, int steps, int micro) {
-  auto model = make_model(1234, dtype);
+std::vector<double> reference_params(DType dtype, int world, int steps, int micro, bool batch_norm = false) {
+  auto model = make_model(1234, dtype, batch_norm);
   auto sgd = make_sgd(*model);
   nn::MSELoss mse;
   const int64_t total = 2 * micro * world;
@@ -445,8 +457,8 @@ std::vector<double> reference_params(DType dtype, int world, int steps, int micr
 }
 
 void check_matches_reference(const WorkerRun& run, DType dtype, int world, int steps, int micro,
-                             int64_t min_buckets) {
-  const std::vector<double> expected = reference_params(dtype, world, steps, micro);
+                             int64_t min_buckets, bool batch_norm = false) {
+  const std::vector<double> expected = reference_params(dtype, world, steps, micro, batch_norm);
   const double rtol = dtype == DType::f64 ? 0 : 1.3e-6, atol = dtype == DType::f64 ? 1e-10 : 1e-5;
   for (int r = 0; r < world; ++r) {
     INFO(run.describe());
@@ -556,6 +568,14 @@ TEST_CASE("DDP: no_sync accumulation over 4 micro-batches equals one large batch
   const WorkerRun run = run_workers("ddp", 2, {{"KILN_DIST_DTYPE", "f64"}, {"KILN_DIST_MICRO", "4"},
                                                {"KILN_DIST_STEPS", "2"}, {"KILN_DIST_BUCKET_MB", "0.0001"}});
   check_matches_reference(run, DType::f64, 2, 2, 4, 4);
+}
+
+TEST_CASE("SyncBatchNorm: 2 and 3 processes match BatchNorm over the concatenated batch") {
+  for (int world : {2, 3}) {
+    CAPTURE(world);
+    const WorkerRun run = run_workers("ddp", world, {{"KILN_DIST_DTYPE", "f64"}, {"KILN_DIST_NORM", "sync"}});
+    check_matches_reference(run, DType::f64, world, 3, 1, 1, /*batch_norm=*/true);
+  }
 }
 
 TEST_CASE("DDP: a parameter without a gradient is named, or allowed with find_unused_parameters") {

@@ -64,3 +64,29 @@ TEST_CASE("kiln-run: a failed worker stops the others and its exit code is retur
   CHECK(log.find("worker rank 1") != std::string::npos);
   CHECK(log.find("exited with code 3") != std::string::npos);
 }
+
+TEST_CASE("kiln-run: forwards SIGTERM to every worker") {
+  TempDir dir;
+  const fs::path launcher = fs::path(self_exe()).parent_path() / "kiln-run";
+  REQUIRE_MESSAGE(fs::exists(launcher), "kiln-run not found next to kiln_tests: build the kiln-run target");
+  const std::vector<std::string> argv = {
+      launcher.string(), "--nproc-per-node", "2", "--master-port", "0", "--", "/bin/sh", "-c",
+      "trap 'echo got TERM; exit 7' TERM; echo ready; while :; do sleep 0.05; done"};
+  const fs::path log_path = dir.path / "launcher.log";
+  const pid_t pid = spawn(argv, {}, log_path);
+  const auto deadline = Clock::now() + std::chrono::seconds(20);
+  std::string log;
+  while (Clock::now() < deadline) {
+    log = read_file(log_path);
+    if (log.find("[rank 0] ready") != std::string::npos && log.find("[rank 1] ready") != std::string::npos) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ::kill(pid, SIGTERM);
+  const int status = wait_all({pid}, 20).at(0);
+  log = read_file(log_path);
+  INFO(log);
+  CHECK(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 128 + SIGTERM);
+  CHECK(log.find("[rank 0] got TERM") != std::string::npos);
+  CHECK(log.find("[rank 1] got TERM") != std::string::npos);
+}

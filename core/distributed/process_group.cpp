@@ -94,7 +94,7 @@ ProcessGroup::ProcessGroup(std::shared_ptr<TCPStore> store, int rank, int size, 
 
 ProcessGroup::~ProcessGroup() = default;
 
-Backend& ProcessGroup::backend_for(const Tensor& tensor, const char* op) {
+Backend& ProcessGroup::backend_for(const Tensor& tensor) {
   if (tensor.is_cpu()) return *gloo_;
   std::lock_guard<std::mutex> lock(nccl_mutex_);
   const int device = tensor.device().index;
@@ -107,20 +107,19 @@ Backend& ProcessGroup::backend_for(const Tensor& tensor, const char* op) {
     nccl_[device] = make_nccl_backend(*store_, prefix_ + "nccl/" + std::to_string(made) + "/", rank_, size_,
                                       device, options_.timeout);
   }
-  (void)op;
   return *nccl_[device];
 }
 
 WorkHandle ProcessGroup::all_reduce(const Tensor& tensor, ReduceOp op) {
   check_tensor(tensor, "all_reduce", "");
   check_op(tensor.dtype(), op, "all_reduce");
-  return backend_for(tensor, "all_reduce").all_reduce(tensor, op);
+  return backend_for(tensor).all_reduce(tensor, op);
 }
 
 WorkHandle ProcessGroup::broadcast(const Tensor& tensor, int root) {
   check_tensor(tensor, "broadcast", "");
   KILN_CHECK(root >= 0 && root < size_, "broadcast: root ", root, " is not a rank of this group (size ", size_, ")");
-  return backend_for(tensor, "broadcast").broadcast(tensor, root);
+  return backend_for(tensor).broadcast(tensor, root);
 }
 
 WorkHandle ProcessGroup::all_gather(const Tensor& output, const Tensor& input) {
@@ -132,7 +131,7 @@ WorkHandle ProcessGroup::all_gather(const Tensor& output, const Tensor& input) {
   KILN_CHECK(output.numel() == input.numel() * size_, "all_gather: the output needs ", size_, " x ", input.numel(),
              " elements (input ", shape_str(input.shape()), "), got ", output.numel(), " (",
              shape_str(output.shape()), ")");
-  return backend_for(input, "all_gather").all_gather(output, input);
+  return backend_for(input).all_gather(output, input);
 }
 
 WorkHandle ProcessGroup::reduce_scatter(const Tensor& output, const Tensor& input, ReduceOp op) {
@@ -145,7 +144,7 @@ WorkHandle ProcessGroup::reduce_scatter(const Tensor& output, const Tensor& inpu
   KILN_CHECK(input.numel() == output.numel() * size_, "reduce_scatter: the input needs ", size_, " x ",
              output.numel(), " elements (output ", shape_str(output.shape()), "), got ", input.numel(), " (",
              shape_str(input.shape()), ")");
-  return backend_for(input, "reduce_scatter").reduce_scatter(output, input, op);
+  return backend_for(input).reduce_scatter(output, input, op);
 }
 
 WorkHandle ProcessGroup::barrier() { return gloo_->barrier(); }

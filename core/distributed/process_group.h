@@ -99,7 +99,7 @@ class ProcessGroup {
   WorkHandle barrier();
 
  private:
-  Backend& backend_for(const Tensor& tensor, const char* op);
+  Backend& backend_for(const Tensor& tensor);
 
   std::shared_ptr<TCPStore> store_;
   int rank_, size_;

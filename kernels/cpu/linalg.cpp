@@ -2,10 +2,11 @@
 //   - operands are Eigen::Maps over the caller's pointers (a transposed operand
 //     is a column-major Map, never a copy); float16/bfloat16 are converted to
 //     float buffers, multiplied, and converted back;
-//   - the work is cut into tiles (batch entries x blocks of rows/columns of C)
-//     by a rule that reads only the shape, and each tile is one single-threaded
-//     Eigen product, so the bits of C do not depend on the thread count (Eigen's
-//     own threading changes its k-blocking between 1 and >1 threads).
+//   - the work is cut into items (batch entries x tiles of C x chunks of k) by
+//     a rule that reads only the shape, each item is one single-threaded Eigen
+//     product and chunk partials are summed in a fixed order, so the bits of C
+//     do not depend on the thread count (Eigen's own threading changes its
+//     k-blocking between 1 and >1 threads).
 #include <Eigen/Core>
 #include <algorithm>
 #include <vector>
@@ -43,34 +44,48 @@ void tile_product(const T* a, int64_t lda, const T* b, int64_t ldb, T* c, int64_
   }
 }
 
-// Tiles of C fixed by the shape: split the larger side of the tile in halves
-// (multiples of 16, never below 64 so that re-packing the other operand per
-// tile stays a few percent) while the tile does at least 8 MFLOP and there are
-// fewer than 64 work items in all.
+// The work items of a product, fixed by the shape alone: batch entries x
+// tiles of C x chunks of k. Splitting a side of C makes every tile re-pack the
+// other operand; splitting k does not (each chunk packs its own slice) but
+// needs a partial C per chunk, summed afterwards in chunk order. So: halve the
+// larger side of the tile while it is at least 256, then halve k while the
+// chunks stay at least 1024 deep, then halve sides down to 64; stop at 32
+// items (two per core on 16 cores) or when an item would do under 16 MFLOP.
 struct TilePlan {
-  int64_t tile_m, tile_n, tiles_m, tiles_n;
-  int64_t tiles() const { return tiles_m * tiles_n; }
+  int64_t tile_m, tile_n, chunk_k;
+  int64_t tiles_m = 1, tiles_n = 1, splits_k = 1;
+  int64_t per_batch() const { return tiles_m * tiles_n * splits_k; }
 };
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 TilePlan plan_tiles(int64_t batch, int64_t m, int64_t n, int64_t k) {
-  constexpr int64_t kMaxItems = 64, kMinSide = 64;
-  constexpr double kMinTileFlops = 8e6;
-  TilePlan plan{m, n, 1, 1};
-  while (batch * plan.tiles() < kMaxItems) {
-    const double tile_flops = 2.0 * static_cast<double>(plan.tile_m) * static_cast<double>(plan.tile_n) *
-                              static_cast<double>(k);
-    if (tile_flops < 2 * kMinTileFlops) break;
-    if (plan.tile_m >= plan.tile_n && plan.tile_m >= 2 * kMinSide) {
+  constexpr int64_t kMaxItems = 32;
+  constexpr double kMinItemFlops = 16e6;
+  TilePlan plan{m, n, k};
+  auto split_side = [&](int64_t min_side) {
+    if (plan.tile_m >= plan.tile_n && plan.tile_m >= 2 * min_side) {
       plan.tile_m = ceil_div(ceil_div(plan.tile_m, 2), 16) * 16;
-    } else if (plan.tile_n >= 2 * kMinSide) {
-      plan.tile_n = ceil_div(ceil_div(plan.tile_n, 2), 16) * 16;
-    } else {
-      break;
+      plan.tiles_m = ceil_div(m, plan.tile_m);
+      return true;
     }
-    plan.tiles_m = ceil_div(m, plan.tile_m);
-    plan.tiles_n = ceil_div(n, plan.tile_n);
+    if (plan.tile_n >= 2 * min_side) {
+      plan.tile_n = ceil_div(ceil_div(plan.tile_n, 2), 16) * 16;
+      plan.tiles_n = ceil_div(n, plan.tile_n);
+      return true;
+    }
+    return false;
+  };
+  while (batch * plan.per_batch() < kMaxItems &&
+         2.0 * static_cast<double>(plan.tile_m) * static_cast<double>(plan.tile_n) *
+                 static_cast<double>(plan.chunk_k) >= 2 * kMinItemFlops) {
+    if (split_side(128)) continue;
+    if (plan.chunk_k >= 2048) {
+      plan.splits_k *= 2;
+      plan.chunk_k = ceil_div(k, plan.splits_k);
+      continue;
+    }
+    if (!split_side(32)) break;
   }
   return plan;
 }
@@ -78,17 +93,28 @@ TilePlan plan_tiles(int64_t batch, int64_t m, int64_t n, int64_t k) {
 template <typename T, int OrderA, int OrderB>
 void run_tiles(const GemmProblem& p) {
   const TilePlan plan = plan_tiles(p.batch, p.m, p.n, p.k);
-  const int64_t items = p.batch * plan.tiles();
+  const int64_t items = p.batch * plan.per_batch(), tiles = plan.tiles_m * plan.tiles_n;
+  // (splits_k, batch, m, n) partial products when k is split.
+  std::vector<T> partial(plan.splits_k > 1 ? static_cast<size_t>(plan.splits_k * p.batch * p.m * p.n) : 0);
   auto run_item = [&](int64_t item) {
-    const int64_t batch = item / plan.tiles(), tile = item % plan.tiles();
+    const int64_t batch = item / plan.per_batch(), split = item % plan.per_batch() / tiles, tile = item % tiles;
     const int64_t r0 = (tile / plan.tiles_n) * plan.tile_m, c0 = (tile % plan.tiles_n) * plan.tile_n;
+    const int64_t k0 = split * plan.chunk_k;
     const int64_t rows = std::min(plan.tile_m, p.m - r0), cols = std::min(plan.tile_n, p.n - c0);
-    // Row r0 of op(A): row r0 of a row-major store, column r0 of a transposed one.
-    const T* a = static_cast<const T*>(p.a.data) + batch * p.a.batch_stride + (p.a.transposed ? r0 : r0 * p.a.ld);
-    const T* b = static_cast<const T*>(p.b.data) + batch * p.b.batch_stride + (p.b.transposed ? c0 * p.b.ld : c0);
-    T* c = static_cast<T*>(p.c.data) + batch * p.c.batch_stride + r0 * p.c.ld + c0;
-    const T* bias = p.bias != nullptr ? static_cast<const T*>(p.bias) + c0 : nullptr;
-    tile_product<T, OrderA, OrderB>(a, p.a.ld, b, p.b.ld, c, p.c.ld, rows, cols, p.k, bias);
+    const int64_t depth = std::max<int64_t>(0, std::min(plan.chunk_k, p.k - k0));
+    // Element (r, k) of op(A) is at r * ld + k in a row-major store, k * ld + r in a transposed one.
+    const T* a = static_cast<const T*>(p.a.data) + batch * p.a.batch_stride +
+                 (p.a.transposed ? k0 * p.a.ld + r0 : r0 * p.a.ld + k0);
+    const T* b = static_cast<const T*>(p.b.data) + batch * p.b.batch_stride +
+                 (p.b.transposed ? c0 * p.b.ld + k0 : k0 * p.b.ld + c0);
+    if (plan.splits_k > 1) {
+      T* c = partial.data() + ((split * p.batch + batch) * p.m + r0) * p.n + c0;
+      tile_product<T, OrderA, OrderB>(a, p.a.ld, b, p.b.ld, c, p.n, rows, cols, depth, nullptr);
+    } else {
+      T* c = static_cast<T*>(p.c.data) + batch * p.c.batch_stride + r0 * p.c.ld + c0;
+      const T* bias = p.bias != nullptr ? static_cast<const T*>(p.bias) + c0 : nullptr;
+      tile_product<T, OrderA, OrderB>(a, p.a.ld, b, p.b.ld, c, p.c.ld, rows, cols, depth, bias);
+    }
   };
   // Below Eigen's own threshold for threading (rows * cols * depth < 2 * 50000)
   // one product runs serially anyway; above it, run inside a parallel region
@@ -100,6 +126,20 @@ void run_tiles(const GemmProblem& p) {
   }
 #pragma omp parallel for schedule(static)
   for (int64_t item = 0; item < items; ++item) run_item(item);
+  if (plan.splits_k == 1) return;
+  // C = bias + partial[0] + partial[1] + ..., always in that order.
+  const int64_t rows = p.batch * p.m, plane = p.batch * p.m * p.n;
+#pragma omp parallel for if (rows * p.n > (1 << 15)) schedule(static)
+  for (int64_t row = 0; row < rows; ++row) {
+    const int64_t batch = row / p.m, r = row % p.m;
+    T* c = static_cast<T*>(p.c.data) + batch * p.c.batch_stride + r * p.c.ld;
+    const T* bias = static_cast<const T*>(p.bias);
+    for (int64_t col = 0; col < p.n; ++col) c[col] = bias != nullptr ? bias[col] : T(0);
+    for (int64_t split = 0; split < plan.splits_k; ++split) {
+      const T* part = partial.data() + split * plane + row * p.n;
+      for (int64_t col = 0; col < p.n; ++col) c[col] += part[col];
+    }
+  }
 }
 
 template <typename T>
