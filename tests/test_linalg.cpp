@@ -168,18 +168,26 @@ TEST_CASE("bmm and linear against naive loops") {
 }
 
 TEST_CASE("matmul: the CPU GEMM gives the same bits for any thread count") {
-  // Large enough to be cut into tiles and run in parallel.
+  // Large enough to be cut into tiles of C; a deep one (k = 4096, C only
+  // 64 x 288) is also cut along k, with partial products summed in order.
   Tensor a = random_tensor({300, 257}, 30, DType::f32), b = random_tensor({257, 270}, 31, DType::f32);
   Tensor xb = random_tensor({6, 64, 96}, 32, DType::f32), yb = random_tensor({6, 96, 80}, 33, DType::f32);
+  Tensor deep_x = random_tensor({64, 4096}, 34, DType::f32), deep_w = random_tensor({288, 4096}, 35, DType::f32);
+  Tensor deep_bias = random_tensor({288}, 36, DType::f32);
   const int threads = omp_get_max_threads();
-  omp_set_num_threads(1);
-  Tensor single = mm(a, b), single_batched = bmm(xb, yb);
-  omp_set_num_threads(std::max(threads, 2));
-  Tensor multi = mm(a, b), multi_batched = bmm(xb, yb);
+  std::vector<Tensor> results[2];
+  for (int run = 0; run < 2; ++run) {
+    omp_set_num_threads(run == 0 ? 1 : std::max(threads, 2));
+    results[run] = {mm(a, b), bmm(xb, yb), linear(deep_x, deep_w, deep_bias), linear(deep_x, deep_w)};
+  }
   omp_set_num_threads(threads);
-  KILN_CHECK_CLOSE(multi, single, 0, 0);
-  KILN_CHECK_CLOSE(multi_batched, single_batched, 0, 0);
-  KILN_CHECK_CLOSE(single.to(DType::f64), naive_mm(a, b), 1e-4, 1e-4);
+  for (size_t i = 0; i < results[0].size(); ++i) {
+    INFO("product " << i);
+    KILN_CHECK_CLOSE(results[1][i], results[0][i], 0, 0);
+  }
+  KILN_CHECK_CLOSE(results[0][0].to(DType::f64), naive_mm(a, b), 1e-4, 1e-4);
+  KILN_CHECK_CLOSE(results[0][2].to(DType::f64), naive_linear(deep_x, deep_w, deep_bias), 1e-4, 1e-3);
+  KILN_CHECK_CLOSE(results[0][3].to(DType::f64), naive_linear(deep_x, deep_w, Tensor()), 1e-4, 1e-3);
 }
 
 TEST_CASE("matmul backward: closed forms, transposed inputs and broadcast batches") {

@@ -158,6 +158,9 @@ TEST_CASE("Trainer: CSV logs in Lightning's layout") {
   int rows = 0;
   for (std::string line; std::getline(in, line);) ++rows;
   CHECK(rows == 8 + 2);  // 16 steps logged every 2, plus one validation row per epoch
+  std::ifstream hparams(root / "lightning_logs" / "version_0" / "hparams.yaml");
+  std::string hparams_text((std::istreambuf_iterator<char>(hparams)), {});
+  CHECK(hparams_text.find("optimizer: SGD") != std::string::npos);
   // A second run gets the next version folder.
   Regression again;
   DataLoader train2(data, loader_options(4));

@@ -317,7 +317,18 @@ void Trainer::fit(TrainModule& module, DataLoader& train_loader, DataLoader* val
   KILN_CHECK(optim_.interval == "step" || optim_.interval == "epoch", "configure_optimizers: interval must be "
                                                                          "\"step\" or \"epoch\", got '",
              optim_.interval, "'");
-  if (options_.fast_dev_run == 0 && options_.logger) log_dir();
+  if (options_.fast_dev_run == 0 && options_.logger) {
+    log_dir();
+    logger_->log_hyperparams({{"max_epochs", std::to_string(options_.max_epochs)},
+                              {"max_steps", std::to_string(options_.max_steps)},
+                              {"accumulate_grad_batches", std::to_string(options_.accumulate_grad_batches)},
+                              {"gradient_clip_val", std::to_string(options_.gradient_clip_val)},
+                              {"precision", options_.precision},
+                              {"accelerator", device_.str()},
+                              {"batch_size", std::to_string(train_loader.options().batch_size)},
+                              {"optimizer", optim_.optimizer->name()},
+                              {"scheduler", optim_.scheduler ? optim_.scheduler->name() : std::string("none")}});
+  }
   if (!ckpt_path.empty()) load_checkpoint(ckpt_path, module, train_loader);
   train_batches_ = limit(options_.limit_train_batches, train_loader.size());
   int64_t max_epochs = options_.max_epochs;

@@ -149,30 +149,6 @@ Tensor product(const Tensor& a, const Tensor& b, const char* op) {
   return out;
 }
 
-// (k) @ (k) -> 0-d as one (1, k) @ (k, 1) GEMM. Its own node: the gradient
-// of a 0-d result is reshaped with expand (a view of a 0-d tensor as (1, 1)).
-Tensor dot(const Tensor& a, const Tensor& b) {
-  Tensor out;
-  {
-    NoGradGuard no_grad;
-    out = gemm(a.unsqueeze(0), b.unsqueeze(1), Tensor()).view({});
-  }
-  if (autograd::any_requires_grad({&a, &b})) {
-    const bool need_a = a.requires_grad(), need_b = b.requires_grad();
-    autograd::record("matmul", {a, b}, {out},
-                     [need_a, need_b, saved_a = need_b ? autograd::SavedTensor(a, "matmul") : autograd::SavedTensor(),
-                      saved_b = need_a ? autograd::SavedTensor(b, "matmul") : autograd::SavedTensor()](
-                         const autograd::TensorList& grads) -> autograd::TensorList {
-                       const Tensor g = grads[0].expand({1, 1});  // (1, 1)
-                       Tensor da, db;
-                       if (need_a) da = gemm(g, saved_b.unpack().unsqueeze(0), Tensor()).view({-1});  // g * b
-                       if (need_b) db = gemm(saved_a.unpack().unsqueeze(1), g, Tensor()).view({-1});  // a * g
-                       return {da, db};
-                     });
-  }
-  return out;
-}
-
 // True when dims [0, dim() - 1) of t merge into one (a reshape to (-1, last) is a view).
 bool leading_dims_merge(const Tensor& t) {
   int64_t expected = -1;
@@ -196,7 +172,7 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   KILN_CHECK(da >= 1 && db >= 1, "matmul: both arguments need at least 1 dim, got shapes ", shape_str(a.shape()),
              " and ", shape_str(b.shape()));
   check_inner(a, b, a.size(-1), db == 1 ? b.size(0) : b.size(-2), "matmul");
-  if (da == 1 && db == 1) return dot(a, b);
+  if (da == 1 && db == 1) return product(a.unsqueeze(0), b.unsqueeze(1), "matmul").reshape({});  // (1, 1) -> 0-d
   if (da <= 2 && db <= 2) {
     Tensor out = product(da == 1 ? a.unsqueeze(0) : a, db == 1 ? b.unsqueeze(1) : b, "matmul");
     return da == 1 ? out.squeeze(0) : db == 1 ? out.squeeze(1) : out;

@@ -124,7 +124,9 @@ void run_tiles(const GemmProblem& p) {
     run_item(0);
     return;
   }
-#pragma omp parallel for schedule(static)
+  // Dynamic: on a shared machine a preempted thread does not hold up the rest;
+  // which thread runs an item never changes its bits.
+#pragma omp parallel for schedule(dynamic, 1)
   for (int64_t item = 0; item < items; ++item) run_item(item);
   if (plan.splits_k == 1) return;
   // C = bias + partial[0] + partial[1] + ..., always in that order.

@@ -18,7 +18,7 @@ namespace kiln::testing {
 #define KILN_REQUIRE_GPU()                                                       \
   do {                                                                           \
     if (!::kiln::cuda::is_available()) {                                         \
-      MESSAGE("SKIPPED (no GPU): " << doctest::getContextOptions()->currentTest->m_name); \
+      MESSAGE("SKIPPED (no GPU): " << std::string(doctest::getContextOptions()->currentTest->m_name)); \
       return;                                                                    \
     }                                                                            \
   } while (0)
