@@ -19,6 +19,7 @@
 
 #include "kernels/cuda/check.h"
 #include "kernels/indexing.h"
+#include "kernels/cuda/native_types.cuh"
 
 namespace kiln::kernels {
 
@@ -47,36 +48,6 @@ __device__ __forceinline__ void report_bad_index(long long value, long long size
 }
 
 // ---------------------------------------------------------------- types
-
-template <typename T> struct Native { using type = T; };
-template <> struct Native<Half> { using type = __half; };
-template <> struct Native<BFloat16> { using type = __nv_bfloat16; };
-
-template <typename T> struct Acc { using type = T; };
-template <> struct Acc<__half> { using type = float; };
-template <> struct Acc<__nv_bfloat16> { using type = float; };
-
-template <typename T>
-__device__ __forceinline__ typename Acc<T>::type to_acc(T value) {
-  if constexpr (std::is_same_v<T, __half>) {
-    return __half2float(value);
-  } else if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    return __bfloat162float(value);
-  } else {
-    return value;
-  }
-}
-
-template <typename T>
-__device__ __forceinline__ T from_acc(typename Acc<T>::type value) {
-  if constexpr (std::is_same_v<T, __half>) {
-    return __float2half_rn(value);
-  } else if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    return __float2bfloat16_rn(value);
-  } else {
-    return value;
-  }
-}
 
 template <typename T>
 __device__ __forceinline__ void atomic_add(T* target, T value) {

@@ -10,6 +10,7 @@
 
 #include "kernels/cuda/check.h"
 #include "kernels/pool.h"
+#include "kernels/cuda/native_types.cuh"
 
 namespace kiln::kernels {
 
@@ -19,36 +20,6 @@ constexpr int kThreads = 256;
 constexpr int64_t kMaxBlocks = int64_t{1} << 20;
 
 int blocks_for(int64_t n) { return static_cast<int>(std::min<int64_t>((n + kThreads - 1) / kThreads, kMaxBlocks)); }
-
-template <typename T> struct Native { using type = T; };
-template <> struct Native<Half> { using type = __half; };
-template <> struct Native<BFloat16> { using type = __nv_bfloat16; };
-
-template <typename T> struct Acc { using type = T; };
-template <> struct Acc<__half> { using type = float; };
-template <> struct Acc<__nv_bfloat16> { using type = float; };
-
-template <typename T>
-__device__ __forceinline__ typename Acc<T>::type to_acc(T value) {
-  if constexpr (std::is_same_v<T, __half>) {
-    return __half2float(value);
-  } else if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    return __bfloat162float(value);
-  } else {
-    return value;
-  }
-}
-
-template <typename T>
-__device__ __forceinline__ T from_acc(typename Acc<T>::type value) {
-  if constexpr (std::is_same_v<T, __half>) {
-    return __float2half_rn(value);
-  } else if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    return __float2bfloat16_rn(value);
-  } else {
-    return static_cast<T>(value);
-  }
-}
 
 #define KILN_GRID_STRIDE(i, n) \
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < (n); i += int64_t{gridDim.x} * blockDim.x)

@@ -21,6 +21,7 @@
 
 #include "kernels/cuda/check.h"
 #include "kernels/reduction.h"
+#include "kernels/cuda/native_types.cuh"
 
 namespace kiln::kernels {
 
@@ -32,10 +33,6 @@ constexpr int64_t kMinRowsPerThread = 32;  // chunk only when each thread still 
 constexpr size_t kMaxStateBytes = 16;      // ValueIndex<double>
 
 // ---------------------------------------------------------------- types
-
-template <typename T> struct Native { using type = T; };
-template <> struct Native<Half> { using type = __half; };
-template <> struct Native<BFloat16> { using type = __nv_bfloat16; };
 
 template <typename T> struct Compute { using type = T; };
 template <> struct Compute<__half> { using type = float; };

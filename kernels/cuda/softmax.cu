@@ -18,6 +18,7 @@
 
 #include "kernels/cuda/check.h"
 #include "kernels/softmax.h"
+#include "kernels/cuda/native_types.cuh"
 
 namespace kiln::kernels {
 
@@ -25,10 +26,6 @@ namespace {
 
 constexpr int kMaxThreads = 512;
 constexpr int kThreads = 256;
-
-template <typename T> struct Native { using type = T; };
-template <> struct Native<Half> { using type = __half; };
-template <> struct Native<BFloat16> { using type = __nv_bfloat16; };
 
 template <typename T>
 using acc_of = std::conditional_t<std::is_same_v<T, double>, double, float>;

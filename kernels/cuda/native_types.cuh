@@ -1,0 +1,44 @@
+// CUDA's own 16-bit types for kiln's Half/BFloat16 (same layout), and the
+// float accumulation type of each, shared by the .cu kernels.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <type_traits>
+
+#include "kernels/dtype.h"
+
+namespace kiln::kernels {
+
+template <typename T> struct Native { using type = T; };
+template <> struct Native<Half> { using type = __half; };
+template <> struct Native<BFloat16> { using type = __nv_bfloat16; };
+
+template <typename T> struct Acc { using type = T; };
+template <> struct Acc<__half> { using type = float; };
+template <> struct Acc<__nv_bfloat16> { using type = float; };
+
+template <typename T>
+__device__ __forceinline__ typename Acc<T>::type to_acc(T value) {
+  if constexpr (std::is_same_v<T, __half>) {
+    return __half2float(value);
+  } else if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    return __bfloat162float(value);
+  } else {
+    return value;
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ T from_acc(typename Acc<T>::type value) {
+  if constexpr (std::is_same_v<T, __half>) {
+    return __float2half_rn(value);
+  } else if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    return __float2bfloat16_rn(value);
+  } else {
+    return static_cast<T>(value);
+  }
+}
+
+}  // namespace kiln::kernels
