@@ -1,0 +1,73 @@
+// The main job's command line: bad values exit non-zero with a one-line
+// reason and touch nothing; --fast-dev-run trains end to end.
+#include <doctest/doctest.h>
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <string>
+
+namespace fs = std::filesystem;
+
+namespace {
+
+struct Run {
+  int exit_code;
+  std::string output;  // stdout and stderr
+};
+
+Run run_train_fashion(const std::string& arguments) {
+  const fs::path binary = fs::read_symlink("/proc/self/exe").parent_path() / "train_fashion";
+  REQUIRE_MESSAGE(fs::exists(binary), "train_fashion is not built next to kiln_tests: " << binary.string());
+  const std::string command = binary.string() + " " + arguments + " 2>&1";
+  FILE* pipe = ::popen(command.c_str(), "r");
+  REQUIRE(pipe != nullptr);
+  Run run{0, ""};
+  std::array<char, 4096> buffer;
+  while (size_t count = std::fread(buffer.data(), 1, buffer.size(), pipe)) run.output.append(buffer.data(), count);
+  const int status = ::pclose(pipe);
+  run.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return run;
+}
+
+fs::path fresh_root(const std::string& name) {
+  fs::path root = fs::temp_directory_path() / ("kiln_cli_" + name + "_" + std::to_string(::getpid()));
+  fs::remove_all(root);
+  return root;
+}
+
+void check_refused(const std::string& arguments, const std::string& expected_words) {
+  const fs::path root = fresh_root("refused");
+  Run run = run_train_fashion(arguments + " --default-root-dir " + root.string());
+  INFO("train_fashion " << arguments << " printed: " << run.output);
+  CHECK(run.exit_code != 0);
+  CHECK(run.output.find(expected_words) != std::string::npos);
+  // One line, and nothing written.
+  CHECK(std::count(run.output.begin(), run.output.end(), '\n') == 1);
+  CHECK_FALSE(fs::exists(root));
+}
+
+}  // namespace
+
+TEST_CASE("train_fashion refuses bad flags with a one-line reason and touches nothing") {
+  check_refused("--batch-size -5", "--batch-size");
+  check_refused("--no-such-flag", "no-such-flag");
+  check_refused("--precision 16-mixed --accelerator cpu", "needs a GPU");
+  check_refused("--precision fp8", "unknown precision");
+  check_refused("--data-dir /nonexistent/fashion", "apt-get install dataset-fashion-mnist");
+  check_refused("--strategy ddp", "not available yet");
+  check_refused("--model vgg", "unknown model");
+}
+
+TEST_CASE("train_fashion --fast-dev-run trains, validates and tests a few batches") {
+  const fs::path root = fresh_root("fast_dev_run");
+  Run run = run_train_fashion("--fast-dev-run 2 --num-workers 0 --default-root-dir " + root.string());
+  INFO(run.output);
+  CHECK(run.exit_code == 0);
+  CHECK(run.output.find("test_acc") != std::string::npos);
+  fs::remove_all(root);
+}
