@@ -1,7 +1,9 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <filesystem>
+#include <thread>
 #include <fstream>
 
 #include "core/generator.h"
@@ -315,4 +317,29 @@ TEST_CASE("Trainer: bad flags give clear errors") {
   CHECK(parse_max_time("00:00:01:30").count() == 90);
   CHECK(parse_max_time("45").count() == 45);
   CHECK_THROWS_AS(parse_max_time("1:2"), Error);
+}
+
+TEST_CASE("Trainer: max_time stops training on time") {
+  struct Slow : Regression {
+    Tensor training_step(const Batch& batch, int64_t index) override {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      return Regression::training_step(batch, index);
+    }
+  } module;
+  auto data = regression_data(64);
+  fs::path root = fresh_folder("max_time");
+  TrainerOptions options = quiet_options(root);
+  options.max_epochs = 1000;
+  options.max_time = "00:00:00:01";
+  options.logger = false;
+  DataLoader loader(data, loader_options(4));
+  Trainer trainer(options);
+  const auto start = std::chrono::steady_clock::now();
+  trainer.fit(module, loader);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  CHECK(trainer.stop_reason == "max_time reached");
+  CHECK(seconds >= 1.0);
+  CHECK(seconds < 3.0);
+  CHECK(module.training_steps < 1000 * 16);
+  fs::remove_all(root);
 }
