@@ -13,6 +13,7 @@
 //   - reduced == 0 gives the identity (sum 0, mean NaN, all true, norm 0).
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 
 #include "kernels/cuda/runtime.h"
@@ -90,5 +91,27 @@ struct ReduceGradArgs {
 
 void reduce_grad_cpu(const ReduceGradArgs& args);
 void reduce_grad_cuda(const ReduceGradArgs& args, cuda::Stream stream);
+
+// The p-norm's special cases, chosen once on the host so each gets its own
+// kernel: fn.template operator()<NormClass>() for p.
+enum NormClass { kNormZero, kNormOne, kNormTwo, kNormInf, kNormNegInf, kNormGeneral };
+template <typename Fn>
+void dispatch_norm_class(double p, Fn&& fn) {
+  if (p == 0) {
+    fn.template operator()<kNormZero>();
+  } else if (p == 1) {
+    fn.template operator()<kNormOne>();
+  } else if (p == 2) {
+    fn.template operator()<kNormTwo>();
+  } else if (std::isinf(p)) {
+    if (p > 0) {
+      fn.template operator()<kNormInf>();
+    } else {
+      fn.template operator()<kNormNegInf>();
+    }
+  } else {
+    fn.template operator()<kNormGeneral>();
+  }
+}
 
 }  // namespace kiln::kernels

@@ -153,7 +153,6 @@ struct ArgExtremumReducer {
   }
 };
 
-enum NormClass { kNormZero, kNormOne, kNormTwo, kNormInf, kNormNegInf, kNormGeneral };
 
 template <typename T, typename Acc, int kClass>
 struct NormReducer {
@@ -396,21 +395,7 @@ void reduce_typed(const ReduceArgs& a) {
           NormReducer<T, Acc, kClass> red{p};
           run_reduce(x, a.outer, n, a.inner, red, [&](int64_t i, Acc s) { out[i] = convert<T>(red.finish(s)); });
         };
-        if (a.p == 0) {
-          run.template operator()<kNormZero>();
-        } else if (a.p == 1) {
-          run.template operator()<kNormOne>();
-        } else if (a.p == 2) {
-          run.template operator()<kNormTwo>();
-        } else if (std::isinf(a.p)) {
-          if (a.p > 0) {
-            run.template operator()<kNormInf>();
-          } else {
-            run.template operator()<kNormNegInf>();
-          }
-        } else {
-          run.template operator()<kNormGeneral>();
-        }
+        dispatch_norm_class(a.p, run);
         return;
       }
       break;

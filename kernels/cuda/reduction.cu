@@ -34,10 +34,7 @@ constexpr size_t kMaxStateBytes = 16;      // ValueIndex<double>
 
 // ---------------------------------------------------------------- types
 
-template <typename T> struct Compute { using type = T; };
-template <> struct Compute<__half> { using type = float; };
-template <> struct Compute<__nv_bfloat16> { using type = float; };
-template <typename T> using compute_of = typename Compute<T>::type;
+template <typename T> using compute_of = typename Acc<T>::type;
 
 template <typename T>
 constexpr bool is_float_native_v = std::is_floating_point_v<T> || std::is_same_v<T, __half> ||
@@ -47,16 +44,6 @@ template <typename T>
 using sum_of = std::conditional_t<std::is_same_v<T, double>, double,
                                   std::conditional_t<is_float_native_v<T>, float, int64_t>>;
 
-template <typename T>
-__device__ __forceinline__ compute_of<T> load(T value) {
-  if constexpr (std::is_same_v<T, __half>) {
-    return __half2float(value);
-  } else if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    return __bfloat162float(value);
-  } else {
-    return value;
-  }
-}
 
 template <typename Out, typename V>
 __device__ __forceinline__ Out store(V value) {
@@ -95,7 +82,7 @@ template <typename T, typename Acc>
 struct SumReducer {
   using State = Acc;
   __device__ State identity() const { return State(0); }
-  __device__ State load_one(T x, int64_t, int64_t) const { return static_cast<Acc>(load(x)); }
+  __device__ State load_one(T x, int64_t, int64_t) const { return static_cast<Acc>(to_acc(x)); }
   __device__ State combine(State a, State b) const { return a + b; }
 };
 
@@ -105,7 +92,7 @@ struct SquaredDeviationReducer {
   const Acc* mean;
   __device__ State identity() const { return State(0); }
   __device__ State load_one(T x, int64_t, int64_t out) const {
-    const Acc d = static_cast<Acc>(load(x)) - mean[out];
+    const Acc d = static_cast<Acc>(to_acc(x)) - mean[out];
     return d * d;
   }
   __device__ State combine(State a, State b) const { return a + b; }
@@ -135,7 +122,7 @@ template <typename T, bool kMax>
 struct ExtremumReducer {
   using State = compute_of<T>;
   __device__ State identity() const { return extremum_identity<State, kMax>(); }
-  __device__ State load_one(T x, int64_t, int64_t) const { return load(x); }
+  __device__ State load_one(T x, int64_t, int64_t) const { return to_acc(x); }
   __device__ State combine(State a, State b) const { return extremum_combine<State, kMax>(a, b); }
 };
 
@@ -151,7 +138,7 @@ struct ArgExtremumReducer {
   using V = compute_of<T>;
   using State = ValueIndex<V>;
   __device__ State identity() const { return {extremum_identity<V, kMax>(), INT64_MAX}; }
-  __device__ State load_one(T x, int64_t r, int64_t) const { return {load(x), r}; }
+  __device__ State load_one(T x, int64_t r, int64_t) const { return {to_acc(x), r}; }
   __device__ State combine(State a, State b) const {
     const bool a_nan = is_nan(a.value), b_nan = is_nan(b.value);
     if (a_nan || b_nan) {
@@ -164,7 +151,6 @@ struct ArgExtremumReducer {
   }
 };
 
-enum NormClass { kNormZero, kNormOne, kNormTwo, kNormInf, kNormNegInf, kNormGeneral };
 
 template <typename T, typename Acc, int kClass>
 struct NormReducer {
@@ -172,7 +158,7 @@ struct NormReducer {
   Acc p;
   __device__ State identity() const { return kClass == kNormNegInf ? infinity<Acc>() : Acc(0); }
   __device__ State load_one(T x, int64_t, int64_t) const {
-    const Acc a = fabs(static_cast<Acc>(load(x)));
+    const Acc a = fabs(static_cast<Acc>(to_acc(x)));
     if constexpr (kClass == kNormZero) return a != Acc(0) ? Acc(1) : Acc(0);
     if constexpr (kClass == kNormTwo) return a * a;
     if constexpr (kClass == kNormGeneral) return pow(a, p);
@@ -194,7 +180,7 @@ template <typename T>
 struct AllReducer {
   using State = bool;
   __device__ State identity() const { return true; }
-  __device__ State load_one(T x, int64_t, int64_t) const { return load(x) != compute_of<T>(0); }
+  __device__ State load_one(T x, int64_t, int64_t) const { return to_acc(x) != compute_of<T>(0); }
   __device__ State combine(State a, State b) const { return a && b; }
 };
 
@@ -204,7 +190,7 @@ struct CountEqualReducer {
   const Acc* value;
   __device__ State identity() const { return Acc(0); }
   __device__ State load_one(T x, int64_t, int64_t out) const {
-    const Acc v = static_cast<Acc>(load(x));
+    const Acc v = static_cast<Acc>(to_acc(x));
     if constexpr (kAbs) return (fabs(v) == value[out] || v != v) ? Acc(1) : Acc(0);
     return v == value[out] ? Acc(1) : Acc(0);
   }
@@ -403,21 +389,7 @@ void reduce_typed(const ReduceArgs& a, void* workspace, cudaStream_t stream) {
           run<T>(a, a.in, red, NormWriter<T, decltype(red)>{static_cast<T*>(a.out), red}, workspace, stream,
                  "reduce_norm");
         };
-        if (a.p == 0) {
-          go.template operator()<kNormZero>();
-        } else if (a.p == 1) {
-          go.template operator()<kNormOne>();
-        } else if (a.p == 2) {
-          go.template operator()<kNormTwo>();
-        } else if (std::isinf(a.p)) {
-          if (a.p > 0) {
-            go.template operator()<kNormInf>();
-          } else {
-            go.template operator()<kNormNegInf>();
-          }
-        } else {
-          go.template operator()<kNormGeneral>();
-        }
+        dispatch_norm_class(a.p, go);
         return;
       }
       break;
@@ -458,8 +430,8 @@ __global__ void reduce_grad_kernel(ReduceGradArgs a, const T* __restrict__ x, co
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total; i += int64_t{gridDim.x} * blockDim.x) {
     const int64_t c = i % a.inner, r = (i / a.inner) % a.reduced, o = i / (a.inner * a.reduced);
     const int64_t out = o * a.inner + c;
-    const Acc g = static_cast<Acc>(load(grad[out]));
-    const Acc v = x == nullptr ? Acc(0) : static_cast<Acc>(load(x[i]));
+    const Acc g = static_cast<Acc>(to_acc(grad[out]));
+    const Acc v = x == nullptr ? Acc(0) : static_cast<Acc>(to_acc(x[i]));
     Acc d = Acc(0);
     switch (a.kind) {
       case ReduceGradKind::scale: d = g * scale; break;

@@ -30,16 +30,6 @@ constexpr int kThreads = 256;
 template <typename T>
 using acc_of = std::conditional_t<std::is_same_v<T, double>, double, float>;
 
-template <typename T>
-__device__ __forceinline__ acc_of<T> load(T value) {
-  if constexpr (std::is_same_v<T, __half>) {
-    return __half2float(value);
-  } else if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    return __bfloat162float(value);
-  } else {
-    return value;
-  }
-}
 
 template <typename T>
 __device__ __forceinline__ T store(acc_of<T> value) {
@@ -171,14 +161,14 @@ __global__ void softmax_kernel(const T* __restrict__ x, T* __restrict__ y, int64
   const T* row = x + blockIdx.x * cols;
   T* out = y + blockIdx.x * cols;
   MaxSum<A> acc{neg_infinity<A>(), A(0)};
-  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) fold(acc, load(row[c]));
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) fold(acc, to_acc(row[c]));
   const MaxSum<A> total = block_max_sum(acc, shared_m, shared_s);
   if (log) {
     const A lse = total.m + ::log(total.s);
-    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) out[c] = store<T>(load(row[c]) - lse);
+    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) out[c] = store<T>(to_acc(row[c]) - lse);
   } else {
     const A inv = A(1) / total.s;
-    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) out[c] = store<T>(exp(load(row[c]) - total.m) * inv);
+    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) out[c] = store<T>(exp(to_acc(row[c]) - total.m) * inv);
   }
 }
 
@@ -190,11 +180,11 @@ __global__ void softmax_grad_kernel(const T* __restrict__ y, const T* __restrict
   const int64_t base = blockIdx.x * cols;
   A partial = A(0);
   for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
-    partial += log ? load(dy[base + c]) : load(dy[base + c]) * load(y[base + c]);
+    partial += log ? to_acc(dy[base + c]) : to_acc(dy[base + c]) * to_acc(y[base + c]);
   }
   const A total = block_reduce<false>(partial, shared);
   for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
-    const A yv = load(y[base + c]), g = load(dy[base + c]);
+    const A yv = to_acc(y[base + c]), g = to_acc(dy[base + c]);
     dx[base + c] = store<T>(log ? g - exp(yv) * total : yv * (g - total));
   }
 }
@@ -229,15 +219,15 @@ __global__ void cross_entropy_kernel(CrossEntropyArgs a) {
   const T* row = static_cast<const T*>(a.logits) + r * C;
   const T* weight = static_cast<const T*>(a.weight);
   A m = neg_infinity<A>();
-  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) m = fmax(m, load(row[c]));
+  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) m = fmax(m, to_acc(row[c]));
   m = block_reduce<true>(m, shared);
   const A ls = static_cast<A>(a.label_smoothing);
   A s = A(0), smooth = A(0), weight_total = A(0);
   for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
-    const A x = load(row[c]);
+    const A x = to_acc(row[c]);
     s += exp(x - m);
     if (ls != A(0)) {
-      const A w = weight != nullptr ? load(weight[c]) : A(1);
+      const A w = weight != nullptr ? to_acc(weight[c]) : A(1);
       smooth += w * (m - x);  // every term >= 0: no cancellation
       weight_total += w;
     }
@@ -249,8 +239,8 @@ __global__ void cross_entropy_kernel(CrossEntropyArgs a) {
   }
   if (threadIdx.x == 0) {
     const A lse = m + ::log(s);
-    const A wt = weight != nullptr ? load(weight[t]) : A(1);
-    A value = (A(1) - ls) * wt * (lse - load(row[t]));
+    const A wt = weight != nullptr ? to_acc(weight[t]) : A(1);
+    A value = (A(1) - ls) * wt * (lse - to_acc(row[t]));
     if (ls != A(0)) value += ls / static_cast<A>(C) * (smooth + weight_total * (lse - m));
     loss[r] = value;
     row_weight[r] = wt;
@@ -273,14 +263,14 @@ __global__ void cross_entropy_grad_kernel(CrossEntropyGradArgs a) {
   const A lse = static_cast<const A*>(a.lse)[r];
   const A divisor = a.total_weight != nullptr ? *static_cast<const A*>(a.total_weight) : A(1);
   const A W = a.weight_sum != nullptr ? *static_cast<const A*>(a.weight_sum) : static_cast<A>(C);
-  const A g = load(static_cast<const T*>(a.grad)[a.per_row_grad ? r : 0]) / divisor;
+  const A g = to_acc(static_cast<const T*>(a.grad)[a.per_row_grad ? r : 0]) / divisor;
   const A ls = static_cast<A>(a.label_smoothing);
   const A smooth = ls / static_cast<A>(C);
-  const A nll = (A(1) - ls) * (weight != nullptr ? load(weight[t]) : A(1));
+  const A nll = (A(1) - ls) * (weight != nullptr ? to_acc(weight[t]) : A(1));
   const A scale = g * (nll + smooth * W);
   for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
-    const A w = weight != nullptr ? load(weight[c]) : A(1);
-    A d = scale * exp(load(row[c]) - lse) - g * smooth * w;
+    const A w = weight != nullptr ? to_acc(weight[c]) : A(1);
+    A d = scale * exp(to_acc(row[c]) - lse) - g * smooth * w;
     if (c == t) d -= g * nll;
     out[c] = store<T>(d);
   }
@@ -306,8 +296,8 @@ __global__ void nll_loss_kernel(NllLossArgs a) {
       continue;
     }
     const int64_t n = r / a.inner, i = r % a.inner;
-    const A w = weight != nullptr ? load(weight[t]) : A(1);
-    loss[r] = -w * load(lp[(n * a.classes + t) * a.inner + i]);
+    const A w = weight != nullptr ? to_acc(weight[t]) : A(1);
+    loss[r] = -w * to_acc(lp[(n * a.classes + t) * a.inner + i]);
     row_weight[r] = w;
   }
 }
@@ -326,8 +316,8 @@ __global__ void nll_loss_grad_kernel(NllLossGradArgs a) {
     const int64_t t = a.target[r];
     A d = A(0);
     if (c == t && t != a.ignore_index) {
-      const A w = weight != nullptr ? load(weight[t]) : A(1);
-      d = -w * load(grad[a.per_row_grad ? r : 0]) / divisor;
+      const A w = weight != nullptr ? to_acc(weight[t]) : A(1);
+      d = -w * to_acc(grad[a.per_row_grad ? r : 0]) / divisor;
     }
     out[k] = store<T>(d);
   }
