@@ -202,7 +202,9 @@ void ModelCheckpoint::on_validation_end(Trainer& trainer, TrainModule& module) {
 }
 
 void ModelCheckpoint::on_train_batch_end(Trainer& trainer, TrainModule& module, int64_t) {
-  if (options_.every_n_train_steps > 0 && trainer.global_step() % options_.every_n_train_steps == 0) {
+  // Called after every micro-batch: save once per optimizer step.
+  if (options_.every_n_train_steps > 0 && trainer.global_step() % options_.every_n_train_steps == 0 &&
+      last_saved_step_ != trainer.global_step()) {
     save(trainer, module);
   }
 }

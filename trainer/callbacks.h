@@ -12,6 +12,9 @@ namespace kiln {
 
 class Trainer;
 class TrainModule;
+namespace optim {
+class Optimizer;
+}
 
 class Callback {
  public:
@@ -19,9 +22,16 @@ class Callback {
   virtual std::string name() const = 0;
   virtual void on_fit_start(Trainer&, TrainModule&) {}
   virtual void on_fit_end(Trainer&, TrainModule&) {}
+  virtual void on_train_start(Trainer&, TrainModule&) {}
+  virtual void on_train_end(Trainer&, TrainModule&) {}
   virtual void on_train_epoch_start(Trainer&, TrainModule&) {}
   virtual void on_train_epoch_end(Trainer&, TrainModule&) {}
+  virtual void on_train_batch_start(Trainer&, TrainModule&, int64_t /*batch_idx*/) {}
+  // After every micro-batch (Lightning calls it per batch, accumulation included).
   virtual void on_train_batch_end(Trainer&, TrainModule&, int64_t /*batch_idx*/) {}
+  // Before each optimizer step, after gradients are complete (and synchronized).
+  virtual void on_before_optimizer_step(Trainer&, TrainModule&, optim::Optimizer&) {}
+  virtual void on_validation_start(Trainer&, TrainModule&) {}
   virtual void on_validation_end(Trainer&, TrainModule&) {}
   virtual nlohmann::json state_dict() const { return nlohmann::json::object(); }
   virtual void load_state_dict(const nlohmann::json&) {}

@@ -7,18 +7,20 @@
 #include <string>
 #include <vector>
 
+#include "trainer/logger.h"
+
 namespace kiln {
 
-class CSVLogger {
+class CSVLogger : public Logger {
  public:
   // Creates the next free version_N folder under <root_dir>/lightning_logs.
   explicit CSVLogger(const std::string& root_dir, const std::string& name = "lightning_logs");
-  const std::string& log_dir() const { return log_dir_; }
+  const std::string& log_dir() const override { return log_dir_; }
   int version() const { return version_; }
-  void log_metrics(const std::map<std::string, double>& metrics, int64_t step, int64_t epoch);
-  void log_hyperparams(const std::map<std::string, std::string>& hparams);
+  void log_metrics(const std::map<std::string, double>& metrics, int64_t step, int64_t epoch) override;
+  void log_hyperparams(const std::map<std::string, std::string>& hparams) override;
   // Writes metrics.csv (atomically: temporary file then rename).
-  void save();
+  void save() override;
 
  private:
   std::string log_dir_;
