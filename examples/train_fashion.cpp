@@ -52,7 +52,7 @@ class Classifier : public TrainModule {
   void validation_step(const Batch& batch, int64_t) override { evaluate(batch, "val"); }
   void test_step(const Batch& batch, int64_t) override { evaluate(batch, "test"); }
 
-  OptimizerConfig configure_optimizers() override {
+  OptimizerConfigs configure_optimizers() override {
     OptimizerConfig config;
     optim::AdamWOptions adamw;
     adamw.lr = recipe_.lr;

@@ -52,7 +52,7 @@ struct Regression : TrainModule {
     log("val_loss", mean(mul(difference, difference)), std::nullopt, std::nullopt, false, batch.size());
     ++validation_steps;
   }
-  OptimizerConfig configure_optimizers() override {
+  OptimizerConfigs configure_optimizers() override {
     OptimizerConfig config;
     optim::SGDOptions sgd;
     sgd.lr = lr;
@@ -314,6 +314,15 @@ TEST_CASE("Trainer: bad flags give clear errors") {
   half.precision = "16-mixed";
   half.accelerator = "cpu";
   CHECK_THROWS_WITH_AS(Trainer{half}, doctest::Contains("needs a GPU"), Error);
+  TrainerOptions two_devices;
+  two_devices.devices = 2;  // strategy "auto" becomes "ddp", which needs kiln-run
+  CHECK_THROWS_WITH_AS(Trainer{two_devices}, doctest::Contains("kiln-run --nproc-per-node 2"), Error);
+  TrainerOptions unknown_strategy;
+  unknown_strategy.strategy = "fsdp";
+  CHECK_THROWS_WITH_AS(Trainer{unknown_strategy}, doctest::Contains("strategy must be"), Error);
+  TrainerOptions one_device_ddp;
+  one_device_ddp.strategy = "ddp";  // a group of one: allowed, nothing to synchronize
+  CHECK(Trainer{one_device_ddp}.world_size() == 1);
   CHECK(parse_max_time("00:00:01:30").count() == 90);
   CHECK(parse_max_time("45").count() == 45);
   CHECK_THROWS_AS(parse_max_time("1:2"), Error);
@@ -341,5 +350,47 @@ TEST_CASE("Trainer: max_time stops training on time") {
   CHECK(seconds >= 1.0);
   CHECK(seconds < 3.0);
   CHECK(module.training_steps < 1000 * 16);
+  fs::remove_all(root);
+}
+
+TEST_CASE("Trainer: overfit_batches trains and validates on the same first batches every epoch, in order") {
+  // Records the first input value of every batch it sees.
+  struct Recording : Regression {
+    Tensor training_step(const Batch& batch, int64_t index) override {
+      trained.push_back(batch.input.to_vector<float>()[0]);
+      return Regression::training_step(batch, index);
+    }
+    void validation_step(const Batch& batch, int64_t index) override {
+      validated.push_back(batch.input.to_vector<float>()[0]);
+      Regression::validation_step(batch, index);
+    }
+    std::vector<float> trained, validated;
+  };
+  auto data = regression_data(64);
+  const float first = data->get(0).input.to_vector<float>()[0], second = data->get(4).input.to_vector<float>()[0];
+  auto other = std::make_shared<TensorDataset>(full({8, 4}, 7.0), zeros({8, 1}));
+  fs::path root = fresh_folder("overfit");
+  TrainerOptions options = quiet_options(root);
+  options.max_epochs = 3;
+  options.logger = false;
+  options.overfit_batches = 2;
+  Recording module;
+  DataLoader train(data, loader_options(4, /*shuffle=*/true));
+  DataLoader val(other, loader_options(4, false));
+  Trainer trainer(options);
+  trainer.fit(module, train, &val);
+  // The first two batches of the data set, unshuffled, every epoch; validation sees the same ones.
+  const std::vector<float> expected = {first, second, first, second, first, second};
+  CHECK(module.trained == expected);
+  CHECK(module.validated == expected);
+  CHECK(trainer.global_step() == 6);
+  // A fraction: a quarter of the 16 batches.
+  Recording fraction;
+  options.overfit_batches = 0.25;
+  options.max_epochs = 1;
+  DataLoader train2(data, loader_options(4, true));
+  Trainer(options).fit(fraction, train2);
+  CHECK(fraction.trained.size() == 4);
+  CHECK(fraction.trained[1] == second);
   fs::remove_all(root);
 }

@@ -39,7 +39,8 @@ std::chrono::seconds parse_max_time(const std::string& text) {
   return std::chrono::seconds(((parts[0] * 24 + parts[1]) * 60 + parts[2]) * 60 + parts[3]);
 }
 
-Trainer::Trainer(TrainerOptions options) : options_(std::move(options)) {
+Trainer::Trainer(TrainerOptions options)
+    : options_(std::move(options)), strategy_(options_.strategy, options_.devices, options_.num_nodes) {
   const auto& o = options_;
   KILN_CHECK(o.accumulate_grad_batches >= 1, "Trainer: accumulate_grad_batches must be >= 1, got ",
              o.accumulate_grad_batches);
@@ -51,8 +52,7 @@ Trainer::Trainer(TrainerOptions options) : options_(std::move(options)) {
   KILN_CHECK(o.log_every_n_steps >= 1, "Trainer: log_every_n_steps must be >= 1");
   KILN_CHECK(o.limit_train_batches >= 0 && o.limit_val_batches >= 0 && o.limit_test_batches >= 0,
              "Trainer: limit_*_batches must be >= 0");
-  KILN_CHECK(o.devices == 1, "Trainer: devices=", o.devices,
-             " needs the \"ddp\" strategy, which is not available yet; use devices=1");
+  KILN_CHECK(o.overfit_batches >= 0, "Trainer: overfit_batches must be >= 0, got ", o.overfit_batches);
   for (const auto& [epoch, k] : o.accumulation_schedule) {
     KILN_CHECK(epoch >= 0 && k >= 1, "GradientAccumulationScheduler: invalid entry {", epoch, ": ", k, "}");
   }
@@ -62,12 +62,15 @@ Trainer::Trainer(TrainerOptions options) : options_(std::move(options)) {
   } else if (o.accelerator == "gpu" || o.accelerator == "cuda") {
     KILN_CHECK(cuda::is_available(), "Trainer: accelerator \"", o.accelerator, "\" but no GPU is available",
                cuda::compiled_with_cuda() ? "" : " (kiln was built without CUDA)");
-    device_ = Device::cuda(0);
+    device_ = Device::cuda(strategy_.local_rank());
   } else {
     KILN_CHECK(o.accelerator == "auto", "Trainer: accelerator must be \"cpu\", \"gpu\" or \"auto\", got '",
                o.accelerator, "'");
-    device_ = cuda::is_available() ? Device::cuda(0) : Device::cpu();
+    device_ = cuda::is_available() ? Device::cuda(strategy_.local_rank()) : Device::cpu();
   }
+  KILN_CHECK(!device_.is_cuda() || device_.index < cuda::device_count(), "Trainer: process LOCAL_RANK=",
+             strategy_.local_rank(), " needs GPU ", device_.index, " but this machine has ", cuda::device_count(),
+             " (one process per GPU: --nproc-per-node must not exceed the GPUs)");
   // Precision.
   if (o.precision == "32-true" || o.precision == "32") {
     param_dtype_ = DType::f32;
@@ -91,20 +94,43 @@ Trainer::Trainer(TrainerOptions options) : options_(std::move(options)) {
 
 std::string Trainer::log_dir() {
   if (log_dir_.empty()) {
-    if (options_.logger && options_.fast_dev_run == 0) {
-      logger_ = std::make_unique<CSVLogger>(options_.default_root_dir);
-      log_dir_ = logger_->log_dir();
-    } else {
+    if (!options_.logger || options_.fast_dev_run > 0) {
       log_dir_ = options_.default_root_dir;
+    } else if (is_global_zero()) {
+      loggers_ = options_.loggers;
+      if (loggers_.empty()) loggers_.push_back(std::make_shared<CSVLogger>(options_.default_root_dir));
+      log_dir_ = loggers_.front()->log_dir();
+    } else {
+      return options_.default_root_dir;  // rank 0's folder arrives with share_log_dir()
     }
   }
   return log_dir_;
+}
+
+void Trainer::share_log_dir() {
+  if (log_dir_shared_) return;
+  log_dir_shared_ = true;  // the same on every rank, so every rank takes part in the broadcast below
+  if (!options_.logger || options_.fast_dev_run > 0) return;
+  if (!strategy_.distributed()) {
+    log_dir();
+    return;
+  }
+  // Only rank 0 makes loggers (a new version_N folder); the others learn its folder.
+  const std::string dir = is_global_zero() ? log_dir() : std::string();
+  log_dir_ = strategy_.broadcast_string(dir);
 }
 
 int64_t Trainer::limit(double value, int64_t available) const {
   if (options_.fast_dev_run > 0) return std::min<int64_t>(options_.fast_dev_run, available);
   if (value > 1.0) return std::min<int64_t>(static_cast<int64_t>(value), available);
   return static_cast<int64_t>(std::floor(value * static_cast<double>(available)));
+}
+
+int64_t Trainer::train_limit(int64_t available) const {
+  const double overfit = options_.overfit_batches;
+  if (overfit <= 0 || options_.fast_dev_run > 0) return limit(options_.limit_train_batches, available);
+  if (overfit >= 1) return std::min<int64_t>(static_cast<int64_t>(std::llround(overfit)), available);
+  return std::min<int64_t>(available, std::max<int64_t>(1, static_cast<int64_t>(overfit * available)));
 }
 
 int64_t Trainer::accumulation_for_epoch(int64_t epoch) const {
@@ -116,7 +142,14 @@ int64_t Trainer::accumulation_for_epoch(int64_t epoch) const {
 }
 
 int64_t Trainer::estimated_stepping_batches(const DataLoader& train_loader) const {
-  const int64_t batches = limit(options_.limit_train_batches, train_loader.size());
+  int64_t available = train_loader.size();
+  if (strategy_.distributed() && (train_loader.options().sampler == nullptr || options_.overfit_batches > 0)) {
+    // The batches of this rank's DistributedSampler share (fit inserts one).
+    const int64_t world = strategy_.world_size(), batch = train_loader.options().batch_size;
+    const int64_t samples = (train_loader.dataset().size() + world - 1) / world;
+    available = train_loader.options().drop_last ? samples / batch : (samples + batch - 1) / batch;
+  }
+  const int64_t batches = train_limit(available);
   int64_t max_epochs = options_.max_epochs;
   if (options_.fast_dev_run > 0) max_epochs = 1;
   if (max_epochs < 0) max_epochs = options_.max_steps < 0 ? 1000 : -1;
@@ -133,6 +166,11 @@ bool Trainer::time_exceeded() const {
   return max_time_ && std::chrono::steady_clock::now() - start_ >= *max_time_;
 }
 
+bool Trainer::minimum_done() const {
+  // Mid-epoch: the epochs already finished count (Lightning's _can_stop_early).
+  return epoch_ >= options_.min_epochs && global_step_ >= options_.min_steps;
+}
+
 Batch Trainer::to_device(const Batch& batch) const {
   Batch moved;
   const DType input_dtype = is_floating(batch.input.dtype()) ? param_dtype_ : batch.input.dtype();
@@ -145,10 +183,31 @@ Batch Trainer::to_device(const Batch& batch) const {
 void Trainer::setup(TrainModule& module) {
   if (options_.seed) manual_seed(*options_.seed);
   set_deterministic_algorithms(options_.deterministic);
-  if (device_.is_cuda()) set_cudnn_benchmark(options_.benchmark);
+  if (device_.is_cuda()) {
+    cuda::set_device(device_.index);
+    set_cudnn_benchmark(options_.benchmark);
+  }
+  strategy_.setup_environment();
   module.trainer_ = this;
   module_ = &module;
   module.model().to(device_, param_dtype_);
+}
+
+void Trainer::configure_optimizers(TrainModule& module) {
+  optimizers_ = std::move(module.configure_optimizers().configs);
+  KILN_CHECK(!optimizers_.empty(), "configure_optimizers returned no optimizer");
+  for (size_t i = 0; i < optimizers_.size(); ++i) {
+    const OptimizerConfig& config = optimizers_[i];
+    KILN_CHECK(config.optimizer != nullptr, "configure_optimizers: optimizer ", i, " is null");
+    KILN_CHECK(config.interval == "step" || config.interval == "epoch", "configure_optimizers: interval must be "
+               "\"step\" or \"epoch\", got '", config.interval, "' (optimizer ", i, ")");
+    KILN_CHECK(config.scheduler == nullptr || &config.scheduler->optimizer() == config.optimizer.get(),
+               "configure_optimizers: the schedule of optimizer ", i, " drives another optimizer");
+  }
+  KILN_CHECK(manual_ || optimizers_.size() == 1, "configure_optimizers returned ", optimizers_.size(),
+             " optimizers: training with several optimizers is only supported with manual optimization (as in "
+             "Lightning). Set automatic_optimization = false in the module's constructor and step each optimizer "
+             "in training_step: auto [opt_a, opt_b] = optimizers<2>(); manual_backward(loss); opt_a.step(); ...");
 }
 
 void Trainer::log_step_metrics(TrainModule& module) {
@@ -156,30 +215,54 @@ void Trainer::log_step_metrics(TrainModule& module) {
   for (const std::string& name : module.order_) {
     LoggedValue& value = module.logged_[name];
     if (!value.on_step || !value.last.defined()) continue;
-    const std::string key = value.on_epoch ? name + "_step" : name;
-    row[key] = value.last.item<double>();
-    callback_metrics_[key] = row[key];
+    row[value.on_epoch ? name + "_step" : name] = value.last.item<double>();
   }
-  if (!row.empty() && logger_) logger_->log_metrics(row, global_step_ - 1, epoch_);
+  if (strategy_.distributed()) {  // the mean over the ranks, so every rank decides alike
+    std::vector<std::string> names;
+    std::vector<double> values;
+    for (const auto& [key, value] : row) names.push_back(key), values.push_back(value);
+    values = strategy_.sum_over_ranks(names, values);
+    for (size_t i = 0; i < names.size(); ++i) row[names[i]] = values[i] / strategy_.world_size();
+  }
+  for (const auto& [key, value] : row) callback_metrics_[key] = value;
+  if (!row.empty()) log_to_loggers(row, global_step_ - 1);
   pending_progress_ = row;
 }
 
 std::map<std::string, double> Trainer::collect_epoch_metrics(TrainModule& module, const std::string& prefix) {
-  std::map<std::string, double> epoch_metrics;
+  std::map<std::string, std::pair<double, double>> sums;  // name -> (weighted sum, count)
   for (const std::string& name : module.order_) {
     LoggedValue& value = module.logged_[name];
     if (!value.on_epoch || value.count == 0) continue;
-    const std::string key = value.on_step ? name + "_epoch" : name;
-    epoch_metrics[prefix + key] = value.sum.item<double>() / static_cast<double>(value.count);
+    const std::string key = prefix + (value.on_step ? name + "_epoch" : name);
+    sums[key] = {value.sum.item<double>(), static_cast<double>(value.count)};
   }
   module.logged_.clear();
   module.order_.clear();
+  if (strategy_.distributed()) {  // weighted by every rank's counts: the mean over the global batch
+    std::vector<std::string> names;
+    std::vector<double> values;
+    for (const auto& [key, sum_count] : sums) names.push_back(key), values.push_back(sum_count.first);
+    for (const auto& [key, sum_count] : sums) values.push_back(sum_count.second);
+    values = strategy_.sum_over_ranks(names, values);
+    for (size_t i = 0; i < names.size(); ++i) sums[names[i]] = {values[i], values[names.size() + i]};
+  }
+  std::map<std::string, double> epoch_metrics;
+  for (const auto& [key, sum_count] : sums) epoch_metrics[key] = sum_count.first / sum_count.second;
   for (const auto& [key, value] : epoch_metrics) callback_metrics_[key] = value;
   return epoch_metrics;
 }
 
-void Trainer::optimizer_step(TrainModule&) {
-  optim::Optimizer& optimizer = *optim_.optimizer;
+void Trainer::finish_pending_gradient_sync() {
+  nn::DistributedDataParallel* ddp = strategy_.ddp();
+  if (ddp != nullptr && ddp->gradient_sync_pending()) ddp->finish_gradient_sync();
+}
+
+void Trainer::optimizer_step(TrainModule& module) {
+  optim::Optimizer& optimizer = *optimizers_.front().optimizer;
+  // Averaged gradients before the callbacks and clipping see them.
+  if (nn::DistributedDataParallel* ddp = strategy_.ddp()) ddp->finish_gradient_sync();
+  for (auto& callback : options_.callbacks) callback->on_before_optimizer_step(*this, module, optimizer);
   if (options_.gradient_clip_val > 0) {
     if (options_.gradient_clip_algorithm == "norm") {
       optimizer.clip_grad_norm_(options_.gradient_clip_val);  // applied by step(), on the device
@@ -189,8 +272,44 @@ void Trainer::optimizer_step(TrainModule&) {
   }
   optimizer.step();
   optimizer.zero_grad(true);
-  if (optim_.scheduler && optim_.interval == "step") optim_.scheduler->step();
+  const OptimizerConfig& config = optimizers_.front();
+  if (config.scheduler && config.interval == "step") config.scheduler->step();
   ++global_step_;
+}
+
+void Trainer::manual_optimizer_step(size_t index) {
+  optim::Optimizer& opt = optimizer(index);
+  finish_pending_gradient_sync();
+  for (auto& callback : options_.callbacks) callback->on_before_optimizer_step(*this, *module_, opt);
+  opt.step();
+  ++global_step_;
+}
+
+void Trainer::log_to_loggers(const std::map<std::string, double>& metrics, int64_t step) {
+  for (auto& logger : loggers_) logger->log_metrics(metrics, step, epoch_);
+}
+
+void Trainer::save_loggers() {
+  for (auto& logger : loggers_) logger->save();
+}
+
+optim::Optimizer& Trainer::optimizer(size_t index) {
+  KILN_CHECK(!optimizers_.empty(), "Trainer::optimizer(): no optimizer before fit() configured one");
+  KILN_CHECK(index < optimizers_.size(), "Trainer::optimizer(", index, "): configure_optimizers returned ",
+             optimizers_.size());
+  return *optimizers_[index].optimizer;
+}
+
+optim::LRScheduler* Trainer::lr_scheduler(size_t index) {
+  return index < optimizers_.size() ? optimizers_[index].scheduler.get() : nullptr;
+}
+
+void Trainer::set_lr_scheduler(std::unique_ptr<optim::LRScheduler> scheduler, const std::string& interval) {
+  KILN_CHECK(interval == "step" || interval == "epoch", "set_lr_scheduler: interval must be \"step\" or \"epoch\", got '",
+             interval, "'");
+  KILN_CHECK(!optimizers_.empty(), "set_lr_scheduler: no optimizer before fit() configured one");
+  optimizers_.front().scheduler = std::move(scheduler);
+  optimizers_.front().interval = interval;
 }
 
 std::map<std::string, double> Trainer::evaluate(TrainModule& module, DataLoader& loader, const std::string& stage,
@@ -217,24 +336,65 @@ std::map<std::string, double> Trainer::evaluate(TrainModule& module, DataLoader&
   std::map<std::string, double> metrics = collect_epoch_metrics(module, "");
   module.stage_ = "train";
   if (was_training) model.train();
-  if (log_metrics && logger_ && !metrics.empty()) {
-    logger_->log_metrics(metrics, std::max<int64_t>(global_step_ - 1, 0), epoch_);
-    logger_->save();
+  if (log_metrics && !metrics.empty()) {
+    log_to_loggers(metrics, std::max<int64_t>(global_step_ - 1, 0));
+    save_loggers();
   }
   return metrics;
 }
 
+bool Trainer::agree_to_stop() {
+  bool out_of_time = time_exceeded();
+  if (strategy_.distributed()) {  // one rank's request stops every rank at this same batch
+    const std::vector<bool> any = strategy_.reduce_any({should_stop, out_of_time});
+    if (any[0] && !should_stop) {
+      should_stop = true;
+      stop_reason = "another rank requested the stop";
+    }
+    out_of_time = any[1];
+  }
+  if (options_.max_steps >= 0 && global_step_ >= options_.max_steps) {
+    should_stop = true;
+    stop_reason = "max_steps=" + std::to_string(options_.max_steps) + " reached";
+    return true;
+  }
+  if (out_of_time) {
+    should_stop = true;
+    stop_reason = "max_time reached";
+    return true;
+  }
+  return should_stop && minimum_done();
+}
+
+void Trainer::print_progress(bool terminal, std::chrono::steady_clock::time_point epoch_start) {
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - epoch_start).count();
+  const double rate = static_cast<double>(batch_in_epoch_) / std::max(seconds, 1e-9);
+  const double eta = static_cast<double>(train_batches_ - batch_in_epoch_) / std::max(rate, 1e-9);
+  std::fprintf(stderr, "%sEpoch %lld: %lld/%lld [%.1f it/s, eta %.0fs]", terminal ? "\r" : "",
+               static_cast<long long>(epoch_), static_cast<long long>(batch_in_epoch_),
+               static_cast<long long>(train_batches_), rate, eta);
+  for (const auto& [key, value] : *pending_progress_) std::fprintf(stderr, " %s=%.4f", key.c_str(), value);
+  std::fprintf(stderr, terminal ? "   " : "\n");
+  std::fflush(stderr);
+}
+
 void Trainer::train_epoch(TrainModule& module, DataLoader& train_loader, DataLoader* val_loader) {
-  const int64_t accumulate = accumulation_for_epoch(epoch_);
+  const int64_t accumulate = manual_ ? 1 : accumulation_for_epoch(epoch_);
   const bool validate_this_epoch = val_loader != nullptr && (epoch_ + 1) % options_.check_val_every_n_epoch == 0;
-  const int64_t val_batches = val_loader ? limit(options_.limit_val_batches, val_loader->size()) : 0;
+  int64_t val_batches = 0;
+  if (val_loader) {
+    val_batches = options_.overfit_batches > 0 ? train_limit(val_loader->size())
+                                               : limit(options_.limit_val_batches, val_loader->size());
+  }
   int64_t val_every = train_batches_;
   if (options_.val_check_interval > 1.0) {
     val_every = static_cast<int64_t>(options_.val_check_interval);
   } else {
     val_every = std::max<int64_t>(1, static_cast<int64_t>(std::round(options_.val_check_interval * train_batches_)));
   }
-  const bool terminal = options_.enable_progress_bar && ::isatty(STDERR_FILENO);
+  const bool show_progress = options_.enable_progress_bar && is_global_zero();
+  const bool terminal = show_progress && ::isatty(STDERR_FILENO);
+  const int64_t log_every = options_.log_every_n_steps;
   const auto epoch_start = std::chrono::steady_clock::now();
   for (auto& callback : options_.callbacks) callback->on_train_epoch_start(*this, module);
   module.on_train_epoch_start();
@@ -250,126 +410,189 @@ void Trainer::train_epoch(TrainModule& module, DataLoader& train_loader, DataLoa
     if (!batch) break;
     const int64_t batch_idx = batch_in_epoch_;
     Batch moved = to_device(*batch);
+    for (auto& callback : options_.callbacks) callback->on_train_batch_start(*this, module, batch_idx);
     module.stage_ = "train";
-    Tensor loss = module.training_step(moved, batch_idx);
-    KILN_CHECK(loss.defined() && loss.numel() == 1, "training_step must return a one-element loss tensor");
-    const bool last_batch = batch_idx + 1 == train_batches_;
-    // As Lightning: each micro-batch's loss is divided by the accumulation
-    // factor, so k micro-batches of a mean loss equal one batch k times larger.
-    (accumulate > 1 ? div(loss, static_cast<double>(accumulate)) : loss).backward();
-    ++batch_in_epoch_;
-    const bool step_now = (batch_idx + 1) % accumulate == 0 || last_batch;
-    if (step_now) {
-      optimizer_step(module);
-      if (global_step_ % options_.log_every_n_steps == 0) log_step_metrics(module);
-      for (auto& callback : options_.callbacks) callback->on_train_batch_end(*this, module, batch_idx);
+    is_last_batch_ = batch_idx + 1 == train_batches_;
+    // Manual optimization decides itself when to step (and to sync, through toggle_model).
+    const bool step_now = manual_ || (batch_idx + 1) % accumulate == 0 || is_last_batch_;
+    if (nn::DistributedDataParallel* ddp = strategy_.ddp()) {
+      // As Lightning, whose DDP forward runs training_step: rank 0's buffers
+      // (BatchNorm statistics) first, once per step, whichever way the module
+      // calls its model; gradients synchronized only in the backward of the
+      // last micro-batch of an accumulation.
+      if (ddp->options().broadcast_buffers) ddp->sync_buffers();
+      ddp->set_require_backward_grad_sync(step_now);
     }
-    if (options_.enable_progress_bar && (terminal || step_now)) {
-      const bool refresh = terminal || batch_in_epoch_ % std::max<int64_t>(1, train_batches_ / 10) == 0 || last_batch;
-      if (refresh && pending_progress_) {
-        const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - epoch_start).count();
-        const double rate = static_cast<double>(batch_in_epoch_) / std::max(seconds, 1e-9);
-        const double eta = static_cast<double>(train_batches_ - batch_in_epoch_) / std::max(rate, 1e-9);
-        std::fprintf(stderr, "%sEpoch %lld: %lld/%lld [%.1f it/s, eta %.0fs]", terminal ? "\r" : "",
-                     static_cast<long long>(epoch_), static_cast<long long>(batch_in_epoch_),
-                     static_cast<long long>(train_batches_), rate, eta);
-        for (const auto& [key, value] : *pending_progress_) std::fprintf(stderr, " %s=%.4f", key.c_str(), value);
-        std::fprintf(stderr, terminal ? "   " : "\n");
-        std::fflush(stderr);
-      }
+    const int64_t steps_before = global_step_;
+    Tensor loss = module.training_step(moved, batch_idx);
+    if (!manual_) {
+      KILN_CHECK(loss.defined() && loss.numel() == 1, "training_step must return a one-element loss tensor");
+      // As Lightning: each micro-batch's loss is divided by the accumulation
+      // factor, so k micro-batches of a mean loss equal one batch k times larger.
+      (accumulate > 1 ? div(loss, static_cast<double>(accumulate)) : loss).backward();
+    }
+    ++batch_in_epoch_;
+    if (!manual_ && step_now) optimizer_step(module);
+    is_last_batch_ = false;
+    // Every log_every_n_steps optimizer steps (manual optimization may take several per batch).
+    const bool stepped = global_step_ != steps_before;
+    if (stepped && global_step_ / log_every != steps_before / log_every) log_step_metrics(module);
+    for (auto& callback : options_.callbacks) callback->on_train_batch_end(*this, module, batch_idx);
+    if (show_progress && (terminal || stepped)) {
+      const bool refresh = terminal || batch_in_epoch_ % std::max<int64_t>(1, train_batches_ / 10) == 0 ||
+                           batch_in_epoch_ == train_batches_;
+      if (refresh && pending_progress_) print_progress(terminal, epoch_start);
     }
     if (validate_this_epoch && batch_in_epoch_ % val_every == 0 &&
         (batch_in_epoch_ < train_batches_ || options_.val_check_interval <= 1.0)) {
+      for (auto& callback : options_.callbacks) callback->on_validation_start(*this, module);
       evaluate(module, *val_loader, "validate", val_batches, true);
       for (auto& callback : options_.callbacks) callback->on_validation_end(*this, module);
       module.on_validation_epoch_end();
       module.model().train();
     }
-    if (options_.max_steps >= 0 && global_step_ >= options_.max_steps) {
-      should_stop = true;
-      stop_reason = "max_steps=" + std::to_string(options_.max_steps) + " reached";
-      break;
-    }
-    if (time_exceeded()) {
-      should_stop = true;
-      stop_reason = "max_time reached";
-      break;
-    }
+    if (agree_to_stop()) break;
   }
   if (terminal) std::fprintf(stderr, "\n");
   std::map<std::string, double> train_metrics = collect_epoch_metrics(module, "");
-  if (logger_ && !train_metrics.empty()) logger_->log_metrics(train_metrics, global_step_ - 1, epoch_);
+  if (!train_metrics.empty()) log_to_loggers(train_metrics, global_step_ - 1);
   if (batch_in_epoch_ >= train_batches_) {  // not when a limit stopped the epoch midway
     module.on_train_epoch_end();
     for (auto& callback : options_.callbacks) callback->on_train_epoch_end(*this, module);
-    if (optim_.scheduler && optim_.interval == "epoch") optim_.scheduler->step_unconditionally();
+    for (OptimizerConfig& config : optimizers_) {
+      // Manual optimization steps its schedules itself (Lightning).
+      if (!manual_ && config.scheduler && config.interval == "epoch") config.scheduler->step_unconditionally();
+    }
   }
-  if (logger_) logger_->save();
+  save_loggers();
+}
+
+DataLoader& Trainer::prepare_loader(DataLoader& loader, bool overfit, std::unique_ptr<DataLoader>& replacement) {
+  replacement.reset();
+  const DataLoaderOptions& given = loader.options();
+  const bool needs_sampler = strategy_.distributed() && given.sampler == nullptr;
+  if (!overfit && !needs_sampler) return loader;
+  const int64_t n = loader.dataset().size();
+  std::shared_ptr<const Sampler> sampler;
+  if (strategy_.distributed()) {
+    // As Lightning: the loader's own shuffling carries over; overfitting never shuffles.
+    sampler = std::make_shared<DistributedSampler>(n, strategy_.world_size(), strategy_.global_rank(),
+                                                   given.shuffle && !overfit, given.seed);
+  } else {
+    sampler = std::make_shared<SequentialSampler>(n);
+  }
+  DataLoaderOptions options = given;
+  options.sampler = std::move(sampler);
+  options.shuffle = false;
+  // Non-owning: the caller's loader keeps its data set alive for the whole run.
+  std::shared_ptr<const Dataset> dataset(std::shared_ptr<const Dataset>(), &loader.dataset());
+  replacement = std::make_unique<DataLoader>(std::move(dataset), std::move(options));
+  return *replacement;
 }
 
 void Trainer::fit(TrainModule& module, DataLoader& train_loader, DataLoader* val_loader,
                   const std::string& ckpt_path) {
   start_ = std::chrono::steady_clock::now();
   setup(module);
-  train_loader_ = &train_loader;
-  optim_ = module.configure_optimizers();
-  KILN_CHECK(optim_.optimizer != nullptr, "configure_optimizers returned no optimizer");
-  KILN_CHECK(optim_.interval == "step" || optim_.interval == "epoch", "configure_optimizers: interval must be "
-                                                                         "\"step\" or \"epoch\", got '",
-             optim_.interval, "'");
-  if (options_.fast_dev_run == 0 && options_.logger) {
-    log_dir();
-    logger_->log_hyperparams({{"max_epochs", std::to_string(options_.max_epochs)},
-                              {"max_steps", std::to_string(options_.max_steps)},
-                              {"accumulate_grad_batches", std::to_string(options_.accumulate_grad_batches)},
-                              {"gradient_clip_val", std::to_string(options_.gradient_clip_val)},
-                              {"precision", options_.precision},
-                              {"accelerator", device_.str()},
-                              {"batch_size", std::to_string(train_loader.options().batch_size)},
-                              {"optimizer", optim_.optimizer->name()},
-                              {"scheduler", optim_.scheduler ? optim_.scheduler->name() : std::string("none")}});
+  manual_ = !module.automatic_optimization;
+  if (manual_) {
+    bool accumulates = options_.accumulate_grad_batches != 1;
+    for (const auto& [epoch, k] : options_.accumulation_schedule) accumulates = accumulates || k != 1;
+    KILN_CHECK(!accumulates, "Trainer: automatic gradient accumulation is not supported for manual optimization. "
+               "Remove accumulate_grad_batches (and the accumulation schedule) or switch to automatic "
+               "optimization; accumulate in training_step instead");
+    KILN_CHECK(options_.gradient_clip_val == 0, "Trainer: automatic gradient clipping is not supported for manual "
+               "optimization. Remove gradient_clip_val or switch to automatic optimization; call "
+               "clip_gradients(optimizer, ...) in training_step instead");
   }
-  if (!ckpt_path.empty()) load_checkpoint(ckpt_path, module, train_loader);
-  train_batches_ = limit(options_.limit_train_batches, train_loader.size());
+  // Before the optimizers exist (DDP makes every rank start from rank 0's
+  // weights). Manual optimization freezes parameters by design (toggle_model),
+  // so those may go without a gradient in a step.
+  strategy_.wrap_model(module.model(), /*find_unused_parameters=*/manual_);
+  configure_optimizers(module);
+  const bool overfit = options_.overfit_batches > 0;
+  DataLoader& train = prepare_loader(train_loader, overfit, fit_train_loader_);
+  DataLoader* val = nullptr;
+  if (val_loader != nullptr) {
+    // Overfitting validates on the very batches it trains on.
+    val = &prepare_loader(overfit ? train_loader : *val_loader, overfit, fit_val_loader_);
+  }
+  train_loader_ = &train;
+  share_log_dir();
+  if (options_.fast_dev_run == 0 && options_.logger) {
+    std::string optimizer_names, scheduler_names;
+    for (const OptimizerConfig& config : optimizers_) {
+      optimizer_names += (optimizer_names.empty() ? "" : ",") + config.optimizer->name();
+      scheduler_names += (scheduler_names.empty() ? "" : ",") +
+                         (config.scheduler ? config.scheduler->name() : std::string("none"));
+    }
+    for (auto& logger : loggers_) {
+      logger->log_hyperparams({{"max_epochs", std::to_string(options_.max_epochs)},
+                               {"max_steps", std::to_string(options_.max_steps)},
+                               {"accumulate_grad_batches", std::to_string(options_.accumulate_grad_batches)},
+                               {"gradient_clip_val", std::to_string(options_.gradient_clip_val)},
+                               {"precision", options_.precision},
+                               {"accelerator", device_.str()},
+                               {"strategy", strategy_.name()},
+                               {"world_size", std::to_string(strategy_.world_size())},
+                               {"batch_size", std::to_string(train_loader.options().batch_size)},
+                               {"optimizer", optimizer_names},
+                               {"scheduler", scheduler_names}});
+    }
+  }
+  if (!ckpt_path.empty()) load_checkpoint(ckpt_path, module, train);
+  train_batches_ = train_limit(train.size());
   int64_t max_epochs = options_.max_epochs;
   if (options_.fast_dev_run > 0) max_epochs = 1;
   if (max_epochs < 0 && options_.max_steps < 0) max_epochs = 1000;
   for (auto& callback : options_.callbacks) callback->on_fit_start(*this, module);
   module.on_fit_start();
-  if (val_loader && options_.num_sanity_val_steps > 0 && ckpt_path.empty() && options_.fast_dev_run == 0) {
-    evaluate(module, *val_loader, "validate", std::min(options_.num_sanity_val_steps, val_loader->size()), false);
+  if (val && options_.num_sanity_val_steps > 0 && ckpt_path.empty() && options_.fast_dev_run == 0) {
+    evaluate(module, *val, "validate", std::min(options_.num_sanity_val_steps, val->size()), false);
     callback_metrics_.clear();
   }
   should_stop = false;
+  for (auto& callback : options_.callbacks) callback->on_train_start(*this, module);
   while (max_epochs < 0 || epoch_ < max_epochs) {
     // A resumed run continues its epoch where the loader stopped.
-    if (batch_in_epoch_ == 0) train_loader.set_epoch(static_cast<uint64_t>(epoch_));
-    train_epoch(module, train_loader, val_loader);
+    if (batch_in_epoch_ == 0) train.set_epoch(static_cast<uint64_t>(epoch_));
+    train_epoch(module, train, val);
+    // Epoch-end callbacks may have asked one rank to stop: every rank follows.
+    if (strategy_.distributed() && strategy_.reduce_any({should_stop})[0] && !should_stop) {
+      should_stop = true;
+      stop_reason = "another rank requested the stop";
+    }
     const bool epoch_done = batch_in_epoch_ >= train_batches_;
-    const bool minimum_done = epoch_ + 1 >= options_.min_epochs && global_step_ >= options_.min_steps;
+    const bool minimum = epoch_ + 1 >= options_.min_epochs && global_step_ >= options_.min_steps;
     if (epoch_done) {
       ++epoch_;
       batch_in_epoch_ = 0;
     }
     const bool hard_limit = stop_reason.rfind("max_", 0) == 0;
-    if (should_stop && (minimum_done || hard_limit)) break;
+    if (should_stop && (minimum || hard_limit)) break;
     should_stop = false;
     stop_reason.clear();
   }
+  for (auto& callback : options_.callbacks) callback->on_train_end(*this, module);
   for (auto& callback : options_.callbacks) callback->on_fit_end(*this, module);
   module.on_fit_end();
-  if (logger_) logger_->save();
+  save_loggers();
+  strategy_.release_model();
+  strategy_.barrier();  // rank 0's files are complete when fit returns anywhere
 }
 
 std::map<std::string, double> Trainer::validate(TrainModule& module, DataLoader& loader) {
   if (module_ != &module) setup(module);
-  return evaluate(module, loader, "validate", limit(options_.limit_val_batches, loader.size()), true);
+  share_log_dir();
+  DataLoader& eval = prepare_loader(loader, false, eval_loader_);
+  return evaluate(module, eval, "validate", limit(options_.limit_val_batches, eval.size()), true);
 }
 
 std::map<std::string, double> Trainer::test(TrainModule& module, DataLoader& loader) {
   if (module_ != &module) setup(module);
-  if (options_.fast_dev_run == 0 && options_.logger) log_dir();
-  return evaluate(module, loader, "test", limit(options_.limit_test_batches, loader.size()), true);
+  share_log_dir();
+  DataLoader& eval = prepare_loader(loader, false, eval_loader_);
+  return evaluate(module, eval, "test", limit(options_.limit_test_batches, eval.size()), true);
 }
 
 std::vector<Tensor> Trainer::predict(TrainModule& module, DataLoader& loader) {
@@ -385,17 +608,25 @@ std::vector<Tensor> Trainer::predict(TrainModule& module, DataLoader& loader) {
 }
 
 void Trainer::save_checkpoint(const std::string& path) {
-  KILN_CHECK(module_ != nullptr && optim_.optimizer != nullptr, "save_checkpoint: nothing to save before fit()");
-  TrainerCheckpoint checkpoint;
-  checkpoint.epoch = epoch_;
-  checkpoint.global_step = global_step_;
-  checkpoint.batch_in_epoch = batch_in_epoch_;
-  checkpoint.loader_state = train_loader_ ? train_loader_->state_dict() : nlohmann::json();
-  for (auto& callback : options_.callbacks) checkpoint.callback_states[callback->name()] = callback->state_dict();
-  save_trainer_checkpoint(path, module_->model(), *optim_.optimizer, optim_.scheduler.get(), checkpoint);
+  KILN_CHECK(module_ != nullptr && !optimizers_.empty(), "save_checkpoint: nothing to save before fit()");
+  KILN_CHECK(optimizers_.size() == 1, "save_checkpoint: a checkpoint of ", optimizers_.size(),
+             " optimizers is not supported yet (the checkpoint file holds one optimizer and one schedule)");
+  if (is_global_zero()) {
+    TrainerCheckpoint checkpoint;
+    checkpoint.epoch = epoch_;
+    checkpoint.global_step = global_step_;
+    checkpoint.batch_in_epoch = batch_in_epoch_;
+    checkpoint.loader_state = train_loader_ ? train_loader_->state_dict() : nlohmann::json();
+    for (auto& callback : options_.callbacks) checkpoint.callback_states[callback->name()] = callback->state_dict();
+    const OptimizerConfig& config = optimizers_.front();
+    save_trainer_checkpoint(path, module_->model(), *config.optimizer, config.scheduler.get(), checkpoint);
+  }
+  strategy_.barrier();  // durable before any rank goes on (and, say, removes an older checkpoint)
 }
 
 void Trainer::load_checkpoint(const std::string& requested, TrainModule& module, DataLoader& train_loader) {
+  KILN_CHECK(optimizers_.size() == 1, "fit(ckpt_path): resuming ", optimizers_.size(),
+             " optimizers is not supported yet (the checkpoint file holds one optimizer and one schedule)");
   std::string path = requested;
   if (path == "last") {
     path.clear();
@@ -411,8 +642,8 @@ void Trainer::load_checkpoint(const std::string& requested, TrainModule& module,
     }
     KILN_CHECK(!path.empty(), "fit(ckpt_path=\"last\"): no last.safetensors under '", base.string(), "'");
   }
-  TrainerCheckpoint checkpoint =
-      load_trainer_checkpoint(path, module.model(), *optim_.optimizer, optim_.scheduler.get());
+  const OptimizerConfig& config = optimizers_.front();
+  TrainerCheckpoint checkpoint = load_trainer_checkpoint(path, module.model(), *config.optimizer, config.scheduler.get());
   epoch_ = checkpoint.epoch;
   global_step_ = checkpoint.global_step;
   batch_in_epoch_ = checkpoint.batch_in_epoch;

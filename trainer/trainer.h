@@ -1,6 +1,10 @@
 // A Lightning-style Trainer: the training loop with Lightning's flags and
 // defaults, validation cadence, accumulation, clipping, callbacks, CSV logs,
-// a progress bar, and checkpoints that resume exactly.
+// a progress bar, and checkpoints that resume exactly. Manual optimization
+// with several optimizers (train_module.h) and data-parallel training with
+// strategy "ddp" (strategy.h: gradients synchronized on the last micro-batch
+// of an accumulation, files written by rank 0, metrics averaged and stop
+// decisions agreed over the ranks).
 #pragma once
 
 #include <chrono>
@@ -13,6 +17,7 @@
 #include "data/dataloader.h"
 #include "trainer/callbacks.h"
 #include "trainer/csv_logger.h"
+#include "trainer/strategy.h"
 #include "trainer/train_module.h"
 
 namespace kiln {
@@ -37,15 +42,26 @@ struct TrainerOptions {
   int64_t num_sanity_val_steps = 2;
   int64_t log_every_n_steps = 50;
   int64_t fast_dev_run = 0;  // n > 0: n batches of train, val and test, no checkpoints or logs
+  // > 0: train on the first batches only, the same ones every epoch (no
+  // shuffling), and validate on those same training batches. < 1: a fraction
+  // of the batches; >= 1: that many batches (so 1 is one batch, unlike limit_*).
+  double overfit_batches = 0;
   bool deterministic = false;
   bool benchmark = false;
   std::string accelerator = "auto";  // "cpu", "gpu", "auto"
-  int devices = 1;
+  int devices = 1;    // devices (processes) per node
+  int num_nodes = 1;
+  // "auto" (one device; "ddp" when devices * num_nodes > 1), "ddp", or
+  // "ddp_find_unused_parameters_true". With more than one process, start the
+  // program with kiln-run (see trainer/strategy.h).
+  std::string strategy = "auto";
   std::optional<uint64_t> seed;
   std::string default_root_dir = ".";
   bool enable_checkpointing = true;
   bool enable_progress_bar = true;
-  bool logger = true;
+  bool logger = true;  // false: no logging at all
+  // Loggers to write to; empty (and logger true): one CSVLogger under default_root_dir.
+  std::vector<std::shared_ptr<Logger>> loggers;
   std::vector<std::shared_ptr<Callback>> callbacks;
 };
 
@@ -55,64 +71,123 @@ std::chrono::seconds parse_max_time(const std::string& text);
 class Trainer {
  public:
   // Throws kiln::Error naming the flag for an invalid value (e.g. a precision
-  // the device cannot do, accelerator "gpu" without a GPU).
+  // the device cannot do, accelerator "gpu" without a GPU, devices > 1
+  // without kiln-run).
   explicit Trainer(TrainerOptions options);
 
   // Trains. ckpt_path: a checkpoint file, or "last" for the newest
   // last.safetensors under the log dir; resumes exactly where it was written.
+  // With "ddp", every rank calls it: the loaders get a DistributedSampler when
+  // they have no sampler of their own.
   void fit(TrainModule& module, DataLoader& train_loader, DataLoader* val_loader = nullptr,
            const std::string& ckpt_path = "");
-  // Runs one pass in eval mode without gradients and returns the epoch metrics.
+  // Runs one pass in eval mode without gradients and returns the epoch metrics
+  // (averaged over the ranks with "ddp").
   std::map<std::string, double> validate(TrainModule& module, DataLoader& loader);
   std::map<std::string, double> test(TrainModule& module, DataLoader& loader);
+  // Predictions of this process for every batch of `loader` (not split over ranks).
   std::vector<Tensor> predict(TrainModule& module, DataLoader& loader);
 
-  // Writes a checkpoint of everything fit needs to resume (atomic).
+  // Writes a checkpoint of everything fit needs to resume (atomic). With
+  // "ddp" every rank must call it: rank 0 writes, then all wait for it.
   void save_checkpoint(const std::string& path);
 
   const TrainerOptions& options() const { return options_; }
   Device device() const { return device_; }
   int64_t current_epoch() const { return epoch_; }
+  // Optimizer steps taken (manual optimization: every OptimizerHandle::step()).
   int64_t global_step() const { return global_step_; }
+  // Whether the batch training_step is running on is the last of the epoch.
+  bool is_last_batch() const { return is_last_batch_; }
+  // Set by callbacks (or the module) to end fit; with "ddp" one rank's request stops every rank.
   bool should_stop = false;
   std::string stop_reason;
   // The latest value of every logged metric (epoch values after an epoch).
   const std::map<std::string, double>& callback_metrics() const { return callback_metrics_; }
   // Optimizer steps fit will take (for OneCycleLR's total_steps).
   int64_t estimated_stepping_batches(const DataLoader& train_loader) const;
-  // <default_root_dir>/lightning_logs/version_N (made on first use).
+  // <default_root_dir>/lightning_logs/version_N (made on first use; with
+  // "ddp" rank 0's folder, shared with the other ranks when fit starts).
   std::string log_dir();
-  CSVLogger* logger() { return logger_.get(); }
+  // The first logger (null when logging is off, and on every rank but 0); log_dir() is its folder.
+  Logger* logger() { return loggers_.empty() ? nullptr : loggers_.front().get(); }
+  const std::vector<std::shared_ptr<Logger>>& loggers() const { return loggers_; }
+  // The optimizers and schedules from configure_optimizers (valid during
+  // fit); without an index, the first.
+  int64_t num_optimizers() const { return static_cast<int64_t>(optimizers_.size()); }
+  optim::Optimizer& optimizer(size_t index = 0);
+  optim::LRScheduler* lr_scheduler(size_t index = 0);
+  // Replaces the first optimizer's schedule (StochasticWeightAveraging swaps in SWALR).
+  void set_lr_scheduler(std::unique_ptr<optim::LRScheduler> scheduler, const std::string& interval);
+  // The loader fit is training on (null outside fit) and its batches per
+  // epoch. With "ddp" or overfit_batches it is the trainer's copy of the
+  // user's loader with another sampler.
+  DataLoader* train_loader() { return train_loader_; }
+  int64_t num_training_batches() const { return train_batches_; }
   const std::vector<std::shared_ptr<Callback>>& callbacks() const { return options_.callbacks; }
 
+  // --- data-parallel strategy (see trainer/strategy.h)
+  const Strategy& strategy() const { return strategy_; }
+  int global_rank() const { return strategy_.global_rank(); }
+  int local_rank() const { return strategy_.local_rank(); }
+  int world_size() const { return strategy_.world_size(); }
+  bool is_global_zero() const { return strategy_.is_global_zero(); }
+  // The DistributedDataParallel wrapping the model during fit (null unless "ddp" runs under kiln-run).
+  nn::DistributedDataParallel* ddp() { return strategy_.ddp(); }
+  // Waits for every rank (nothing with one process).
+  void barrier() { strategy_.barrier(); }
+
  private:
+  friend class OptimizerHandle;
+  friend class TrainModule;
+
   void setup(TrainModule& module);
+  void configure_optimizers(TrainModule& module);
+  // `loader`, or a copy with a DistributedSampler (ddp, when it has no
+  // sampler) or a sequential order (overfit) kept in `replacement`.
+  DataLoader& prepare_loader(DataLoader& loader, bool overfit, std::unique_ptr<DataLoader>& replacement);
+  void share_log_dir();
   void train_epoch(TrainModule& module, DataLoader& train_loader, DataLoader* val_loader);
   std::map<std::string, double> evaluate(TrainModule& module, DataLoader& loader, const std::string& stage,
                                          int64_t limit_batches, bool log_metrics);
   void optimizer_step(TrainModule& module);
+  // OptimizerHandle::step(): one manual step of optimizer `index`.
+  void manual_optimizer_step(size_t index);
+  // Completes a DDP gradient synchronization that a backward started.
+  void finish_pending_gradient_sync();
+  // Agrees the stop decisions of all ranks; returns whether the epoch must end now.
+  bool agree_to_stop();
   Batch to_device(const Batch& batch) const;
   int64_t limit(double value, int64_t available) const;
+  int64_t train_limit(int64_t available) const;
   int64_t accumulation_for_epoch(int64_t epoch) const;
   void log_step_metrics(TrainModule& module);
+  void log_to_loggers(const std::map<std::string, double>& metrics, int64_t step);
+  void save_loggers();
+  void print_progress(bool terminal, std::chrono::steady_clock::time_point epoch_start);
   std::map<std::string, double> collect_epoch_metrics(TrainModule& module, const std::string& prefix);
   void load_checkpoint(const std::string& path, TrainModule& module, DataLoader& train_loader);
   bool time_exceeded() const;
+  bool minimum_done() const;
 
   TrainerOptions options_;
+  Strategy strategy_;
   Device device_ = Device::cpu();
   DType param_dtype_ = DType::f32;
   TrainModule* module_ = nullptr;
   DataLoader* train_loader_ = nullptr;
-  OptimizerConfig optim_;
+  std::unique_ptr<DataLoader> fit_train_loader_, fit_val_loader_, eval_loader_;  // sampler-replaced copies
+  std::vector<OptimizerConfig> optimizers_;
+  bool manual_ = false;  // the module's automatic_optimization is false
   int64_t epoch_ = 0;
   int64_t global_step_ = 0;
   int64_t batch_in_epoch_ = 0;
   int64_t train_batches_ = 0;
-  int64_t micro_batches_ = 0;
+  bool is_last_batch_ = false;
   std::map<std::string, double> callback_metrics_;
-  std::unique_ptr<CSVLogger> logger_;
+  std::vector<std::shared_ptr<Logger>> loggers_;
   std::string log_dir_;
+  bool log_dir_shared_ = false;
   std::chrono::steady_clock::time_point start_;
   std::optional<std::chrono::seconds> max_time_;
   std::optional<std::map<std::string, double>> pending_progress_;

@@ -1,0 +1,392 @@
+// The Trainer's "ddp" strategy on the CPU (Gloo on loopback, 2 processes).
+//
+// Each case forks+execs this test binary running only the skipped test case
+// "trainer_ddp_worker_entry" (selected with --no-skip), with torchrun's
+// environment; the test hosts the rendezvous store as kiln-run does. The
+// worker reads its scenario from KILN_TRAINER_SCENARIO and writes what it
+// found to $KILN_TRAINER_OUT/rank<R>.txt as "key value..." lines (or
+// "ERROR <message>"). References are computed here in one process on the
+// concatenated batches. Workers run with OMP_NUM_THREADS=1 and a 20 s
+// collective timeout, so a rank left waiting fails instead of hanging.
+#include <doctest/doctest.h>
+
+#include <cstdlib>
+#include <sstream>
+
+#include "core/distributed/process_group.h"
+#include "core/generator.h"
+#include "core/ops.h"
+#include "data/dataloader.h"
+#include "nn/layers.h"
+#include "tests/test_distributed_util.h"
+#include "trainer/trainer.h"
+
+using namespace kiln;
+using namespace kiln::testing::dist;
+
+namespace {
+
+std::string env_string(const char* name, const char* fallback = "") {
+  const char* value = std::getenv(name);
+  return value ? value : fallback;
+}
+
+std::shared_ptr<TensorDataset> regression_data(int64_t count, uint64_t seed) {
+  manual_seed(seed);
+  Tensor x = randn({count, 4}, {.dtype = DType::f64});
+  Tensor y = add(sum(x, {1}, true), mul(randn({count, 1}, {.dtype = DType::f64}), 0.1));
+  return std::make_shared<TensorDataset>(x, y);
+}
+
+struct Mlp : TrainModule {
+  Mlp() {
+    manual_seed(3);
+    net.push_back(std::make_shared<nn::Linear>(4, 8));
+    net.push_back(std::make_shared<nn::Tanh>());
+    net.push_back(std::make_shared<nn::Linear>(8, 1));
+  }
+  nn::Module& model() override { return net; }
+  Tensor loss(const Batch& batch) {
+    Tensor difference = net.forward(batch.input) - batch.target;
+    return mean(difference * difference);
+  }
+  Tensor training_step(const Batch& batch, int64_t) override {
+    Tensor value = loss(batch);
+    log("train_loss", value, std::nullopt, true, false, batch.size());
+    return value;
+  }
+  void validation_step(const Batch& batch, int64_t) override {
+    log("val_loss", loss(batch), std::nullopt, std::nullopt, false, batch.size());
+  }
+  OptimizerConfigs configure_optimizers() override {
+    return OptimizerConfig{std::make_unique<optim::SGD>(net.parameters(), optim::SGDOptions{.lr = 0.05, .momentum = 0.9})};
+  }
+  nn::Sequential net;
+};
+
+// The GAN of the seed documents: accumulation over two batches, toggle_model(sync_grad) per optimizer.
+struct Gan : TrainModule {
+  Gan() {
+    automatic_optimization = false;
+    manual_seed(21);
+    generator = nets.register_module("generator", std::make_shared<nn::Linear>(2, 4));
+    discriminator = nets.register_module("discriminator", std::make_shared<nn::Linear>(4, 1));
+  }
+  struct Nets : nn::Module {
+    std::string type_name() const override { return "GanNets"; }
+  };
+  nn::Module& model() override { return nets; }
+  OptimizerConfigs configure_optimizers() override {
+    return {OptimizerConfig{std::make_unique<optim::SGD>(generator->parameters(), optim::SGDOptions{.lr = 0.05})},
+            OptimizerConfig{std::make_unique<optim::Adam>(discriminator->parameters(), optim::AdamOptions{.lr = 0.01})}};
+  }
+  static Tensor square_mean(const Tensor& x) { return mean(x * x); }
+  Tensor training_step(const Batch& batch, int64_t batch_idx) override {
+    auto [g_opt, d_opt] = optimizers<2>();
+    const bool last = (batch_idx + 1) % 2 == 0 || trainer()->is_last_batch();
+    Tensor fake = generator->forward(batch.target);
+    {
+      auto toggled = d_opt.toggle_model(last);
+      manual_backward(square_mean(discriminator->forward(batch.input) - 1.0) +
+                      square_mean(discriminator->forward(fake.detach())));
+      check_sync(last);
+      if (last) {
+        d_opt.step();
+        d_opt.zero_grad();
+      }
+    }
+    {
+      auto toggled = g_opt.toggle_model(last);
+      Tensor g_loss = square_mean(discriminator->forward(fake) - 1.0);
+      manual_backward(g_loss);
+      check_sync(last);
+      if (last) {
+        g_opt.step();
+        g_opt.zero_grad();
+      }
+      log("g_loss", g_loss, std::nullopt, true, false, batch.size());
+    }
+    return Tensor();
+  }
+  // A backward inside toggle_model(sync_grad=false) must start no gradient synchronization.
+  void check_sync(bool sync) {
+    if (nn::DistributedDataParallel* ddp = trainer()->ddp()) sync_errors += ddp->gradient_sync_pending() != sync;
+  }
+  Nets nets;
+  std::shared_ptr<nn::Linear> generator, discriminator;
+  int sync_errors = 0;
+};
+
+// Asks the trainer to stop after batch 2 of the first epoch, on one rank only.
+struct StopOnRank : Callback {
+  explicit StopOnRank(int rank) : rank(rank) {}
+  std::string name() const override { return "StopOnRank"; }
+  void on_train_batch_end(Trainer& trainer, TrainModule&, int64_t batch_idx) override {
+    if (trainer.global_rank() == rank && trainer.current_epoch() == 0 && batch_idx == 2) trainer.should_stop = true;
+  }
+  int rank;
+};
+
+TrainerOptions base_options(const std::string& root) {
+  TrainerOptions options;
+  options.accelerator = "cpu";
+  options.precision = "64-true";
+  options.default_root_dir = root;
+  options.enable_progress_bar = false;
+  options.num_sanity_val_steps = 0;
+  options.deterministic = true;
+  options.logger = false;
+  return options;
+}
+
+std::string numbers(const nn::Module& model) {
+  std::ostringstream out;
+  out.precision(17);
+  for (const Tensor& p : model.parameters()) {
+    for (double v : p.to(DType::f64).to_vector<double>()) out << v << ' ';
+  }
+  return out.str();
+}
+
+// Per-rank batch size, accumulation, steps (or epochs for the GAN), data set size.
+struct Setting {
+  int64_t batch = 4, accumulate = 1, steps = 6, samples = 32;
+};
+
+// Trains `scenario`: under the launcher with "ddp" over `world` processes,
+// else in one process on batches of 2 x setting.batch rows (2 ranks' worth).
+std::string train(const std::string& scenario, const Setting& setting, int world, const std::string& root) {
+  TrainerOptions options = base_options(root);
+  const bool launched = distributed::launched_distributed();
+  if (launched) {
+    options.strategy = "ddp";
+    options.devices = world;
+  }
+  DataLoaderOptions loading{.batch_size = setting.batch * (launched ? 1 : 2), .shuffle = true, .seed = 5};
+  std::ostringstream out;
+  out.precision(17);
+  if (scenario == "gan") {
+    options.max_epochs = setting.steps;
+    manual_seed(8);
+    auto data = std::make_shared<TensorDataset>(add(randn({setting.samples, 4}, {.dtype = DType::f64}), 2.0),
+                                                randn({setting.samples, 2}, {.dtype = DType::f64}));
+    Gan gan;
+    DataLoader loader(data, loading);
+    Trainer trainer(options);
+    trainer.fit(gan, loader);
+    out << "params " << numbers(gan.nets) << "\nglobal_step " << trainer.global_step() << "\nsync_errors "
+        << gan.sync_errors << "\ng_loss_epoch " << trainer.callback_metrics().at("g_loss_epoch") << "\n";
+    return out.str();
+  }
+  options.max_steps = setting.steps;
+  options.accumulate_grad_batches = setting.accumulate;
+  options.logger = launched;  // a ddp run also checks that rank 0 alone logs
+  if (scenario == "stop") {
+    options.max_steps = -1;
+    options.max_epochs = 5;
+    options.callbacks = {std::make_shared<StopOnRank>(1)};
+  }
+  auto data = regression_data(setting.samples, 11);
+  auto val_data = regression_data(16, 12);
+  Mlp module;
+  DataLoader loader(data, loading);
+  DataLoader val(val_data, DataLoaderOptions{.batch_size = 4});
+  Trainer trainer(options);
+  trainer.fit(module, loader, &val);
+  const auto& metrics = trainer.callback_metrics();
+  out << "params " << numbers(module.net) << "\nglobal_step " << trainer.global_step() << "\nepoch "
+      << trainer.current_epoch() << "\nval_loss " << (metrics.count("val_loss") ? metrics.at("val_loss") : -1.0)
+      << "\ntrain_loss_epoch " << metrics.at("train_loss_epoch") << "\nhas_logger " << (trainer.logger() != nullptr)
+      << "\nlog_dir " << trainer.log_dir() << "\nstop_reason " << trainer.stop_reason << "\n";
+  return out.str();
+}
+
+Setting setting_from_env() {
+  Setting setting;
+  setting.batch = std::stoll(env_string("KILN_TRAINER_BATCH", "4"));
+  setting.accumulate = std::stoll(env_string("KILN_TRAINER_ACCUMULATE", "1"));
+  setting.steps = std::stoll(env_string("KILN_TRAINER_STEPS", "6"));
+  setting.samples = std::stoll(env_string("KILN_TRAINER_SAMPLES", "32"));
+  return setting;
+}
+
+std::map<std::string, std::string> setting_env(const Setting& setting) {
+  return {{"KILN_TRAINER_BATCH", std::to_string(setting.batch)},
+          {"KILN_TRAINER_ACCUMULATE", std::to_string(setting.accumulate)},
+          {"KILN_TRAINER_STEPS", std::to_string(setting.steps)},
+          {"KILN_TRAINER_SAMPLES", std::to_string(setting.samples)}};
+}
+
+// "key value..." lines -> key -> rest of the line.
+std::map<std::string, std::string> fields(const std::string& text) {
+  std::map<std::string, std::string> out;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) {
+    const size_t space = line.find(' ');
+    out[line.substr(0, space)] = space == std::string::npos ? "" : line.substr(space + 1);
+  }
+  return out;
+}
+
+std::vector<double> parse_numbers(const std::string& text) {
+  std::istringstream in(text);
+  std::vector<double> values;
+  for (double v; in >> v;) values.push_back(v);
+  return values;
+}
+
+struct Workers {
+  std::vector<std::string> results, logs;
+  std::vector<int> statuses;
+  double seconds = 0;
+  std::string describe() const {
+    std::string text;
+    for (size_t r = 0; r < results.size(); ++r) {
+      text += "rank " + std::to_string(r) + " status " + std::to_string(statuses[r]) + " result: " +
+              results[r].substr(0, 600) + "\n  log: " + logs[r].substr(0, 1500) + "\n";
+    }
+    return text;
+  }
+};
+
+Workers run_workers(const std::string& scenario, const Setting& setting, const fs::path& dir, int world = 2) {
+  distributed::TCPStore store("127.0.0.1", 0, true);
+  std::map<std::string, std::string> env = setting_env(setting);
+  env["KILN_TRAINER_SCENARIO"] = scenario;
+  env["KILN_TRAINER_OUT"] = dir.string();
+  env["TORCHELASTIC_USE_AGENT_STORE"] = "True";
+  env["WORLD_SIZE"] = std::to_string(world);
+  env["MASTER_ADDR"] = "127.0.0.1";
+  env["MASTER_PORT"] = std::to_string(store.port());
+  env["OMP_NUM_THREADS"] = "1";
+  env["KILN_DIST_TIMEOUT"] = "20";
+  const std::vector<std::string> command = {self_exe(), "--test-case=trainer_ddp_worker_entry", "--no-skip=true",
+                                            "--no-version=true", "--no-intro=true", "--minimal=true"};
+  const auto start = Clock::now();
+  std::vector<pid_t> pids;
+  for (int r = 0; r < world; ++r) {
+    env["RANK"] = env["LOCAL_RANK"] = std::to_string(r);
+    pids.push_back(spawn(command, env, dir / ("rank" + std::to_string(r) + ".log")));
+  }
+  Workers workers;
+  workers.statuses = wait_all(pids, 60);
+  workers.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  for (int r = 0; r < world; ++r) {
+    workers.results.push_back(read_file(dir / ("rank" + std::to_string(r) + ".txt")));
+    workers.logs.push_back(read_file(dir / ("rank" + std::to_string(r) + ".log")));
+  }
+  return workers;
+}
+
+// Every rank's parameters (and `keys`) equal the single-process reference within `atol`.
+void check_matches(const Workers& workers, const std::string& reference, const std::vector<std::string>& keys,
+                   double atol) {
+  INFO(workers.describe());
+  const auto expected = fields(reference);
+  for (size_t r = 0; r < workers.results.size(); ++r) {
+    CAPTURE(r);
+    const auto got = fields(workers.results[r]);
+    REQUIRE(got.count("params") == 1);
+    const std::vector<double> a = parse_numbers(got.at("params")), b = parse_numbers(expected.at("params"));
+    REQUIRE(a.size() == b.size());
+    double worst = 0;
+    for (size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::abs(a[i] - b[i]));
+    CHECK(worst <= atol);
+    for (const std::string& key : keys) {
+      CAPTURE(key);
+      REQUIRE(got.count(key) == 1);
+      CHECK(std::stod(got.at(key)) == doctest::Approx(std::stod(expected.at(key))).epsilon(1e-9));
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("trainer_ddp_worker_entry" * doctest::skip()) {
+  const std::string scenario = env_string("KILN_TRAINER_SCENARIO");
+  if (scenario.empty()) return;
+  const std::string out = env_string("KILN_TRAINER_OUT");
+  const std::string path = out + "/rank" + env_string("RANK", "0") + ".txt";
+  std::string result;
+  try {
+    result = train(scenario, setting_from_env(), std::stoi(env_string("WORLD_SIZE", "1")), out + "/logs");
+    distributed::destroy_process_group();
+  } catch (const std::exception& e) {
+    result = std::string("ERROR ") + e.what();
+  }
+  std::ofstream(path + ".tmp") << result;
+  fs::rename(path + ".tmp", path);
+}
+
+TEST_CASE("Trainer ddp: 2 processes equal one process on the concatenated batch; rank 0 alone logs") {
+  TempDir dir;
+  const Setting setting;  // 6 steps of 2 x 4 rows, over two epochs of 32 samples, shuffled
+  const Workers workers = run_workers("parity", setting, dir.path);
+  TempDir reference_dir;
+  const std::string reference = train("parity", setting, 1, reference_dir.path.string());
+  check_matches(workers, reference, {"val_loss", "train_loss_epoch"}, 1e-10);
+  const auto rank0 = fields(workers.results[0]), rank1 = fields(workers.results[1]);
+  CHECK(rank0.at("global_step") == "6");
+  CHECK(rank0.at("has_logger") == "1");
+  CHECK(rank1.at("has_logger") == "0");
+  CHECK(rank1.at("log_dir") == rank0.at("log_dir"));
+  // One version folder, written by rank 0, holding both ranks' averaged metrics.
+  const fs::path logs = dir.path / "logs" / "lightning_logs";
+  CHECK(fs::exists(logs / "version_0" / "metrics.csv"));
+  CHECK_FALSE(fs::exists(logs / "version_1"));
+  CHECK(read_file(logs / "version_0" / "metrics.csv").find("val_loss") != std::string::npos);
+}
+
+TEST_CASE("Trainer ddp: a launched group of one process trains as plain single-device training") {
+  TempDir dir;
+  Setting setting;
+  setting.batch = 8;
+  const Workers workers = run_workers("parity", setting, dir.path, /*world=*/1);
+  setting.batch = 4;  // x 2 in the single-process reference
+  TempDir reference_dir;
+  check_matches(workers, train("parity", setting, 1, reference_dir.path.string()), {"val_loss"}, 1e-12);
+}
+
+TEST_CASE("Trainer ddp: accumulation over 4 micro-batches on 2 processes equals the large batch") {
+  TempDir dir;
+  Setting setting;
+  setting.batch = 2;
+  setting.accumulate = 4;
+  setting.samples = 64;
+  const Workers workers = run_workers("parity", setting, dir.path);
+  Setting large = setting;  // one process: 2 x 2 rows per batch ...
+  large.batch = 8;          // ... times 4 micro-batches, no accumulation
+  large.accumulate = 1;
+  TempDir reference_dir;
+  check_matches(workers, train("parity", large, 1, reference_dir.path.string()), {"train_loss_epoch"}, 1e-10);
+}
+
+TEST_CASE("Trainer ddp: a stop requested on one rank stops both at the same step, without waiting") {
+  TempDir dir;
+  const Workers workers = run_workers("stop", Setting{}, dir.path);
+  INFO(workers.describe());
+  const auto rank0 = fields(workers.results[0]), rank1 = fields(workers.results[1]);
+  REQUIRE(rank0.count("global_step") == 1);
+  REQUIRE(rank1.count("global_step") == 1);
+  CHECK(rank0.at("global_step") == "3");  // after batch 2 of epoch 0, not after 5 epochs
+  CHECK(rank1.at("global_step") == "3");
+  CHECK(rank0.at("stop_reason") == "another rank requested the stop");
+  CHECK(workers.seconds < 15);  // no rank waited for the 20 s collective timeout
+}
+
+TEST_CASE("Trainer ddp: the manual GAN loop with toggle_model(sync_grad) equals one process") {
+  TempDir dir;
+  Setting setting;
+  setting.batch = 2;   // per rank; 4 batches of an epoch of 16 samples, a step every 2
+  setting.steps = 2;   // epochs
+  setting.samples = 16;
+  const Workers workers = run_workers("gan", setting, dir.path);
+  TempDir reference_dir;
+  const std::string reference = train("gan", setting, 1, reference_dir.path.string());
+  check_matches(workers, reference, {"g_loss_epoch"}, 1e-10);
+  for (const std::string& result : workers.results) {
+    const auto got = fields(result);
+    CHECK(got.at("sync_errors") == "0");
+    CHECK(got.at("global_step") == "8");  // 2 optimizers x 2 steps x 2 epochs
+  }
+}
