@@ -1,0 +1,428 @@
+// LearningRateMonitor, Timer, GradientAccumulationScheduler and
+// StochasticWeightAveraging driven by a Trainer on the CPU.
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <functional>
+#include <numbers>
+
+#include <unistd.h>
+
+#include "core/autograd.h"
+#include "core/generator.h"
+#include "data/dataloader.h"
+#include "nn/conv.h"
+#include "nn/layers.h"
+#include "tests/support/test_util.h"
+#include "trainer/accumulation_scheduler.h"
+#include "trainer/lr_monitor.h"
+#include "trainer/swa_callback.h"
+#include "trainer/timer.h"
+#include "trainer/trainer.h"
+
+using namespace kiln;
+namespace fs = std::filesystem;
+
+namespace {
+
+// y = x w + noise (noisy enough that SGD's weights keep moving between epochs).
+std::shared_ptr<TensorDataset> regression_data(int64_t count) {
+  manual_seed(11);
+  Tensor x = randn({count, 4});
+  Tensor w = tensor<float>({1, -2, 0.5, 3}, {4, 1});
+  return std::make_shared<TensorDataset>(x, add(matmul(x, w), mul(randn({count, 1}), 0.5)));
+}
+
+using SchedulerFactory = std::function<std::unique_ptr<optim::LRScheduler>(optim::Optimizer&)>;
+
+struct Regression : TrainModule {
+  explicit Regression(bool batch_norm = false) {
+    manual_seed(3);
+    if (batch_norm) {
+      bn = std::make_shared<nn::BatchNorm1d>(8);
+      net = std::make_shared<nn::Sequential>(
+          std::vector<nn::ModulePtr>{std::make_shared<nn::Linear>(4, 8), bn, std::make_shared<nn::Linear>(8, 1)});
+    } else {
+      net = std::make_shared<nn::Sequential>(std::vector<nn::ModulePtr>{std::make_shared<nn::Linear>(4, 1)});
+    }
+  }
+  nn::Module& model() override { return *net; }
+  Tensor training_step(const Batch& batch, int64_t) override {
+    Tensor difference = sub(net->forward(batch.input), batch.target);
+    ++training_steps;
+    return mean(mul(difference, difference));
+  }
+  OptimizerConfigs configure_optimizers() override {
+    OptimizerConfig config;
+    optim::SGDOptions sgd;
+    sgd.lr = lr;
+    sgd.momentum = 0.9;
+    config.optimizer = std::make_unique<optim::SGD>(net->parameters(), sgd);
+    if (make_scheduler) config.scheduler = make_scheduler(*config.optimizer);
+    config.interval = interval;
+    return config;
+  }
+  std::shared_ptr<nn::Sequential> net;
+  std::shared_ptr<nn::BatchNorm1d> bn;
+  double lr = 0.05;
+  SchedulerFactory make_scheduler;
+  std::string interval = "step";
+  int64_t training_steps = 0;
+};
+
+// Keeps every logged row.
+class RecordingLogger : public Logger {
+ public:
+  explicit RecordingLogger(std::string folder) : folder_(std::move(folder)) {}
+  const std::string& log_dir() const override { return folder_; }
+  void log_metrics(const std::map<std::string, double>& metrics, int64_t step, int64_t) override {
+    rows.emplace_back(step, metrics);
+  }
+  void log_hyperparams(const std::map<std::string, std::string>&) override {}
+  void save() override {}
+  // (step, value) of every row holding `key`.
+  std::vector<std::pair<int64_t, double>> series(const std::string& key) const {
+    std::vector<std::pair<int64_t, double>> out;
+    for (const auto& [step, metrics] : rows) {
+      auto it = metrics.find(key);
+      if (it != metrics.end()) out.emplace_back(step, it->second);
+    }
+    return out;
+  }
+  std::vector<std::pair<int64_t, std::map<std::string, double>>> rows;
+
+ private:
+  std::string folder_;
+};
+
+// Calls the given functions from the hooks the tests watch.
+struct Probe : Callback {
+  std::string name() const override { return "Probe"; }
+  void on_train_batch_start(Trainer& trainer, TrainModule& module, int64_t batch_idx) override {
+    if (batch_start) batch_start(trainer, module, batch_idx);
+  }
+  void on_train_epoch_end(Trainer& trainer, TrainModule& module) override {
+    if (epoch_end) epoch_end(trainer, module);
+  }
+  std::function<void(Trainer&, TrainModule&, int64_t)> batch_start;
+  std::function<void(Trainer&, TrainModule&)> epoch_end;
+};
+
+fs::path fresh_folder(const std::string& name) {
+  fs::path folder = fs::temp_directory_path() / ("kiln_callbacks_" + name + "_" + std::to_string(::getpid()));
+  fs::remove_all(folder);
+  fs::create_directories(folder);
+  return folder;
+}
+
+TrainerOptions quiet_options() {
+  TrainerOptions options;
+  options.accelerator = "cpu";
+  options.enable_progress_bar = false;
+  options.num_sanity_val_steps = 0;
+  options.deterministic = true;
+  options.logger = false;
+  options.enable_checkpointing = false;
+  return options;
+}
+
+DataLoaderOptions loader_options(int64_t batch_size) {
+  DataLoaderOptions options;
+  options.batch_size = batch_size;
+  options.shuffle = true;
+  options.seed = 5;
+  return options;
+}
+
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- LearningRateMonitor
+TEST_CASE("LearningRateMonitor logs lr-<Optimizer> and its momentum every log_every_n_steps, as StepLR sets them") {
+  auto data = regression_data(64);
+  fs::path root = fresh_folder("lr_step");
+  for (int64_t every : {1, 2}) {
+    Regression module;
+    module.make_scheduler = [](optim::Optimizer& o) { return std::make_unique<optim::StepLR>(o, 3, 0.5); };
+    auto logger = std::make_shared<RecordingLogger>(root.string());
+    auto monitor = std::make_shared<LearningRateMonitor>(LearningRateMonitorOptions{"step", true, true});
+    TrainerOptions options = quiet_options();
+    options.logger = true;
+    options.loggers = {logger};
+    options.log_every_n_steps = every;
+    options.max_steps = 10;
+    options.callbacks = {monitor};
+    DataLoader loader(data, loader_options(4));
+    Trainer(options).fit(module, loader);
+
+    const auto lr = logger->series("lr-SGD");
+    REQUIRE(lr.size() == static_cast<size_t>(10 / every));
+    for (size_t i = 0; i < lr.size(); ++i) {
+      const int64_t step = static_cast<int64_t>(i + 1) * every - 1;  // Lightning: (step + 1) % n == 0
+      CHECK(lr[i].first == step);
+      CHECK(lr[i].second == doctest::Approx(0.05 * std::pow(0.5, static_cast<double>(step / 3))).epsilon(1e-12));
+    }
+    for (const auto& [step, momentum] : logger->series("lr-SGD-momentum")) CHECK(momentum == doctest::Approx(0.9));
+    CHECK(logger->series("lr-SGD-momentum").size() == lr.size());
+    CHECK(logger->series("lr-SGD-weight_decay").size() == lr.size());
+  }
+  fs::remove_all(root);
+}
+
+TEST_CASE("LearningRateMonitor with logging_interval epoch logs once per epoch; it needs a logger") {
+  auto data = regression_data(64);
+  fs::path root = fresh_folder("lr_epoch");
+  Regression module;
+  module.make_scheduler = [](optim::Optimizer& o) { return std::make_unique<optim::StepLR>(o, 1, 0.5); };
+  module.interval = "epoch";
+  auto logger = std::make_shared<RecordingLogger>(root.string());
+  TrainerOptions options = quiet_options();
+  options.logger = true;
+  options.loggers = {logger};
+  options.log_every_n_steps = 1;
+  options.max_epochs = 3;
+  options.callbacks = {std::make_shared<LearningRateMonitor>(LearningRateMonitorOptions{"epoch", false, false})};
+  DataLoader loader(data, loader_options(4));
+  Trainer(options).fit(module, loader);
+  const auto lr = logger->series("lr-SGD");
+  REQUIRE(lr.size() == 3);
+  for (int64_t epoch = 0; epoch < 3; ++epoch) {
+    CHECK(lr[epoch].first == epoch * 16);
+    CHECK(lr[epoch].second == doctest::Approx(0.05 * std::pow(0.5, static_cast<double>(epoch))).epsilon(1e-12));
+  }
+  CHECK(logger->series("lr-SGD-momentum").empty());
+
+  CHECK_THROWS_AS(LearningRateMonitor(LearningRateMonitorOptions{"batch", false, false}), Error);
+  Regression silent;
+  TrainerOptions no_logger = quiet_options();
+  no_logger.max_steps = 1;
+  no_logger.callbacks = {std::make_shared<LearningRateMonitor>()};
+  DataLoader loader2(data, loader_options(4));
+  CHECK_THROWS_WITH_AS(Trainer(no_logger).fit(silent, loader2), doctest::Contains("no logger"), Error);
+  fs::remove_all(root);
+}
+
+// ---------------------------------------------------------------- Timer
+TEST_CASE("Timer: a 1-second duration stops a long run on time") {
+  auto data = regression_data(32);
+  Regression module;
+  auto timer = std::make_shared<Timer>("00:00:00:01", TimerOptions{"step", false});
+  TrainerOptions options = quiet_options();
+  options.max_epochs = 10'000'000;
+  options.max_time = "00:00:00:20";  // a backstop if the Timer were ignored
+  options.callbacks = {timer};
+  DataLoader loader(data, loader_options(4));
+  Trainer trainer(options);
+  const auto start = std::chrono::steady_clock::now();
+  trainer.fit(module, loader);
+  const double wall = seconds_since(start);
+  CHECK(trainer.stop_reason == "Timer: time limit reached");
+  CHECK(wall >= 1.0);
+  CHECK(wall < 3.0);
+  CHECK(timer->time_elapsed("train") >= 1.0);
+  CHECK(timer->time_elapsed("train") <= wall);
+  REQUIRE(timer->start_time().has_value());
+  REQUIRE(timer->end_time().has_value());
+  CHECK(*timer->end_time() - *timer->start_time() == doctest::Approx(timer->time_elapsed()));
+  CHECK(*timer->time_remaining() <= 0.0);
+  CHECK(timer->time_elapsed("validate") == 0.0);
+}
+
+TEST_CASE("Timer: durations, and the elapsed time carried by state_dict") {
+  CHECK(Timer("00:01:00:00").duration()->count() == 3600.0);
+  CHECK(Timer("90").duration()->count() == 90.0);
+  CHECK(Timer(std::map<std::string, double>{{"minutes", 1}, {"seconds", 30}}).duration()->count() == 90.0);
+  CHECK_FALSE(Timer().duration().has_value());
+  CHECK_FALSE(Timer().time_remaining().has_value());
+  CHECK_THROWS_AS(Timer("1:2"), Error);
+  CHECK_THROWS_AS(Timer(std::map<std::string, double>{{"years", 1}}), Error);
+  CHECK_THROWS_AS(Timer(TimerOptions{"batch", false}), Error);
+
+  // A run that already spent 5 s of a 2 s budget stops after its first check.
+  Timer previous("00:00:00:02");
+  previous.load_state_dict({{"time_elapsed", {{"train", 5.0}, {"validate", 1.0}}}});
+  CHECK(previous.time_elapsed("train") == 5.0);
+  CHECK(previous.time_elapsed("validate") == 0.0);  // only training time resumes, as Lightning
+  auto resumed = std::make_shared<Timer>("00:00:00:02", TimerOptions{"epoch", false});
+  resumed->load_state_dict(previous.state_dict());
+  auto data = regression_data(32);
+  Regression module;
+  TrainerOptions options = quiet_options();
+  options.max_epochs = 50;
+  options.callbacks = {resumed};
+  DataLoader loader(data, loader_options(4));
+  Trainer trainer(options);
+  trainer.fit(module, loader);
+  CHECK(trainer.global_step() <= 8);  // at most the first epoch of 50
+  CHECK(trainer.stop_reason == "Timer: time limit reached");
+  CHECK(resumed->time_elapsed() >= 5.0);
+  CHECK(resumed->state_dict()["time_elapsed"]["train"].get<double>() >= 5.0);
+}
+
+// ---------------------------------------------------------------- GradientAccumulationScheduler
+TEST_CASE("GradientAccumulationScheduler: Lightning's schedule semantics and checks") {
+  using Schedule = std::map<int64_t, int64_t>;
+  GradientAccumulationScheduler scheduler(Schedule{{2, 4}, {5, 2}});
+  CHECK(scheduler.get_accumulate_grad_batches(0) == 1);
+  CHECK(scheduler.get_accumulate_grad_batches(1) == 1);
+  CHECK(scheduler.get_accumulate_grad_batches(2) == 4);
+  CHECK(scheduler.get_accumulate_grad_batches(4) == 4);
+  CHECK(scheduler.get_accumulate_grad_batches(5) == 2);
+  CHECK(scheduler.get_accumulate_grad_batches(100) == 2);
+  CHECK(scheduler.scheduling() == Schedule{{0, 1}, {2, 4}, {5, 2}});
+  CHECK_THROWS_AS(GradientAccumulationScheduler(Schedule{}), Error);
+  CHECK_THROWS_AS(GradientAccumulationScheduler(Schedule{{-1, 2}}), Error);
+  CHECK_THROWS_AS(GradientAccumulationScheduler(Schedule{{1, 0}}), Error);
+
+  auto data = regression_data(32);  // 8 batches per epoch
+  auto callback = std::make_shared<GradientAccumulationScheduler>(Schedule{{1, 4}});
+  {  // The Trainer runs the schedule: epoch 0 steps 8 times, epoch 1 twice.
+    Regression module;
+    TrainerOptions options = quiet_options();
+    options.max_epochs = 2;
+    options.accumulation_schedule = callback->scheduling();
+    options.callbacks = {callback};
+    DataLoader loader(data, loader_options(4));
+    Trainer trainer(options);
+    trainer.fit(module, loader);
+    CHECK(trainer.global_step() == 8 + 2);
+  }
+  {  // A Trainer running another schedule, or accumulate_grad_batches too, is refused.
+    Regression module;
+    TrainerOptions options = quiet_options();
+    options.max_epochs = 1;
+    options.callbacks = {callback};
+    DataLoader loader(data, loader_options(4));
+    CHECK_THROWS_WITH_AS(Trainer(options).fit(module, loader), doctest::Contains("accumulation_schedule"), Error);
+    options.accumulate_grad_batches = 2;
+    CHECK_THROWS_WITH_AS(Trainer(options).fit(module, loader), doctest::Contains("remove one"), Error);
+  }
+}
+
+// ---------------------------------------------------------------- StochasticWeightAveraging
+TEST_CASE("StochasticWeightAveraging: the final weights are the mean of the SWA epochs' weights; lr follows SWALR") {
+  auto data = regression_data(64);  // 16 batches of 4 per epoch
+  Regression module(/*batch_norm=*/true);
+  // StepLR per step until SWA swaps it out: 0.05 halves every 20 steps.
+  module.make_scheduler = [](optim::Optimizer& o) { return std::make_unique<optim::StepLR>(o, 20, 0.5); };
+  StochasticWeightAveragingOptions swa_options;
+  swa_options.swa_lrs = {0.002};
+  swa_options.swa_epoch_start = int64_t{4};  // 1-based: epochs 3, 4, 5 (0-based) of 6
+  swa_options.annealing_epochs = 2;
+  auto swa = std::make_shared<StochasticWeightAveraging>(swa_options);
+  auto probe = std::make_shared<Probe>();
+  std::map<int64_t, std::vector<double>> lrs;  // epoch -> lr seen by each batch
+  std::map<int64_t, nn::StateDict> weights;    // epoch -> parameters at its end
+  probe->batch_start = [&](Trainer& trainer, TrainModule&, int64_t) {
+    lrs[trainer.current_epoch()].push_back(trainer.optimizer().lr(0).item<double>());
+  };
+  probe->epoch_end = [&](Trainer& trainer, TrainModule& m) {
+    nn::StateDict copy;
+    for (const auto& [name, tensor] : m.model().named_parameters()) copy.emplace_back(name, tensor.detach().clone());
+    weights[trainer.current_epoch()] = copy;
+  };
+  TrainerOptions options = quiet_options();
+  options.max_epochs = 6;
+  options.callbacks = {swa, probe};
+  DataLoader loader(data, loader_options(4));
+  Trainer trainer(options);
+  trainer.fit(module, loader);
+
+  CHECK(swa->swa_start() == 3);
+  CHECK(swa->swa_end() == 5);
+  CHECK(swa->n_averaged() == 3);
+  // Before SWA: StepLR at step 16 * epoch + batch.
+  for (int64_t epoch = 0; epoch < 3; ++epoch) {
+    for (size_t batch = 0; batch < 16; ++batch) {
+      const double step = static_cast<double>(16 * epoch + static_cast<int64_t>(batch));
+      CHECK(lrs[epoch][batch] == doctest::Approx(0.05 * std::pow(0.5, std::floor(step / 20))).epsilon(1e-12));
+    }
+  }
+  // SWA epochs: SWALR per epoch from the lr at its start (StepLR's at step 48)
+  // to 0.002 over 2 epochs with cosine annealing; constant within an epoch.
+  const double start_lr = 0.05 * 0.25;
+  for (int64_t k = 0; k < 3; ++k) {
+    const double t = std::min(1.0, static_cast<double>(k) / 2.0);
+    const double alpha = (1.0 - std::cos(std::numbers::pi * t)) / 2.0;
+    const double expected = 0.002 * alpha + start_lr * (1.0 - alpha);
+    for (double lr : lrs[3 + k]) CHECK(lr == doctest::Approx(expected).epsilon(1e-12));
+  }
+  // The model holds the mean of the weights after epochs 3, 4 and 5.
+  bool differs_from_last = false;
+  const nn::NamedTensors final_params = module.net->named_parameters();
+  for (size_t i = 0; i < final_params.size(); ++i) {
+    Tensor sum = zeros(final_params[i].second.shape(), {.dtype = DType::f64});
+    for (int64_t epoch = 3; epoch <= 5; ++epoch) sum = add(sum, weights[epoch][i].second.to(DType::f64));
+    KILN_CHECK_CLOSE(final_params[i].second, div(sum, 3.0), 1e-6, 1e-7);
+    differs_from_last = differs_from_last || !testing::compare(final_params[i].second, weights[5][i].second, 0, 1e-6).empty();
+  }
+  CHECK(differs_from_last);
+  // BatchNorm statistics were recomputed for the averaged weights: the mean of
+  // the per-batch means of the first layer's output over one epoch.
+  NoGradGuard no_grad;
+  auto first = (*module.net)[0];
+  DataLoader pass(data, loader_options(4));
+  Tensor mean_sum = zeros({8}, {.dtype = DType::f64});
+  int64_t batches = 0;
+  for (Batch& batch : pass) {
+    mean_sum = add(mean_sum, mean(first->forward(batch.input), {0}).to(DType::f64));
+    ++batches;
+  }
+  KILN_CHECK_CLOSE(module.bn->running_mean, div(mean_sum, static_cast<double>(batches)), 1e-5, 1e-6);
+}
+
+TEST_CASE("StochasticWeightAveraging: Lightning's arguments, and its state round-trips exactly") {
+  CHECK_THROWS_AS(StochasticWeightAveraging(StochasticWeightAveragingOptions{}), Error);  // no swa_lrs
+  StochasticWeightAveragingOptions bad;
+  bad.swa_lrs = {0.01};
+  bad.swa_epoch_start = int64_t{0};
+  CHECK_THROWS_AS(StochasticWeightAveraging{bad}, Error);
+  bad.swa_epoch_start = 1.5;
+  CHECK_THROWS_AS(StochasticWeightAveraging{bad}, Error);
+  bad.swa_epoch_start = 0.8;
+  bad.annealing_strategy = "exp";
+  CHECK_THROWS_AS(StochasticWeightAveraging{bad}, Error);
+
+  // swa_epoch_start 0.8 of 10 epochs: from epoch int(8) (1-based), 7 (0-based).
+  StochasticWeightAveragingOptions options;
+  options.swa_lrs = {0.01};
+  Regression fraction_module;
+  TrainerOptions ten = quiet_options();
+  ten.max_epochs = 10;
+  Trainer ten_trainer(ten);
+  StochasticWeightAveraging fraction(options);
+  fraction.on_fit_start(ten_trainer, fraction_module);
+  CHECK(fraction.swa_start() == 7);
+  CHECK(fraction.swa_end() == 9);
+
+  auto data = regression_data(32);
+  Regression module;
+  options.swa_epoch_start = int64_t{2};
+  auto swa = std::make_shared<StochasticWeightAveraging>(options);
+  TrainerOptions trainer_options = quiet_options();
+  trainer_options.max_epochs = 3;
+  trainer_options.callbacks = {swa};
+  DataLoader loader(data, loader_options(4));
+  Trainer trainer(trainer_options);
+  trainer.fit(module, loader);
+  REQUIRE(swa->n_averaged() == 2);
+
+  // Through text, as in a checkpoint's metadata.
+  const nlohmann::json state = nlohmann::json::parse(swa->state_dict().dump());
+  CHECK(state["latest_update_epoch"] == 2);
+  auto restored = std::make_shared<StochasticWeightAveraging>(options);
+  restored->load_state_dict(state);
+  Regression other;
+  restored->on_fit_start(trainer, other);
+  REQUIRE(restored->averaged_model() != nullptr);
+  CHECK(restored->n_averaged() == 2);
+  const auto& expected = swa->averaged_model()->parameters();
+  const auto& actual = restored->averaged_model()->parameters();
+  REQUIRE(actual.size() == expected.size());
+  for (size_t i = 0; i < actual.size(); ++i) KILN_CHECK_CLOSE(actual[i].second, expected[i].second, 0, 0);
+}
