@@ -1,0 +1,437 @@
+#include <doctest/doctest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <sstream>
+
+#include "core/autograd.h"
+#include "core/generator.h"
+#include "data/dataloader.h"
+#include "nn/layers.h"
+#include "tests/support/test_util.h"
+#include "trainer/lr_finder.h"
+#include "trainer/trainer.h"
+
+using namespace kiln;
+namespace fs = std::filesystem;
+
+namespace {
+
+// Linear regression whose inputs have variance 9: plain SGD converges for
+// lr < 1/9 and diverges above, so a sweep up to lr = 1 must stop early.
+std::shared_ptr<TensorDataset> regression_data(int64_t count) {
+  manual_seed(11);
+  Tensor x = mul(randn({count, 4}), 3.0);
+  Tensor w = tensor<float>({1, -2, 0.5, 3}, {4, 1});
+  Tensor y = add(matmul(x, w), mul(randn({count, 1}), 0.01));
+  return std::make_shared<TensorDataset>(x, y);
+}
+
+struct Regression : TrainModule {
+  explicit Regression(double momentum = 0) : momentum(momentum) {
+    manual_seed(3);
+    net = std::make_shared<nn::Linear>(4, 1);
+    // A buffer that training changes (as BatchNorm's running statistics).
+    samples_seen = net->register_buffer("samples_seen", zeros({1}, {.dtype = DType::f64}));
+  }
+  nn::Module& model() override { return *net; }
+  Tensor training_step(const Batch& batch, int64_t) override {
+    if (draw_random) randn({1});  // consumes the default generator, as dropout would
+    {
+      NoGradGuard no_grad;
+      samples_seen.add_(full({1}, static_cast<double>(batch.size()), {.dtype = DType::f64}));
+    }
+    Tensor difference = sub(net->forward(batch.input), batch.target);
+    Tensor loss = mean(mul(difference, difference));
+    raw_losses.push_back(loss.item<double>());
+    if (optimizer != nullptr) used_lrs.push_back(optimizer->lr(0).item<double>());
+    return loss;
+  }
+  OptimizerConfigs configure_optimizers() override {
+    OptimizerConfig config;
+    optim::SGDOptions sgd;
+    sgd.lr = 0.01;
+    sgd.momentum = momentum;
+    config.optimizer = std::make_unique<optim::SGD>(net->parameters(), sgd);
+    optimizer = config.optimizer.get();
+    return config;
+  }
+  std::shared_ptr<nn::Linear> net;
+  Tensor samples_seen;
+  double momentum;
+  bool draw_random = false;
+  optim::Optimizer* optimizer = nullptr;  // the last one configure_optimizers made
+  std::vector<double> raw_losses, used_lrs;
+};
+
+TrainerOptions quiet_options() {
+  TrainerOptions options;
+  options.accelerator = "cpu";
+  options.logger = false;
+  options.enable_progress_bar = false;
+  options.num_sanity_val_steps = 0;
+  options.enable_checkpointing = false;
+  return options;
+}
+
+DataLoaderOptions loader_options() {
+  DataLoaderOptions options;
+  options.batch_size = 16;
+  options.shuffle = true;
+  options.seed = 5;
+  return options;
+}
+
+nn::StateDict cloned(const nn::StateDict& state) {
+  nn::StateDict copy;
+  for (const auto& [name, tensor] : state) copy.emplace_back(name, tensor.clone());
+  return copy;
+}
+
+void check_equal(const nn::StateDict& actual, const nn::StateDict& expected) {
+  REQUIRE(actual.size() == expected.size());
+  for (size_t i = 0; i < actual.size(); ++i) {
+    CAPTURE(actual[i].first);
+    CHECK(actual[i].first == expected[i].first);
+    KILN_CHECK_CLOSE(actual[i].second, expected[i].second, 0.0, 0.0);
+  }
+}
+
+fs::path temp_file(const std::string& name) {
+  return fs::temp_directory_path() / ("kiln_lr_finder_" + std::to_string(::getpid()) + "_" + name);
+}
+
+std::string read_text(const fs::path& path) {
+  std::ifstream in(path);
+  return std::string((std::istreambuf_iterator<char>(in)), {});
+}
+
+std::vector<std::string> polylines(const std::string& svg) {
+  std::vector<std::string> points;
+  const std::regex pattern("<polyline[^>]*points=\"([^\"]*)\"");
+  for (auto it = std::sregex_iterator(svg.begin(), svg.end(), pattern); it != std::sregex_iterator(); ++it) {
+    points.push_back((*it)[1]);
+  }
+  return points;
+}
+
+std::vector<std::string> split(const std::string& text) {
+  std::istringstream in(text);
+  std::vector<std::string> parts;
+  for (std::string part; in >> part;) parts.push_back(part);
+  return parts;
+}
+
+}  // namespace
+
+TEST_CASE("lr_find: a bias-corrected average of the loss that diverges at high lr; a sensible suggestion") {
+  auto data = regression_data(256);
+  // Large batches keep the loss from jumping between batches, which the
+  // steepest-descent rule would mistake for progress; 4 batches per epoch make
+  // the sweep run through several epochs.
+  DataLoaderOptions full = loader_options();
+  full.batch_size = 64;
+  DataLoader loader(data, full);
+  Regression module;
+  const nn::StateDict initial = cloned(module.net->state_dict());
+  std::optional<double> written;
+  LRFinderOptions options;
+  options.lr_attr = [&](double lr) { written = lr; };
+  Trainer trainer(quiet_options());
+  const LRFinder finder = lr_find(trainer, module, loader, options);
+
+  // Divergence stops the sweep early, at the first smoothed loss above 4x the best before it.
+  const size_t n = finder.losses.size();
+  REQUIRE(n == finder.lrs.size());
+  CHECK(finder.stopped_early);
+  CHECK(n > 20);
+  CHECK(n < 100);
+  double best = finder.losses[0];
+  for (size_t k = 1; k + 1 < n; ++k) {
+    CHECK(finder.losses[k] <= 4.0 * best);
+    best = std::min(best, finder.losses[k]);
+  }
+  CHECK(finder.losses.back() > 4.0 * best);
+
+  // Exponential schedule: min_lr, then min_lr * (max_lr / min_lr)^((k + 1) / num_training).
+  CHECK(finder.lrs[0] == 1e-8);
+  for (size_t k = 1; k < n; ++k)
+    CHECK(finder.lrs[k] == doctest::Approx(1e-8 * std::pow(1e8, (k + 1) / 100.0)).epsilon(1e-12));
+  // Each step trained with the lr it reports.
+  REQUIRE(module.used_lrs.size() == n);
+  for (size_t k = 0; k < n; ++k) CHECK(module.used_lrs[k] == doctest::Approx(finder.lrs[k]).epsilon(1e-12));
+
+  // Smoothing: avg = 0.98 avg + 0.02 loss, divided by 1 - 0.98^steps (bias correction).
+  REQUIRE(module.raw_losses.size() == n);
+  CHECK(finder.losses[0] == doctest::Approx(module.raw_losses[0]).epsilon(1e-12));
+  double average = 0;
+  for (size_t k = 0; k < n; ++k) {
+    average = 0.98 * average + 0.02 * module.raw_losses[k];
+    CHECK(finder.losses[k] == doctest::Approx(average / (1 - std::pow(0.98, k + 1))).epsilon(1e-12));
+  }
+
+  // The steepest descent lies where SGD converges (lr < 1/9), well above min_lr.
+  const std::optional<double> suggestion = finder.suggestion();
+  REQUIRE(suggestion.has_value());
+  MESSAGE("suggested lr " << *suggestion << " after " << n << " steps");
+  CHECK(*suggestion > 1e-4);
+  CHECK(*suggestion < 1.0 / 9.0);
+  REQUIRE(written.has_value());  // update_attr wrote it through lr_attr
+  CHECK(*written == *suggestion);
+
+  // The model is back where it started; the loader too.
+  check_equal(module.net->state_dict(), initial);
+  CHECK(loader.epoch() == 0);
+  CHECK(loader.position() == 0);
+
+  const fs::path svg_path = temp_file("sweep.svg");
+  finder.plot(svg_path.string());
+  const std::string svg = read_text(svg_path);
+  CHECK(svg.find("<svg") != std::string::npos);
+  const std::vector<std::string> lines = polylines(svg);
+  REQUIRE(lines.size() == 1);
+  CHECK(split(lines[0]).size() == n);
+  fs::remove(svg_path);
+}
+
+TEST_CASE("lr_find: linear and exponential sweeps follow Lightning's formulas") {
+  auto data = regression_data(64);
+  for (const std::string mode : {"linear", "exponential"}) {
+    CAPTURE(mode);
+    DataLoader loader(data, loader_options());
+    Regression module;
+    LRFinderOptions options;
+    options.mode = mode;
+    options.min_lr = 1e-5;
+    options.max_lr = 1e-2;
+    options.num_training = 20;
+    options.early_stop_threshold = std::nullopt;
+    Trainer trainer(quiet_options());
+    const LRFinder finder = lr_find(trainer, module, loader, options);
+    REQUIRE(finder.lrs.size() == 20);
+    CHECK_FALSE(finder.stopped_early);
+    for (int64_t k = 0; k < 20; ++k) {
+      const double r = (k + 1) / 20.0;
+      const double expected = k == 0 ? 1e-5 : mode == "linear" ? 1e-5 + r * (1e-2 - 1e-5) : 1e-5 * std::pow(1e3, r);
+      CHECK(finder.lrs[k] == doctest::Approx(expected).epsilon(1e-12));
+      CHECK(lr_finder_lr(options, k) == doctest::Approx(expected).epsilon(1e-12));
+      CHECK(module.used_lrs[k] == doctest::Approx(expected).epsilon(1e-12));
+    }
+    CHECK(finder.lrs.back() == doctest::Approx(1e-2).epsilon(1e-12));  // the last step reaches max_lr
+  }
+}
+
+TEST_CASE("LRFinder::suggestion: steepest descent of the loss, skipping 10 points at the start and 1 at the end") {
+  LRFinderOptions linear;
+  linear.mode = "linear";
+  SUBCASE("even spacing: the first most negative central difference; skipped and NaN points ignored") {
+    LRFinder finder(linear);
+    double loss = 100;
+    for (int i = 0; i < 30; ++i) {
+      finder.lrs.push_back(i + 1.0);
+      finder.losses.push_back(loss);
+      // Slope -1 per point, except a cliff at 3 (skipped), 20 and 28 -> 29 (the last point, skipped).
+      loss -= i == 3 ? 50 : i == 20 ? 10 : i == 28 ? 100 : 1;
+    }
+    finder.losses[15] = NAN;
+    REQUIRE(finder.suggestion_index().has_value());
+    CHECK(*finder.suggestion_index() == 20);  // gradients at 20 and 21 tie at -5.5: the first wins
+    CHECK(*finder.suggestion() == 21.0);
+    CHECK(*finder.suggestion_index(0, 1) == 3);    // without the skip the early cliff wins
+    CHECK(*finder.suggestion_index(10, 0) == 29);  // without skip_end the last drop wins (one-sided)
+  }
+  SUBCASE("linear mode: the gradient is taken with respect to the lr, not the index") {
+    LRFinder finder(linear);
+    for (int i = 0; i < 30; ++i) {
+      finder.lrs.push_back(1 - std::pow(0.9, i));  // spacing shrinks along the sweep
+      finder.losses.push_back(-i);                 // the loss falls by 1 per point
+    }
+    CHECK(*finder.suggestion_index() == 28);  // per index all slopes tie (argmin would say 10)
+  }
+  SUBCASE("exponential mode: the gradient is taken with respect to log10(lr)") {
+    LRFinder finder;  // exponential
+    double loss = 0;
+    for (int i = 0; i < 40; ++i) {
+      finder.lrs.push_back(1e-8 * std::pow(1e8, (i + 1) / 40.0));
+      finder.losses.push_back(loss);
+      loss -= i == 25 ? 5 : 1;  // a cliff at 25; elsewhere the loss falls evenly per decade
+    }
+    // Over lr itself the tiny first steps would win (-1 / 1e-7 at index 10).
+    CHECK(*finder.suggestion_index() == 25);
+  }
+  SUBCASE("too few points give no suggestion") {
+    LRFinder finder;
+    for (int i = 0; i < 12; ++i) {
+      finder.lrs.push_back(i + 1.0);
+      finder.losses.push_back(-i);
+    }
+    CHECK_FALSE(finder.suggestion().has_value());  // only index 10 survives the skips
+    CHECK(finder.suggestion(9, 1).has_value());
+  }
+}
+
+TEST_CASE("LRFinder::plot: an SVG of loss against lr with the suggestion as a red point on the curve") {
+  LRFinder finder;
+  for (int i = 0; i < 40; ++i) {
+    finder.lrs.push_back(1e-6 * std::pow(10.0, i / 8.0));
+    finder.losses.push_back(1.0 / (1.0 + std::exp((i - 20.0) / 3.0)) + (i > 35 ? (i - 35) * 0.5 : 0.0));
+  }
+  const size_t index = *finder.suggestion_index();
+  const fs::path path = temp_file("plot.svg");
+  finder.plot(path.string());
+  const std::string svg = read_text(path);
+  CHECK(svg.rfind("<?xml", 0) == 0);
+  CHECK(svg.find("<svg") != std::string::npos);
+  CHECK(svg.find("</svg>") != std::string::npos);
+  CHECK(svg.find("Learning rate") != std::string::npos);
+  CHECK(svg.find(">1e-6<") != std::string::npos);  // decade ticks of the log axis
+  std::vector<std::string> lines = polylines(svg);
+  REQUIRE(lines.size() == 1);
+  const std::vector<std::string> points = split(lines[0]);
+  CHECK(points.size() == 40);
+  // Points go left to right (log x increases) and the marker sits on the suggested point.
+  std::smatch circle;
+  REQUIRE(std::regex_search(svg, circle, std::regex("<circle cx=\"([^\"]+)\" cy=\"([^\"]+)\"[^>]*fill=\"red\"")));
+  CHECK(points[index] == circle[1].str() + "," + circle[2].str());
+  for (size_t i = 1; i < points.size(); ++i) CHECK(std::stod(points[i]) > std::stod(points[i - 1]));
+
+  finder.plot(path.string(), /*suggest=*/false);
+  CHECK(read_text(path).find("<circle") == std::string::npos);
+  // A non-finite loss breaks the curve in two.
+  finder.losses[5] = INFINITY;
+  finder.plot(path.string());
+  lines = polylines(read_text(path));
+  REQUIRE(lines.size() == 2);
+  CHECK(split(lines[0]).size() + split(lines[1]).size() == 39);
+  fs::remove(path);
+  CHECK_THROWS_AS(finder.plot("/nonexistent-folder/plot.svg"), Error);
+}
+
+namespace {
+
+struct RunState {
+  nn::StateDict model;
+  std::vector<Tensor> gradients;
+  optim::StateDict optimizer;
+  nlohmann::json loader;
+  GeneratorState generator;
+};
+
+RunState capture(Trainer& trainer, TrainModule& module) {
+  RunState state;
+  state.model = cloned(module.model().state_dict());
+  for (const Tensor& parameter : module.model().parameters()) {
+    state.gradients.push_back(parameter.grad().defined() ? parameter.grad().clone() : Tensor());
+  }
+  state.optimizer = trainer.optimizer().state_dict();
+  for (auto& [name, tensor] : state.optimizer.tensors) tensor = tensor.clone();
+  state.loader = trainer.train_loader()->state_dict();
+  state.generator = default_generator(Device::cpu()).state();
+  return state;
+}
+
+// Before the finder: a few steps so that the optimizer has momentum buffers and
+// step counts, the loader a position mid-epoch, and the parameters a gradient.
+struct PrepareRun : Callback {
+  std::string name() const override { return "PrepareRun"; }
+  void on_fit_start(Trainer& trainer, TrainModule& module) override {
+    optim::Optimizer& optimizer = trainer.optimizer();
+    for (int64_t i = 0; i < 3; ++i) {
+      Batch batch = *trainer.train_loader()->next();
+      module.training_step(batch, i).backward();
+      if (i < 2) {
+        optimizer.step();
+        optimizer.zero_grad();
+      }
+    }
+    before = capture(trainer, module);
+  }
+  RunState before;
+};
+
+struct CaptureAfterFinder : Callback {
+  std::string name() const override { return "CaptureAfterFinder"; }
+  void on_fit_start(Trainer& trainer, TrainModule& module) override { after = capture(trainer, module); }
+  RunState after;
+};
+
+}  // namespace
+
+TEST_CASE("LearningRateFinder callback: model, buffers, gradients, optimizer, loader and RNG come back bit-exactly") {
+  auto data = regression_data(128);
+  for (const bool update_attr : {false, true}) {
+    CAPTURE(update_attr);
+    DataLoader loader(data, loader_options());
+    Regression module(/*momentum=*/0.9);
+    module.draw_random = true;
+    auto prepare = std::make_shared<PrepareRun>();
+    LRFinderOptions options;
+    options.update_attr = update_attr;
+    auto finder = std::make_shared<LearningRateFinder>(options);
+    auto after = std::make_shared<CaptureAfterFinder>();
+    TrainerOptions trainer_options = quiet_options();
+    trainer_options.max_steps = 0;  // only on_fit_start runs
+    trainer_options.callbacks = {prepare, finder, after};
+    Trainer trainer(trainer_options);
+    trainer.fit(module, loader);
+
+    REQUIRE(finder->lr_finder() != nullptr);
+    CHECK(finder->lr_finder()->losses.size() > 20);  // the sweep did train
+    const RunState& before = prepare->before;
+    check_equal(after->after.model, before.model);
+    CHECK(before.model[2].first == "samples_seen");
+    CHECK(before.model[2].second.item<double>() == 48);  // 3 batches of 16 before the finder
+    REQUIRE(after->after.gradients.size() == before.gradients.size());
+    for (size_t i = 0; i < before.gradients.size(); ++i) {
+      REQUIRE(before.gradients[i].defined());
+      REQUIRE(after->after.gradients[i].defined());
+      KILN_CHECK_CLOSE(after->after.gradients[i], before.gradients[i], 0.0, 0.0);
+    }
+    CHECK(after->after.loader == before.loader);
+    CHECK(after->after.generator.seed == before.generator.seed);
+    CHECK(after->after.generator.offset == before.generator.offset);
+    REQUIRE(after->after.optimizer.tensors.size() == before.optimizer.tensors.size());
+    CHECK(before.optimizer.tensors.count("state.0.momentum_buffer") == 1);
+    const double suggestion = finder->lr_finder()->suggestion().value_or(-1);
+    for (const auto& [name, tensor] : before.optimizer.tensors) {
+      CAPTURE(name);
+      if (update_attr && name == "group.0.lr") {
+        CHECK(after->after.optimizer.tensors.at(name).item<double>() == suggestion);
+      } else {
+        KILN_CHECK_CLOSE(after->after.optimizer.tensors.at(name), tensor, 0.0, 0.0);
+      }
+    }
+    if (update_attr) {
+      CHECK(trainer.optimizer().group_options(0).lr == suggestion);
+    } else {
+      CHECK(after->after.optimizer.meta == before.optimizer.meta);
+    }
+  }
+}
+
+TEST_CASE("lr_find: skipped under fast_dev_run; invalid options are refused") {
+  auto data = regression_data(64);
+  DataLoader loader(data, loader_options());
+  Regression module;
+  TrainerOptions trainer_options = quiet_options();
+  trainer_options.fast_dev_run = 1;
+  Trainer trainer(trainer_options);
+  const LRFinder finder = lr_find(trainer, module, loader);
+  CHECK(finder.lrs.empty());
+  CHECK(module.raw_losses.empty());
+  CHECK_FALSE(finder.suggestion().has_value());
+
+  Trainer normal(quiet_options());
+  LRFinderOptions bad;
+  bad.mode = "cosine";
+  CHECK_THROWS_AS(lr_find(normal, module, loader, bad), Error);
+  CHECK_THROWS_AS(LearningRateFinder{bad}, Error);
+  bad = LRFinderOptions{};
+  bad.min_lr = 1.0;
+  bad.max_lr = 0.5;
+  CHECK_THROWS_AS(lr_find(normal, module, loader, bad), Error);
+}

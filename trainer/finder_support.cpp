@@ -1,0 +1,135 @@
+#include "trainer/finder_support.h"
+
+#include <cmath>
+
+#include "core/autograd.h"
+#include "core/ops.h"
+#include "optim/clip_grad.h"
+#include "trainer/trainer.h"
+
+namespace kiln::detail {
+
+TrainingSnapshot::TrainingSnapshot(nn::Module& model, optim::Optimizer& optimizer, DataLoader* loader)
+    : model_(model), optimizer_(optimizer), loader_(loader), training_(model.is_training()) {
+  NoGradGuard no_grad;
+  // state_dict() tensors alias the live ones: clone to keep the values.
+  for (auto& [name, tensor] : model.state_dict()) model_state_.emplace_back(name, tensor.clone());
+  for (const Tensor& parameter : model.parameters()) {
+    gradients_.push_back(parameter.grad().defined() ? parameter.grad().clone() : Tensor());
+  }
+  optimizer_state_ = optimizer.state_dict();
+  for (auto& [name, tensor] : optimizer_state_.tensors) tensor = tensor.clone();
+  if (loader) loader_state_ = loader->state_dict();
+  generators_.emplace_back(Device::cpu(), default_generator(Device::cpu()).state());
+  if (optimizer.device().is_cuda()) {
+    generators_.emplace_back(optimizer.device(), default_generator(optimizer.device()).state());
+  }
+}
+
+void TrainingSnapshot::restore() {
+  NoGradGuard no_grad;
+  model_.load_state_dict(model_state_, /*strict=*/true);
+  const std::vector<Tensor> parameters = model_.parameters();
+  for (size_t i = 0; i < parameters.size() && i < gradients_.size(); ++i) {
+    if (gradients_[i].defined()) {
+      parameters[i].set_grad(gradients_[i].clone());
+    } else {
+      parameters[i].zero_grad_(/*set_to_none=*/true);
+    }
+  }
+  model_.train(training_);
+  optimizer_.load_state_dict(optimizer_state_);
+  if (loader_) loader_->load_state_dict(loader_state_);
+  for (const auto& [device, state] : generators_) default_generator(device).set_state(state);
+}
+
+void check_supported(const Trainer& trainer, const TrainModule& module, const char* finder) {
+  KILN_CHECK(module.automatic_optimization, finder,
+             " needs automatic optimization (training_step returning the loss); this module optimizes manually");
+  KILN_CHECK(trainer.world_size() == 1, finder, " runs in a single process; this run has ", trainer.world_size(),
+             " (find the value in a single-process run and pass it to the distributed one)");
+}
+
+StepSettings step_settings(const Trainer& trainer) {
+  const TrainerOptions& options = trainer.options();
+  StepSettings settings;
+  settings.accumulate_grad_batches = options.accumulate_grad_batches;
+  for (const auto& [from, k] : options.accumulation_schedule) {
+    if (trainer.current_epoch() >= from) settings.accumulate_grad_batches = k;
+  }
+  settings.gradient_clip_val = options.gradient_clip_val;
+  settings.gradient_clip_algorithm = options.gradient_clip_algorithm;
+  return settings;
+}
+
+int64_t limited_train_batches(const Trainer& trainer, const DataLoader& loader) {
+  const double limit = trainer.options().limit_train_batches;
+  const int64_t available = loader.size();
+  if (limit > 1.0) return std::min<int64_t>(static_cast<int64_t>(limit), available);
+  return static_cast<int64_t>(std::floor(limit * static_cast<double>(available)));
+}
+
+FinderLoop::FinderLoop(TrainModule& module, optim::Optimizer& optimizer, DataLoader& loader, int64_t batches_per_epoch,
+                       const StepSettings& settings)
+    : module_(module),
+      optimizer_(optimizer),
+      loader_(loader),
+      batches_per_epoch_(batches_per_epoch),
+      settings_(settings),
+      epoch_(loader.epoch()),
+      batch_in_epoch_(loader.position()),
+      device_(optimizer.device()) {
+  KILN_CHECK(batches_per_epoch_ > 0, "the training loader has no batches (", loader.size(),
+             " per epoch, limit_train_batches leaves ", batches_per_epoch_, ")");
+  KILN_CHECK(settings_.accumulate_grad_batches >= 1, "accumulate_grad_batches must be >= 1");
+  for (const Tensor& parameter : module.model().parameters()) {
+    if (is_floating(parameter.dtype())) {
+      param_dtype_ = parameter.dtype();
+      break;
+    }
+  }
+}
+
+Batch FinderLoop::next_batch() {
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    if (batch_in_epoch_ >= batches_per_epoch_) {
+      loader_.set_epoch(++epoch_);
+      batch_in_epoch_ = 0;
+    }
+    if (std::optional<Batch> batch = loader_.next()) return std::move(*batch);
+    batch_in_epoch_ = batches_per_epoch_;  // the loader's epoch ended early: start the next one
+  }
+  KILN_THROW("the training loader yields no batches (epoch ", epoch_, ")");
+}
+
+Tensor FinderLoop::step() {
+  const int64_t accumulate = settings_.accumulate_grad_batches;
+  module_.model().train();
+  while (true) {
+    const Batch batch = next_batch();
+    const int64_t batch_idx = batch_in_epoch_++;
+    // As Trainer::to_device: floating inputs take the parameters' dtype, integer targets become int64.
+    Batch moved;
+    moved.input = batch.input.to(device_, is_floating(batch.input.dtype()) ? param_dtype_ : batch.input.dtype(),
+                                 /*non_blocking=*/true);
+    moved.target = batch.target.to(device_, is_floating(batch.target.dtype()) ? batch.target.dtype() : DType::i64,
+                                   /*non_blocking=*/true);
+    Tensor loss = module_.training_step(moved, batch_idx);
+    KILN_CHECK(loss.defined() && loss.numel() == 1, "training_step must return a one-element loss tensor");
+    (accumulate > 1 ? div(loss, static_cast<double>(accumulate)) : loss).backward();
+    const bool last_batch = batch_in_epoch_ == batches_per_epoch_;
+    if ((batch_idx + 1) % accumulate != 0 && !last_batch) continue;
+    if (settings_.gradient_clip_val > 0) {
+      if (settings_.gradient_clip_algorithm == "norm") {
+        optimizer_.clip_grad_norm_(settings_.gradient_clip_val);
+      } else {
+        optim::clip_grad_value_(optimizer_.params_with_grad(), settings_.gradient_clip_val);
+      }
+    }
+    optimizer_.step();
+    optimizer_.zero_grad(/*set_to_none=*/true);
+    return loss;
+  }
+}
+
+}  // namespace kiln::detail
