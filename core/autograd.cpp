@@ -7,6 +7,7 @@
 #include <unordered_set>
 
 #include "core/ops.h"
+#include "core/profiler.h"
 
 namespace kiln {
 
@@ -154,6 +155,7 @@ bool any_requires_grad(const TensorList& tensors) {
 
 void record(const char* name, const TensorList& inputs, const TensorList& outputs, BackwardFn backward) {
   if (!any_requires_grad(inputs)) return;
+  if (OpProfiler* profiler = active_op_profiler()) profiler->count_forward(name);
   auto node = std::make_shared<FunctionNode>(name, std::move(backward));
   node->next_edges.reserve(inputs.size());
   for (const Tensor& input : inputs) {
@@ -260,7 +262,11 @@ void execute(const std::vector<Edge>& roots, const TensorList& grad_roots, bool 
       }
       if (is_leaf_accumulator) continue;  // grad() never writes .grad
     }
-    TensorList input_grads = node->apply(std::move(grads));
+    TensorList input_grads;
+    {
+      BackwardNodeScope profiled(*node);  // one branch unless an op profiler is on
+      input_grads = node->apply(std::move(grads));
+    }
     if (!retain_graph) node->release_saved();
     if (anomaly_mode_enabled()) check_finite_for_anomaly(*node, input_grads);
     KILN_ASSERT(is_leaf_accumulator || input_grads.size() == node->next_edges.size(), "backward of '", node->name(),

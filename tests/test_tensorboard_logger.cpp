@@ -1,0 +1,353 @@
+// TensorBoardLogger: the event file is read back by a reader written here from
+// the format's specification (TFRecord framing with both CRCs, protobuf Event
+// and Summary messages), and, where Python's tensorboard module is installed,
+// by TensorBoard's own EventAccumulator through scripts/check_tensorboard.py.
+#include <doctest/doctest.h>
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <array>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "trainer/tensorboard_logger.h"
+
+namespace fs = std::filesystem;
+
+namespace {
+
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    std::string pattern = (fs::temp_directory_path() / "kiln-tensorboard-XXXXXX").string();
+    REQUIRE(mkdtemp(pattern.data()) != nullptr);
+    path = pattern;
+  }
+  ~TempDir() {
+    std::error_code error;
+    fs::remove_all(path, error);
+  }
+};
+
+// ---------------------------------------------------------------- a reader from the specification
+
+// CRC-32C bit by bit (no table), so that it shares no code with the writer's.
+uint32_t crc32c_bitwise(const std::string& bytes) {
+  uint32_t crc = 0xFFFFFFFFu;
+  for (unsigned char byte : bytes) {
+    crc ^= byte;
+    for (int bit = 0; bit < 8; ++bit) crc = (crc >> 1) ^ (0x82F63B78u & (0u - (crc & 1u)));
+  }
+  return ~crc;
+}
+
+uint32_t masked(uint32_t crc) { return ((crc >> 15) | (crc << 17)) + 0xa282ead8u; }
+
+uint64_t read_le(const std::string& bytes, size_t offset, int count) {
+  uint64_t value = 0;
+  for (int i = 0; i < count; ++i) value |= uint64_t{static_cast<unsigned char>(bytes[offset + i])} << (8 * i);
+  return value;
+}
+
+// The records of a TFRecord file; every CRC is checked. `whole_bytes` is the
+// length of the prefix made of whole records.
+std::vector<std::string> read_records(const std::string& file, size_t* whole_bytes = nullptr) {
+  std::ifstream in(file, std::ios::binary);
+  REQUIRE(in.is_open());
+  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::vector<std::string> records;
+  size_t offset = 0;
+  while (offset + 12 <= bytes.size()) {
+    const std::string length_bytes = bytes.substr(offset, 8);
+    const uint64_t length = read_le(bytes, offset, 8);
+    REQUIRE(read_le(bytes, offset + 8, 4) == masked(crc32c_bitwise(length_bytes)));
+    if (offset + 12 + length + 4 > bytes.size()) break;  // a truncated last record
+    const std::string data = bytes.substr(offset + 12, length);
+    REQUIRE(read_le(bytes, offset + 12 + length, 4) == masked(crc32c_bitwise(data)));
+    records.push_back(data);
+    offset += 12 + length + 4;
+  }
+  if (whole_bytes != nullptr) *whole_bytes = offset;
+  return records;
+}
+
+// One protobuf field: its number and either a varint/fixed value or bytes.
+struct Field {
+  uint32_t number;
+  uint64_t bits = 0;
+  std::string bytes;
+};
+
+std::vector<Field> parse_message(const std::string& message) {
+  std::vector<Field> fields;
+  size_t offset = 0;
+  auto varint = [&] {
+    uint64_t value = 0;
+    for (int shift = 0;; shift += 7) {
+      REQUIRE(offset < message.size());
+      const auto byte = static_cast<unsigned char>(message[offset++]);
+      value |= uint64_t{byte & 0x7Fu} << shift;
+      if ((byte & 0x80) == 0) return value;
+    }
+  };
+  while (offset < message.size()) {
+    const uint64_t key = varint();
+    Field field{static_cast<uint32_t>(key >> 3)};
+    switch (key & 7) {
+      case 0: field.bits = varint(); break;
+      case 1: field.bits = read_le(message, offset, 8), offset += 8; break;
+      case 5: field.bits = read_le(message, offset, 4), offset += 4; break;
+      case 2: {
+        const uint64_t length = varint();
+        REQUIRE(offset + length <= message.size());
+        field.bytes = message.substr(offset, length);
+        offset += length;
+        break;
+      }
+      default: FAIL("unexpected protobuf wire type " << (key & 7));
+    }
+    REQUIRE(offset <= message.size());
+    fields.push_back(field);
+  }
+  return fields;
+}
+
+double as_double(uint64_t bits) {
+  double value;
+  std::memcpy(&value, &bits, sizeof value);
+  return value;
+}
+
+float as_float(uint64_t bits) {
+  const auto narrow = static_cast<uint32_t>(bits);
+  float value;
+  std::memcpy(&value, &narrow, sizeof value);
+  return value;
+}
+
+struct Event {
+  double wall_time = 0;
+  int64_t step = 0;
+  std::string file_version;
+  std::map<std::string, float> scalars;
+  std::vector<std::string> other_values;  // Summary.Values that are not simple_value scalars
+};
+
+Event parse_event(const std::string& record) {
+  Event event;
+  for (const Field& field : parse_message(record)) {
+    if (field.number == 1) event.wall_time = as_double(field.bits);
+    if (field.number == 2) event.step = static_cast<int64_t>(field.bits);
+    if (field.number == 3) event.file_version = field.bytes;
+    if (field.number != 5) continue;
+    for (const Field& value : parse_message(field.bytes)) {
+      REQUIRE(value.number == 1);
+      std::string tag;
+      std::optional<float> scalar;
+      for (const Field& part : parse_message(value.bytes)) {
+        if (part.number == 1) tag = part.bytes;
+        if (part.number == 2) scalar = as_float(part.bits);
+      }
+      if (scalar) {
+        event.scalars[tag] = *scalar;
+      } else {
+        event.other_values.push_back(value.bytes);
+      }
+    }
+  }
+  return event;
+}
+
+std::string only_event_file(const fs::path& folder) {
+  std::vector<std::string> files;
+  for (const auto& entry : fs::directory_iterator(folder)) {
+    if (entry.path().filename().string().rfind("events.out.tfevents.", 0) == 0) files.push_back(entry.path().string());
+  }
+  REQUIRE(files.size() == 1);
+  return files.front();
+}
+
+std::string read_text(const fs::path& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+double now_seconds() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+}  // namespace
+
+TEST_CASE("the reader's CRC-32C gives the standard check value") {
+  CHECK(crc32c_bitwise("123456789") == 0xE3069283u);
+}
+
+TEST_CASE("TensorBoardLogger uses Lightning's layout and version numbering") {
+  TempDir root;
+  kiln::TensorBoardLogger first(root.path.string());
+  kiln::TensorBoardLogger second(root.path.string());
+  CHECK(first.version() == 0);
+  CHECK(second.version() == 1);
+  CHECK(fs::path(first.log_dir()) == root.path / "lightning_logs" / "version_0");
+  CHECK(fs::path(second.log_dir()) == root.path / "lightning_logs" / "version_1");
+  const std::string name = fs::path(first.event_file()).filename().string();
+  INFO("event file name: " << name);
+  const std::regex pattern(R"(events\.out\.tfevents\.(\d{10})\.(.+)\.(\d+)\.(\d+))");
+  std::smatch match;
+  REQUIRE(std::regex_match(name, match, pattern));
+  CHECK(std::abs(std::stod(match[1].str()) - now_seconds()) < 120);
+  CHECK(std::stol(match[3].str()) == static_cast<long>(::getpid()));
+  CHECK(only_event_file(first.log_dir()) == first.event_file());
+  // An explicit version (CSVLogger's) shares that folder.
+  kiln::TensorBoardLogger shared(root.path.string(), "lightning_logs", 0);
+  CHECK(shared.log_dir() == first.log_dir());
+  CHECK(shared.event_file() != first.event_file());
+  kiln::TensorBoardLogger named(root.path.string(), "my_experiment");
+  CHECK(fs::path(named.log_dir()) == root.path / "my_experiment" / "version_0");
+}
+
+TEST_CASE("TensorBoardLogger writes framed Event records that read back exactly") {
+  TempDir root;
+  kiln::TensorBoardLogger logger(root.path.string());
+  const double before = now_seconds();
+  logger.log_metrics({{"train_loss", 2.5}, {"lr", 0.1}}, 0, 0);
+  logger.log_metrics({{"train_loss", 1.25}, {"lr", 0.01}}, 7, 0);
+  logger.log_metrics({{"val_loss", -3.0e-4}}, 123456789012LL, 3);
+  logger.save();
+  const double after = now_seconds();
+
+  const std::vector<std::string> records = read_records(logger.event_file());
+  REQUIRE(records.size() == 4);
+  const Event header = parse_event(records[0]);
+  CHECK(header.file_version == "brain.Event:2");
+  CHECK(header.scalars.empty());
+
+  const Event first = parse_event(records[1]), second = parse_event(records[2]), third = parse_event(records[3]);
+  CHECK(first.step == 0);
+  CHECK(second.step == 7);
+  CHECK(third.step == 123456789012LL);
+  CHECK(first.scalars == std::map<std::string, float>{{"train_loss", 2.5f}, {"lr", 0.1f}, {"epoch", 0.f}});
+  CHECK(second.scalars == std::map<std::string, float>{{"train_loss", 1.25f}, {"lr", 0.01f}, {"epoch", 0.f}});
+  CHECK(third.scalars == std::map<std::string, float>{{"val_loss", -3.0e-4f}, {"epoch", 3.f}});
+  for (const Event& event : {header, first, second, third}) {
+    CHECK(event.wall_time >= before - 1);
+    CHECK(event.wall_time <= after + 1);
+  }
+  CHECK(first.wall_time <= second.wall_time);
+}
+
+TEST_CASE("TensorBoardLogger only appends: what save() wrote is a prefix of every later file") {
+  TempDir root;
+  kiln::TensorBoardLogger logger(root.path.string());
+  logger.log_metrics({{"loss", 1.0}}, 1, 0);
+  logger.save();
+  std::ifstream early_in(logger.event_file(), std::ios::binary);
+  const std::string early((std::istreambuf_iterator<char>(early_in)), std::istreambuf_iterator<char>());
+  logger.log_metrics({{"loss", 0.5}}, 2, 0);
+  logger.log_hyperparams({{"lr", "0.1"}});
+  logger.save();
+  std::ifstream late_in(logger.event_file(), std::ios::binary);
+  const std::string late((std::istreambuf_iterator<char>(late_in)), std::istreambuf_iterator<char>());
+  REQUIRE(late.size() > early.size());
+  CHECK(late.compare(0, early.size(), early) == 0);
+
+  // A crash mid-record leaves the whole records before it readable.
+  const fs::path cut = root.path / "cut.tfevents";
+  std::ofstream(cut, std::ios::binary) << late.substr(0, late.size() - 5);
+  size_t whole_bytes = 0;
+  const std::vector<std::string> records = read_records(cut.string(), &whole_bytes);
+  CHECK(records.size() == 3);
+  CHECK(whole_bytes < late.size() - 5);
+  CHECK(parse_event(records[2]).scalars.at("loss") == 0.5f);
+}
+
+TEST_CASE("TensorBoardLogger writes hparams.yaml and an hparams-plugin summary") {
+  TempDir root;
+  kiln::TensorBoardLogger logger(root.path.string());
+  logger.log_hyperparams({{"lr", "0.001"}, {"optimizer", "adam"}, {"nesterov", "true"}, {"precision", "32-true"}});
+  logger.save();
+  CHECK(read_text(fs::path(logger.log_dir()) / "hparams.yaml") ==
+        "lr: 0.001\nnesterov: true\noptimizer: adam\nprecision: 32-true\n");
+
+  const std::vector<std::string> records = read_records(logger.event_file());
+  REQUIRE(records.size() == 2);
+  const Event event = parse_event(records[1]);
+  REQUIRE(event.other_values.size() == 1);
+  std::string tag, metadata;
+  for (const Field& field : parse_message(event.other_values[0])) {
+    if (field.number == 1) tag = field.bytes;
+    if (field.number == 9) metadata = field.bytes;
+  }
+  CHECK(tag == "_hparams_/session_start_info");
+  // SummaryMetadata.plugin_data { plugin_name, content = HParamsPluginData }.
+  REQUIRE(parse_message(metadata).size() == 1);
+  const std::vector<Field> plugin = parse_message(parse_message(metadata)[0].bytes);
+  REQUIRE(plugin.size() == 2);
+  CHECK(plugin[0].bytes == "hparams");
+  const std::vector<Field> plugin_data = parse_message(plugin[1].bytes);
+  REQUIRE(plugin_data.size() == 1);
+  CHECK(plugin_data[0].number == 3);  // session_start_info
+  std::map<std::string, Field> values;  // key -> the google.protobuf.Value's one field
+  for (const Field& field : parse_message(plugin_data[0].bytes)) {
+    if (field.number != 1) continue;
+    const std::vector<Field> entry = parse_message(field.bytes);
+    REQUIRE(entry.size() == 2);
+    values[entry[0].bytes] = parse_message(entry[1].bytes).at(0);
+  }
+  REQUIRE(values.size() == 4);
+  CHECK(values["lr"].number == 2);
+  CHECK(as_double(values["lr"].bits) == 0.001);
+  CHECK(values["optimizer"].number == 3);
+  CHECK(values["optimizer"].bytes == "adam");
+  CHECK(values["nesterov"].number == 4);
+  CHECK(values["nesterov"].bits == 1);
+  CHECK(values["precision"].number == 3);
+  CHECK(values["precision"].bytes == "32-true");
+}
+
+TEST_CASE("TensorBoard's own reader reads kiln's event file") {
+  const char* configured = std::getenv("KILN_TENSORBOARD_PYTHON");
+  const std::string python = configured != nullptr ? configured : "python3";
+  const fs::path script = fs::path(__FILE__).parent_path().parent_path() / "scripts" / "check_tensorboard.py";
+  if (!fs::exists(script) || std::system((python + " -c 'import tensorboard' >/dev/null 2>&1").c_str()) != 0) {
+    MESSAGE("SKIPPED (" << python << " cannot import tensorboard; pip install tensorboard, or set "
+            "KILN_TENSORBOARD_PYTHON to a Python that can): TensorBoard's own reader was not run");
+    return;
+  }
+  TempDir root;
+  {
+    kiln::TensorBoardLogger logger(root.path.string());
+    logger.log_hyperparams({{"lr", "0.001"}, {"optimizer", "adam"}, {"nesterov", "true"}});
+    logger.log_metrics({{"train_loss", 2.5}}, 0, 0);
+    logger.log_metrics({{"train_loss", 1.25}, {"val_acc", 0.75}}, 10, 1);
+    logger.log_metrics({{"train_loss", 0.1}}, 20, 2);
+    logger.save();
+  }
+  const std::string expected =
+      R"({"scalars": {"train_loss": [[0, 2.5], [10, 1.25], [20, 0.1]], "val_acc": [[10, 0.75]],)"
+      R"( "epoch": [[0, 0], [10, 1], [20, 2]]}, "hparams": {"lr": 0.001, "optimizer": "adam", "nesterov": true}})";
+  const std::string command = python + " " + script.string() + " " +
+                              (root.path / "lightning_logs" / "version_0").string() + " '" + expected + "' 2>&1";
+  FILE* pipe = ::popen(command.c_str(), "r");
+  REQUIRE(pipe != nullptr);
+  std::string output;
+  std::array<char, 4096> buffer;
+  while (size_t count = std::fread(buffer.data(), 1, buffer.size(), pipe)) output.append(buffer.data(), count);
+  const int status = ::pclose(pipe);
+  MESSAGE("check_tensorboard.py:\n" << output);
+  CHECK(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
+  CHECK(output.find("tensorboard check: OK") != std::string::npos);
+}
