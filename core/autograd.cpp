@@ -6,6 +6,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "core/autocast.h"
 #include "core/ops.h"
 #include "core/profiler.h"
 
@@ -200,6 +201,11 @@ void check_finite_for_anomaly(const Node& node, const TensorList& grads) {
 void execute(const std::vector<Edge>& roots, const TensorList& grad_roots, bool retain_graph,
              std::vector<std::pair<Edge, Tensor>>* captures) {
   NoGradGuard no_grad;
+  // Backward formulas run in the dtypes their forward ops chose, never under
+  // autocast: inside a guard a reduction (sum_to) would hand a 16-bit product a
+  // float32 gradient. nn::checkpoint's recompute re-enters the forward's state.
+  AutocastGuard no_cpu_autocast(DeviceType::cpu, autocast_dtype(DeviceType::cpu), /*enabled=*/false);
+  AutocastGuard no_cuda_autocast(DeviceType::cuda, autocast_dtype(DeviceType::cuda), /*enabled=*/false);
   // Dependencies: how many edges from reachable nodes point at each node.
   std::unordered_map<Node*, int> dependencies;
   std::vector<Node*> stack;

@@ -1,5 +1,6 @@
 #include "nn/checkpoint.h"
 
+#include "core/autocast.h"
 #include "core/autograd.h"
 #include "core/generator.h"
 
@@ -10,6 +11,9 @@ Tensor checkpoint(const CheckpointFunction& fn, const std::vector<Tensor>& input
   if (!grad_mode_enabled()) return fn(inputs);
   const Device device = inputs[0].device();
   const GeneratorState rng_state = default_generator(device).state();
+  // The recompute runs in backward, outside the forward's autocast region: it re-enters that state (as torch).
+  const bool cpu_autocast = autocast_enabled(DeviceType::cpu), cuda_autocast = autocast_enabled(DeviceType::cuda);
+  const DType cpu_dtype = autocast_dtype(DeviceType::cpu), cuda_dtype = autocast_dtype(DeviceType::cuda);
   Tensor output;
   {
     NoGradGuard no_grad;
@@ -21,7 +25,8 @@ Tensor checkpoint(const CheckpointFunction& fn, const std::vector<Tensor>& input
   // inputs: the reentrant backward below accumulates their gradients directly.
   std::vector<Tensor> detached_inputs;
   for (const Tensor& input : inputs) detached_inputs.push_back(input.defined() ? input.detach() : input);
-  auto backward = [fn, detached_inputs, rng_state, device](const autograd::TensorList& grads) {
+  auto backward = [fn, detached_inputs, rng_state, device, cpu_autocast, cuda_autocast, cpu_dtype,
+                   cuda_dtype](const autograd::TensorList& grads) {
     std::vector<Tensor> leaves;
     for (const Tensor& input : detached_inputs) {
       Tensor leaf = input.defined() ? input.detach() : input;
@@ -34,6 +39,8 @@ Tensor checkpoint(const CheckpointFunction& fn, const std::vector<Tensor>& input
     Tensor recomputed;
     {
       EnableGradGuard enable_grad;
+      AutocastGuard cpu_region(DeviceType::cpu, cpu_dtype, cpu_autocast);
+      AutocastGuard cuda_region(DeviceType::cuda, cuda_dtype, cuda_autocast);
       recomputed = fn(leaves);
     }
     generator.set_state(current);

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/allocator.h"
+#include "core/autocast.h"
 #include "core/autograd.h"
 #include "core/nn_ops.h"
 #include "core/ops.h"
@@ -130,6 +131,9 @@ void cudnn_benchmark_cache_clear() { kernels::cudnn_conv_cache_clear(); }
 Tensor conv2d(const Tensor& x_in, const Tensor& weight, const Tensor& bias, Size2 stride, Size2 padding,
               Size2 dilation, int64_t groups) {
   KILN_CHECK(x_in.defined(), "conv2d: input is undefined");
+  if (const autocast::Cast to = autocast::plan(autocast::Policy::lower_precision, {&x_in, &weight, &bias})) {
+    return conv2d(to(x_in), to(weight), to(bias), stride, padding, dilation, groups);
+  }
   if (x_in.dim() == 3) {  // unbatched (C, H, W)
     return conv2d(x_in.unsqueeze(0), weight, bias, stride, padding, dilation, groups).squeeze(0);
   }
@@ -137,6 +141,7 @@ Tensor conv2d(const Tensor& x_in, const Tensor& weight, const Tensor& bias, Size
   const DType dtype = x_in.dtype();
   if (x_in.is_cpu() && (dtype == DType::f16 || dtype == DType::bf16)) {
     const Tensor bias32 = bias.defined() ? bias.to(DType::f32) : Tensor();
+    AutocastGuard float32_kernel(DeviceType::cpu, DType::bf16, /*enabled=*/false);  // or it would cast back
     return conv2d(x_in.to(DType::f32), weight.to(DType::f32), bias32, stride, padding, dilation, groups).to(dtype);
   }
 

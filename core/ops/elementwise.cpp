@@ -11,6 +11,7 @@
 #include <cmath>
 #include <limits>
 
+#include "core/autocast.h"
 #include "core/autograd.h"
 #include "core/ops.h"
 #include "core/ops/broadcast.h"
@@ -128,6 +129,9 @@ Tensor fused_unary(const char* name, UnaryOp op, const Tensor& x, BinaryOp backw
 // ---------------------------------------------------------------- add / sub
 
 Tensor add_impl(const char* name, const Tensor& a, const Tensor& b, double alpha) {
+  if (const autocast::Cast to = autocast::plan(autocast::Policy::promote, {&a, &b})) {
+    return add_impl(name, to(a), to(b), alpha);
+  }
   check_defined(a, name, "the first operand");
   check_numeric_input(a, name);
   check_scalar_fits(a, alpha, name, "alpha");
@@ -154,6 +158,9 @@ Tensor selection_grad(const Tensor& dout, const Tensor& self, const Tensor& othe
 }
 
 Tensor max_min_impl(const char* name, const Tensor& a, const Tensor& b, bool is_max) {
+  if (const autocast::Cast to = autocast::plan(autocast::Policy::promote, {&a, &b})) {
+    return max_min_impl(name, to(a), to(b), is_max);
+  }
   check_numeric_input(a, name);
   Tensor out = binary_kernel(name, is_max ? BinaryOp::maximum : BinaryOp::minimum, a, b);
   if (autograd::any_requires_grad({&a, &b})) {
@@ -220,6 +227,7 @@ Tensor add(const Tensor& a, const Tensor& b, double alpha) { return add_impl("ad
 Tensor sub(const Tensor& a, const Tensor& b, double alpha) { return add_impl("sub", a, b, -alpha); }
 
 Tensor mul(const Tensor& a, const Tensor& b) {
+  if (const autocast::Cast to = autocast::plan(autocast::Policy::promote, {&a, &b})) return mul(to(a), to(b));
   check_numeric_input(a, "mul");
   Tensor out = binary_kernel("mul", BinaryOp::mul, a, b);
   if (autograd::any_requires_grad({&a, &b})) {
@@ -239,6 +247,7 @@ Tensor mul(const Tensor& a, const Tensor& b) {
 }
 
 Tensor div(const Tensor& a, const Tensor& b) {
+  if (const autocast::Cast to = autocast::plan(autocast::Policy::promote, {&a, &b})) return div(to(a), to(b));
   check_floating_input(a, "div");
   Tensor out = binary_kernel("div", BinaryOp::div, a, b);
   if (autograd::any_requires_grad({&a, &b})) {
@@ -300,6 +309,7 @@ Tensor abs(const Tensor& x) {
 // ---------------------------------------------------------------- math functions
 
 Tensor exp(const Tensor& x) {
+  if (const autocast::Cast to = autocast::plan(autocast::Policy::float32, {&x})) return exp(to(x));
   check_floating_input(x, "exp");
   Tensor out = unary_kernel("exp", UnaryOp::exp, x);
   if (autograd::any_requires_grad({&x})) {
@@ -311,6 +321,7 @@ Tensor exp(const Tensor& x) {
 }
 
 Tensor log(const Tensor& x) {
+  if (const autocast::Cast to = autocast::plan(autocast::Policy::float32, {&x})) return log(to(x));
   check_floating_input(x, "log");
   Tensor out = unary_kernel("log", UnaryOp::log, x);
   if (autograd::any_requires_grad({&x})) {
@@ -325,6 +336,7 @@ Tensor log(const Tensor& x) {
 Tensor sqrt(const Tensor& x) { return fused_unary("sqrt", UnaryOp::sqrt, x, BinaryOp::pow_backward, false, 0.5); }
 
 Tensor rsqrt(const Tensor& x) {
+  if (const autocast::Cast to = autocast::plan(autocast::Policy::float32, {&x})) return rsqrt(to(x));
   check_floating_input(x, "rsqrt");
   Tensor out = unary_kernel("rsqrt", UnaryOp::rsqrt, x);
   record_fused("rsqrt", x, out, x, BinaryOp::pow_backward, -0.5);
@@ -332,10 +344,14 @@ Tensor rsqrt(const Tensor& x) {
 }
 
 Tensor pow(const Tensor& x, double exponent) {
+  if (const autocast::Cast to = autocast::plan(autocast::Policy::float32, {&x})) return pow(to(x), exponent);
   return fused_unary("pow", UnaryOp::pow, x, BinaryOp::pow_backward, false, exponent);
 }
 
 Tensor pow(const Tensor& x, const Tensor& exponent) {
+  if (const autocast::Cast to = autocast::plan(autocast::Policy::float32, {&x, &exponent})) {
+    return pow(to(x), to(exponent));
+  }
   check_floating_input(x, "pow");
   Tensor out = binary_kernel("pow", BinaryOp::pow, x, exponent);
   if (autograd::any_requires_grad({&x, &exponent})) {
@@ -402,6 +418,9 @@ Tensor where(const Tensor& condition, const Tensor& a, const Tensor& b) {
   check_defined(condition, "where", "the condition");
   check_defined(a, "where", "the first operand");
   check_defined(b, "where", "the second operand");
+  if (const autocast::Cast to = autocast::plan(autocast::Policy::promote, {&a, &b})) {
+    return where(condition, to(a), to(b));
+  }
   KILN_CHECK(condition.dtype() == DType::b8, "where: expected a bool condition, got ",
              shape_str(condition.shape()), " ", dtype_name(condition.dtype()));
   check_same_device(condition, a, "where");

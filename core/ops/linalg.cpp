@@ -12,6 +12,7 @@
 #include <atomic>
 
 #include "core/allocator.h"
+#include "core/autocast.h"
 #include "core/autograd.h"
 #include "core/ops.h"
 #include "core/ops/broadcast.h"
@@ -83,6 +84,11 @@ Tensor gemm(Tensor a, Tensor b, Tensor bias) {
   NoGradGuard no_grad;
   KILN_ASSERT(a.dim() >= 2 && a.dim() == b.dim() && a.size(-1) == b.size(-2), "gemm: shapes ",
               shape_str(a.shape()), " and ", shape_str(b.shape()));
+  // The kernel reads every operand as a's dtype: a mismatch (say, a backward
+  // formula handed a float32 gradient for a bfloat16 product) would be garbage.
+  KILN_ASSERT(a.dtype() == b.dtype() && (!bias.defined() || bias.dtype() == a.dtype()), "gemm: dtypes ",
+              dtype_name(a.dtype()), " and ", dtype_name(b.dtype()),
+              bias.defined() ? " with a bias of " + std::string(dtype_name(bias.dtype())) : std::string());
   Shape out_shape(a.shape().begin(), a.shape().end() - 1);
   out_shape.push_back(b.size(-1));
   Tensor out = empty(out_shape, {.dtype = a.dtype(), .device = a.device()});
@@ -167,6 +173,9 @@ void set_allow_tf32(bool allow) { tf32_allowed.store(allow); }
 bool allow_tf32() { return tf32_allowed.load(); }
 
 Tensor matmul(const Tensor& a, const Tensor& b) {
+  if (const autocast::Cast to = autocast::plan(autocast::Policy::lower_precision, {&a, &b})) {
+    return matmul(to(a), to(b));
+  }
   check_operands(a, b, "matmul");
   const int64_t da = a.dim(), db = b.dim();
   KILN_CHECK(da >= 1 && db >= 1, "matmul: both arguments need at least 1 dim, got shapes ", shape_str(a.shape()),
@@ -201,6 +210,9 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
 }
 
 Tensor mm(const Tensor& a, const Tensor& b) {
+  if (const autocast::Cast to = autocast::plan(autocast::Policy::lower_precision, {&a, &b})) {
+    return mm(to(a), to(b));
+  }
   check_operands(a, b, "mm");
   KILN_CHECK(a.dim() == 2 && b.dim() == 2, "mm: expected two 2-D tensors, got shapes ", shape_str(a.shape()),
              " and ", shape_str(b.shape()));
@@ -209,6 +221,9 @@ Tensor mm(const Tensor& a, const Tensor& b) {
 }
 
 Tensor bmm(const Tensor& a, const Tensor& b) {
+  if (const autocast::Cast to = autocast::plan(autocast::Policy::lower_precision, {&a, &b})) {
+    return bmm(to(a), to(b));
+  }
   check_operands(a, b, "bmm");
   KILN_CHECK(a.dim() == 3 && b.dim() == 3, "bmm: expected two 3-D tensors, got shapes ", shape_str(a.shape()),
              " and ", shape_str(b.shape()));
@@ -219,6 +234,9 @@ Tensor bmm(const Tensor& a, const Tensor& b) {
 }
 
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  if (const autocast::Cast to = autocast::plan(autocast::Policy::lower_precision, {&x, &weight, &bias})) {
+    return linear(to(x), to(weight), to(bias));
+  }
   check_operands(x, weight, "linear");
   KILN_CHECK(weight.dim() == 2, "linear: expected a 2-D weight (out_features, in_features), got shape ",
              shape_str(weight.shape()));

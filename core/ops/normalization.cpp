@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "core/allocator.h"
+#include "core/autocast.h"
 #include "core/autograd.h"
 #include "core/nn_ops.h"
 #include "core/ops.h"
@@ -195,6 +196,9 @@ Tensor layer_norm(const Tensor& x_in, const Shape& normalized_shape, const Tenso
                   double eps) {
   const char* op = "layer_norm";
   KILN_CHECK(x_in.defined(), op, ": input is undefined");
+  if (const autocast::Cast to = autocast::plan(autocast::Policy::float32, {&x_in, &weight, &bias})) {
+    return layer_norm(to(x_in), normalized_shape, to(weight), to(bias), eps);
+  }
   KILN_CHECK(is_floating(x_in.dtype()), op, ": expected a floating input, got ", dtype_name(x_in.dtype()));
   const int64_t k = static_cast<int64_t>(normalized_shape.size());
   KILN_CHECK(k >= 1 && k <= x_in.dim() &&

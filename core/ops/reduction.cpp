@@ -13,6 +13,7 @@
 #include <limits>
 #include <numeric>
 
+#include "core/autocast.h"
 #include "core/autograd.h"
 #include "core/ops.h"
 #include "kernels/reduction.h"
@@ -309,6 +310,7 @@ ValuesIndices extremum_dim(const Tensor& x, int64_t dim, bool keepdim, bool is_m
 // ---------------------------------------------------------------- sum, mean
 
 Tensor sum(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
+  if (const autocast::Cast to = autocast::plan(autocast::Policy::float32, {&x})) return sum(to(x), dims, keepdim);
   ReducePlan plan = plan_reduce(x, dims, keepdim, "sum");
   const DType out_dtype = is_floating(x.dtype()) ? x.dtype() : DType::i64;
   Tensor out = new_output(plan, out_dtype);
@@ -323,6 +325,7 @@ Tensor sum(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
 }
 
 Tensor mean(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
+  if (const autocast::Cast to = autocast::plan(autocast::Policy::float32, {&x})) return mean(to(x), dims, keepdim);
   check_floating(x, "mean");
   ReducePlan plan = plan_reduce(x, dims, keepdim, "mean");
   Tensor out = new_output(plan, x.dtype());
@@ -389,6 +392,7 @@ Tensor argmax(const Tensor& x, int64_t dim, bool keepdim) {
 // ---------------------------------------------------------------- norm
 
 Tensor norm(const Tensor& x, double p, const std::vector<int64_t>& dims, bool keepdim) {
+  if (const autocast::Cast to = autocast::plan(autocast::Policy::float32, {&x})) return norm(to(x), p, dims, keepdim);
   check_floating(x, "norm");
   KILN_CHECK(!std::isnan(p), "norm: p must not be NaN");
   ReducePlan plan = plan_reduce(x, dims, keepdim, "norm");

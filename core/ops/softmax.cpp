@@ -21,6 +21,7 @@
 #include <limits>
 #include <numeric>
 
+#include "core/autocast.h"
 #include "core/autograd.h"
 #include "core/ops.h"
 #include "kernels/reduction.h"
@@ -63,6 +64,7 @@ Tensor undo_permute(const Tensor& dense, const std::vector<int64_t>& perm, int64
 Tensor softmax_impl(const Tensor& x, int64_t dim, bool log) {
   const char* op = log ? "log_softmax" : "softmax";
   KILN_CHECK(x.defined(), op, ": the input tensor is undefined");
+  if (const autocast::Cast to = autocast::plan(autocast::Policy::float32, {&x})) return softmax_impl(to(x), dim, log);
   KILN_CHECK(is_floating(x.dtype()), op, ": expected a floating input, got ", dtype_name(x.dtype()), " of shape ",
              shape_str(x.shape()));
   const int64_t ndim = x.dim();
@@ -193,6 +195,9 @@ Tensor log_softmax(const Tensor& x, int64_t dim) { return softmax_impl(x, dim, t
 
 Tensor cross_entropy(const Tensor& logits, const Tensor& target, const Tensor& weight, int64_t ignore_index,
                      double label_smoothing, Reduction reduction) {
+  if (const autocast::Cast to = autocast::plan(autocast::Policy::float32, {&logits, &weight})) {
+    return cross_entropy(to(logits), target, to(weight), ignore_index, label_smoothing, reduction);
+  }
   const char* op = "cross_entropy";
   const LossShape shape = check_loss_inputs(op, "logits", logits, target, weight);
   KILN_CHECK(label_smoothing >= 0.0 && label_smoothing <= 1.0, op, ": label_smoothing must be in [0, 1], got ",
@@ -278,6 +283,9 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, const Tensor& w
 
 Tensor nll_loss(const Tensor& log_probs, const Tensor& target, const Tensor& weight, int64_t ignore_index,
                 Reduction reduction) {
+  if (const autocast::Cast to = autocast::plan(autocast::Policy::float32, {&log_probs, &weight})) {
+    return nll_loss(to(log_probs), target, to(weight), ignore_index, reduction);
+  }
   const char* op = "nll_loss";
   const LossShape shape = check_loss_inputs(op, "log_probs", log_probs, target, weight);
   const DType dtype = log_probs.dtype(), acc = kernels::reduce_acc_dtype(dtype);

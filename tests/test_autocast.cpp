@@ -1,0 +1,297 @@
+// Autocast (core/autocast.h) on the CPU in bfloat16: the three op policies,
+// gradients reaching float32 parameters in float32, the weight cache, guard
+// nesting and restoration, the float16-on-CPU refusal, and a small MLP whose
+// bf16-autocast training follows its float32 twin.
+#include <cmath>
+#include <iomanip>
+#include <memory>
+#include <vector>
+
+#include "core/autocast.h"
+#include "core/generator.h"
+#include "core/nn_ops.h"
+#include "nn/layers.h"
+#include "optim/optimizer.h"
+#include "tests/support/test_util.h"
+
+namespace kiln::testing {
+
+namespace {
+
+constexpr DeviceType kCpu = DeviceType::cpu;
+
+// A value rounded to bfloat16 and back, as autocast's cast of an input does.
+Tensor bf16_rounded(const Tensor& x) { return x.detach().to(DType::bf16).to(DType::f32); }
+
+Tensor parameter(const Shape& shape) { return randn(shape).requires_grad_(); }
+
+// The graph node that input `index` of `out`'s op came from.
+std::shared_ptr<autograd::Node> input_node(const Tensor& out, size_t index) {
+  REQUIRE(out.grad_fn() != nullptr);
+  REQUIRE(out.grad_fn()->next_edges.size() > index);
+  return out.grad_fn()->next_edges[index].node;
+}
+
+}  // namespace
+
+TEST_CASE("linear runs in bf16 under autocast; parameters and their gradients stay float32") {
+  manual_seed(11);
+  Tensor x = parameter({8, 16}), w = parameter({4, 16}), b = parameter({4});
+  const Tensor reference = linear(x.detach(), w.detach(), b.detach());
+  Tensor y, loss;
+  {
+    AutocastGuard autocast(kCpu, DType::bf16);
+    y = linear(x, w, b);
+    loss = sum(y);  // float32 policy: the loss comes back in float32
+  }
+  CHECK(y.dtype() == DType::bf16);
+  CHECK(loss.dtype() == DType::f32);
+  // Exact up to the output's rounding against the product of the rounded inputs,
+  KILN_CHECK_CLOSE(y.to(DType::f32), linear(bf16_rounded(x), bf16_rounded(w), bf16_rounded(b)), 1.6e-2, 1e-5);
+  // and within bf16 input rounding of the float32 result.
+  KILN_CHECK_CLOSE(y.to(DType::f32), reference, 1.6e-2, 3e-2);
+
+  loss.backward();
+  for (const Tensor* t : {&x, &w, &b}) {
+    CHECK(t->dtype() == DType::f32);
+    REQUIRE(t->grad().defined());
+    CHECK(t->grad().dtype() == DType::f32);
+  }
+  // d sum(x W^T + b): dW rows are the column sums of x, dx rows the column sums of W, db = batch size.
+  KILN_CHECK_CLOSE(w.grad(), sum(x.detach(), {0}, true).expand({4, 16}), 2e-2, 2e-2);
+  KILN_CHECK_CLOSE(x.grad(), sum(w.detach(), {0}, true).expand({8, 16}), 2e-2, 2e-2);
+  KILN_CHECK_CLOSE(b.grad(), full({4}, 8.0), 0, 0);
+}
+
+TEST_CASE("matmul, mm, bmm and conv2d run in bf16 under autocast") {
+  manual_seed(12);
+  const Tensor a = randn({3, 5, 7}), c = randn({3, 7, 2}), m = randn({5, 7}), n = randn({7, 2});
+  const Tensor image = randn({2, 3, 6, 6}), filters = parameter({4, 3, 3, 3}), bias = parameter({4});
+  // References in float32 from the rounded inputs, computed before autocast is on.
+  const Tensor batched_ref = bmm(bf16_rounded(a), bf16_rounded(c));
+  const Tensor product_ref = matmul(bf16_rounded(a), bf16_rounded(n));
+  const Tensor plain_ref = mm(bf16_rounded(m), bf16_rounded(n));
+  const Tensor conv_ref = conv2d(bf16_rounded(image), bf16_rounded(filters), bf16_rounded(bias), 1, 1);
+  Tensor batched, product, plain, out;
+  {
+    AutocastGuard autocast(kCpu, DType::bf16);
+    batched = bmm(a, c);
+    product = matmul(a, n);
+    plain = mm(m, n);
+    // The CPU conv kernel computes 16-bit inputs in float32: autocast must not cast those back.
+    out = conv2d(image, filters, bias, 1, 1);
+  }
+  const std::vector<std::pair<Tensor, Tensor>> results = {
+      {batched, batched_ref}, {product, product_ref}, {plain, plain_ref}, {out, conv_ref}};
+  for (size_t i = 0; i < results.size(); ++i) {
+    CAPTURE(i);
+    CHECK(results[i].first.dtype() == DType::bf16);
+    KILN_CHECK_CLOSE(results[i].first.to(DType::f32), results[i].second, 1.6e-2, 1e-5);
+  }
+  sum(out.to(DType::f32)).backward();
+  REQUIRE(filters.grad().defined());
+  CHECK(filters.grad().dtype() == DType::f32);
+  CHECK(bias.grad().dtype() == DType::f32);
+  KILN_CHECK_CLOSE(bias.grad(), full({4}, 2.0 * 36.0), 0, 0);  // each of the 2 x 6 x 6 outputs counts once
+}
+
+TEST_CASE("softmax, losses, norms, reductions and exp/log/pow run in float32 under autocast") {
+  manual_seed(13);
+  const Tensor logits = randn({6, 5}).to(DType::bf16);
+  const Tensor up = logits.to(DType::f32);  // exact: bf16 -> float32 loses nothing
+  const Tensor target = tensor<int64_t>({0, 4, 2, 1, 3, 0}, {6});
+  const Tensor ln_weight = ones({5}), ln_bias = zeros({5});
+  AutocastGuard autocast(kCpu, DType::bf16);
+  const std::vector<std::pair<Tensor, Tensor>> results = {
+      {softmax(logits, 1), softmax(up, 1)},
+      {log_softmax(logits, 1), log_softmax(up, 1)},
+      {cross_entropy(logits, target), cross_entropy(up, target)},
+      {nll_loss(log_softmax(logits, 1), target), nll_loss(log_softmax(up, 1), target)},
+      {layer_norm(logits, {5}, ln_weight, ln_bias), layer_norm(up, {5}, ln_weight, ln_bias)},
+      {sum(logits), sum(up)},
+      {mean(logits, {1}), mean(up, {1})},
+      {norm(logits), norm(up)},
+      {exp(logits), exp(up)},
+      {log(abs(logits)), log(abs(up))},
+      {pow(logits, 2.0), pow(up, 2.0)},
+  };
+  for (size_t i = 0; i < results.size(); ++i) {
+    CAPTURE(i);
+    CHECK(results[i].first.dtype() == DType::f32);
+    KILN_CHECK_CLOSE(results[i].first, results[i].second, 1e-6, 1e-6);
+  }
+  // float64 is never cast down, not even by the lower-precision ops.
+  const Tensor wide = randn({4, 4}, {.dtype = DType::f64});
+  CHECK(softmax(wide, 0).dtype() == DType::f64);
+  CHECK(mm(wide, wide).dtype() == DType::f64);
+}
+
+TEST_CASE("ops with inputs of different floating dtypes promote to the widest under autocast") {
+  manual_seed(14);
+  const Tensor low = randn({3, 4}).to(DType::bf16), high = randn({4});
+  CHECK_THROWS_AS(add(low, high), Error);  // outside autocast mixed dtypes are an error
+  AutocastGuard autocast(kCpu, DType::bf16);
+  const Tensor total = add(low, high), product = mul(low, high), chosen = where(gt(high, 0.0), low, high);
+  CHECK(total.dtype() == DType::f32);
+  CHECK(product.dtype() == DType::f32);
+  CHECK(chosen.dtype() == DType::f32);
+  KILN_CHECK_CLOSE(total, add(low.to(DType::f32), high), 0, 0);
+  KILN_CHECK_CLOSE(product, mul(low.to(DType::f32), high), 0, 0);
+  CHECK(add(low, low).dtype() == DType::bf16);  // one dtype: nothing to promote
+}
+
+TEST_CASE("the weight cache casts a parameter once per autocast region") {
+  manual_seed(15);
+  Tensor w = parameter({3, 8});
+  const Tensor x = randn({5, 8});  // an activation: not a parameter, never cached
+  Tensor y1, y2, loss;
+  {
+    AutocastGuard autocast(kCpu, DType::bf16);
+    CHECK(autocast::weight_cache_size() == 0);
+    y1 = linear(x, w);
+    y2 = linear(x, w);
+    CHECK(autocast::weight_cache_size() == 1);
+    // Both products read the same cast tensor: one cast node feeds both.
+    const auto cast_node = input_node(y1, 1);
+    REQUIRE(cast_node != nullptr);
+    CHECK(cast_node->name() == "cast");
+    CHECK(input_node(y2, 1) == cast_node);
+    const autocast::Cast to = autocast::plan(autocast::Policy::lower_precision, {&w});
+    REQUIRE(to);
+    CHECK(to(w).same(to(w)));
+    loss = add(sum(y1), sum(y2));
+  }
+  CHECK(autocast::weight_cache_size() == 0);  // cleared by the outermost guard
+  loss.backward();
+  CHECK(w.grad().dtype() == DType::f32);
+  KILN_CHECK_CLOSE(w.grad(), mul(sum(x, {0}, true).expand({3, 8}), 2.0), 2e-2, 2e-2);
+}
+
+TEST_CASE("the weight cache does not serve stale or graph-less casts") {
+  manual_seed(16);
+  Tensor w = parameter({2, 4});
+  const Tensor x = ones({1, 4});
+  AutocastGuard autocast(kCpu, DType::bf16);
+  const autocast::Cast to = autocast::plan(autocast::Policy::lower_precision, {&w});
+  const Tensor before = to(w);
+  {
+    NoGradGuard no_grad;
+    w.mul_(2.0);  // an in-place update inside the region (as an optimizer step would be)
+  }
+  const Tensor after = to(w);
+  CHECK_FALSE(after.same(before));
+  KILN_CHECK_CLOSE(after.to(DType::f32), mul(before.to(DType::f32), 2.0), 0, 0);
+
+  // A cast made under no_grad has no graph node: a later use with gradients must get a recorded one.
+  Tensor unrecorded;
+  {
+    NoGradGuard no_grad;
+    w.mul_(0.5);  // back to the initial values; the new version makes this region cast w again, here
+    unrecorded = linear(x, w);
+  }
+  CHECK(unrecorded.grad_fn() == nullptr);
+  CHECK(autocast::weight_cache_size() == 1);
+  const Tensor recorded = linear(x, w);
+  REQUIRE(input_node(recorded, 1) != nullptr);
+  sum(recorded).backward();
+  REQUIRE(w.grad().defined());
+  KILN_CHECK_CLOSE(w.grad(), ones({2, 4}), 0, 0);
+}
+
+TEST_CASE("guards restore the previous state and nest; enabled=false turns autocast off") {
+  manual_seed(17);
+  const Tensor x = randn({2, 3}), w = randn({4, 3});
+  Tensor p = parameter({4, 3});
+  CHECK_FALSE(autocast_enabled(kCpu));
+  CHECK(autocast_dtype(kCpu) == DType::bf16);   // PyTorch's defaults
+  CHECK(autocast_dtype(DeviceType::cuda) == DType::f16);
+  {
+    AutocastGuard outer(kCpu, DType::bf16);
+    CHECK(autocast_enabled(kCpu));
+    CHECK_FALSE(autocast_enabled(DeviceType::cuda));  // per device type
+    CHECK(linear(x, w).dtype() == DType::bf16);
+    (void)linear(x, p);
+    CHECK(autocast::weight_cache_size() == 1);
+    {
+      AutocastGuard inner(kCpu, DType::bf16, /*enabled=*/false);
+      CHECK_FALSE(autocast_enabled(kCpu));
+      CHECK(linear(x, w).dtype() == DType::f32);
+      CHECK(softmax(x.to(DType::bf16), 1).dtype() == DType::bf16);
+    }
+    CHECK(autocast_enabled(kCpu));
+    CHECK(autocast::weight_cache_size() == 1);  // an inner guard's exit keeps the region's cache
+    CHECK(linear(x, w).dtype() == DType::bf16);
+  }
+  CHECK_FALSE(autocast_enabled(kCpu));
+  CHECK(autocast::weight_cache_size() == 0);
+  CHECK(linear(x, w).dtype() == DType::f32);
+  CHECK(softmax(x.to(DType::bf16), 1).dtype() == DType::bf16);
+}
+
+TEST_CASE("float16 autocast is refused on the CPU; a CUDA guard leaves CPU ops alone") {
+  CHECK_THROWS_WITH_AS(AutocastGuard(kCpu, DType::f16), doctest::Contains("needs a GPU"), Error);
+  CHECK_THROWS_WITH_AS(AutocastGuard(kCpu, DType::f32), doctest::Contains("float16 or bfloat16"), Error);
+  CHECK_FALSE(autocast_enabled(kCpu));  // a refused guard changed nothing
+  AutocastGuard cuda_only(DeviceType::cuda, DType::f16);
+  CHECK(autocast_enabled(DeviceType::cuda));
+  CHECK(autocast_dtype(DeviceType::cuda) == DType::f16);
+  CHECK(linear(ones({2, 3}), ones({4, 3})).dtype() == DType::f32);
+}
+
+namespace {
+
+struct MlpRun {
+  double first_loss = 0, last_loss = 0;
+  DType logits_dtype = DType::f32;
+  DType weight_dtype = DType::bf16, grad_dtype = DType::bf16;
+};
+
+// 50 full-batch AdamW steps of a 16-64-4 MLP on a teacher-labelled problem,
+// with or without bf16 autocast, from the same initial weights and data.
+MlpRun train_mlp(bool autocast_on) {
+  manual_seed(18);
+  const Tensor inputs = randn({256, 16}), teacher = randn({16, 4});
+  const Tensor labels = argmax(matmul(inputs, teacher), 1);
+  nn::Sequential model({std::make_shared<nn::Linear>(16, 64), std::make_shared<nn::ReLU>(),
+                        std::make_shared<nn::Linear>(64, 4)});
+  optim::AdamWOptions options;
+  options.lr = 1e-2;
+  optim::AdamW adamw(model.parameters(), options);
+  MlpRun run;
+  for (int step = 0; step < 50; ++step) {
+    Tensor loss;
+    {
+      AutocastGuard autocast(kCpu, DType::bf16, autocast_on);
+      const Tensor logits = model.forward(inputs);
+      run.logits_dtype = logits.dtype();
+      loss = cross_entropy(logits, labels);
+    }
+    loss.backward();
+    const double value = loss.item<double>();
+    if (step == 0) run.first_loss = value;
+    run.last_loss = value;
+    run.grad_dtype = model.parameters()[0].grad().dtype();
+    adamw.step();
+    adamw.zero_grad();
+  }
+  run.weight_dtype = model.parameters()[0].dtype();
+  return run;
+}
+
+}  // namespace
+
+TEST_CASE("an MLP trained 50 steps in bf16 autocast reaches the float32 loss") {
+  const MlpRun fp32 = train_mlp(false), mixed = train_mlp(true);
+  MESSAGE(std::setprecision(8) << "loss at step 0: float32 " << fp32.first_loss << ", bf16 autocast "
+                                << mixed.first_loss << "; after 50 steps: float32 " << fp32.last_loss
+                                << ", bf16 autocast " << mixed.last_loss);
+  CHECK(fp32.logits_dtype == DType::f32);
+  CHECK(mixed.logits_dtype == DType::bf16);
+  CHECK(mixed.weight_dtype == DType::f32);
+  CHECK(mixed.grad_dtype == DType::f32);
+  CHECK(std::abs(mixed.first_loss - fp32.first_loss) < 0.02 * fp32.first_loss);
+  CHECK(fp32.last_loss < 0.3 * fp32.first_loss);  // the problem is learnable in 50 steps
+  CHECK(std::abs(mixed.last_loss - fp32.last_loss) < 0.1 * fp32.last_loss + 0.005);
+}
+
+}  // namespace kiln::testing
