@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <functional>
 #include <numbers>
+#include <thread>
 
 #include <unistd.h>
 
@@ -207,6 +208,77 @@ TEST_CASE("LearningRateMonitor with logging_interval epoch logs once per epoch; 
   fs::remove_all(root);
 }
 
+TEST_CASE("LearningRateMonitor without logging_interval logs a schedule at its own interval, into callback_metrics") {
+  auto data = regression_data(64);  // 16 batches per epoch
+  fs::path root = fresh_folder("lr_auto");
+  Regression module;
+  module.make_scheduler = [](optim::Optimizer& o) { return std::make_unique<optim::StepLR>(o, 1, 0.5); };
+  module.interval = "epoch";
+  auto logger = std::make_shared<RecordingLogger>(root.string());
+  TrainerOptions options = quiet_options();
+  options.logger = true;
+  options.loggers = {logger};
+  options.log_every_n_steps = 1;
+  options.max_epochs = 3;
+  options.callbacks = {std::make_shared<LearningRateMonitor>()};
+  DataLoader loader(data, loader_options(4));
+  Trainer trainer(options);
+  trainer.fit(module, loader);
+  CHECK(trainer.lr_scheduler_interval() == "epoch");
+  const auto lr = logger->series("lr-SGD");
+  REQUIRE(lr.size() == 3);  // at each epoch's start, not at every step
+  for (int64_t epoch = 0; epoch < 3; ++epoch) {
+    CHECK(lr[epoch].first == epoch * 16);
+    CHECK(lr[epoch].second == doctest::Approx(0.05 * std::pow(0.5, static_cast<double>(epoch))).epsilon(1e-12));
+  }
+  REQUIRE(trainer.callback_metrics().count("lr-SGD") == 1);
+  CHECK(trainer.callback_metrics().at("lr-SGD") == lr.back().second);
+  fs::remove_all(root);
+}
+
+TEST_CASE("LearningRateMonitor under ddp: a rank other than 0 has no logger of its own and is not refused") {
+  // The launcher's environment for rank 1 of 2; the Trainer's constructor does not communicate.
+  const std::map<std::string, std::string> launch = {{"RANK", "1"},           {"LOCAL_RANK", "1"},
+                                                     {"WORLD_SIZE", "2"},     {"LOCAL_WORLD_SIZE", "2"},
+                                                     {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", "29555"}};
+  struct Environment {
+    explicit Environment(const std::map<std::string, std::string>& values) {
+      for (const auto& [name, value] : values) {
+        const char* old = std::getenv(name.c_str());
+        if (old != nullptr) saved[name] = old;
+        names.push_back(name);
+        ::setenv(name.c_str(), value.c_str(), 1);
+      }
+    }
+    ~Environment() {
+      for (const std::string& name : names) {
+        auto it = saved.find(name);
+        if (it == saved.end()) {
+          ::unsetenv(name.c_str());
+        } else {
+          ::setenv(name.c_str(), it->second.c_str(), 1);
+        }
+      }
+    }
+    std::map<std::string, std::string> saved;
+    std::vector<std::string> names;
+  } environment(launch);
+  TrainerOptions options = quiet_options();
+  options.logger = true;
+  options.strategy = "ddp";
+  options.devices = 2;
+  Trainer rank1(options);
+  REQUIRE_FALSE(rank1.is_global_zero());
+  CHECK(rank1.loggers().empty());
+  Regression module;
+  LearningRateMonitor monitor;
+  CHECK_NOTHROW(monitor.on_train_start(rank1, module));
+  // Without loggers on rank 0 (logger=false), every rank refuses alike.
+  options.logger = false;
+  Trainer silent(options);
+  CHECK_THROWS_WITH_AS(monitor.on_train_start(silent, module), doctest::Contains("no logger"), Error);
+}
+
 // ---------------------------------------------------------------- Timer
 TEST_CASE("Timer: a 1-second duration stops a long run on time") {
   auto data = regression_data(32);
@@ -264,6 +336,44 @@ TEST_CASE("Timer: durations, and the elapsed time carried by state_dict") {
   CHECK(resumed->state_dict()["time_elapsed"]["train"].get<double>() >= 5.0);
 }
 
+TEST_CASE("Timer: Trainer::validate, test and predict time their stages; validate does not checkpoint") {
+  struct SlowEval : Regression {
+    void validation_step(const Batch&, int64_t) override { std::this_thread::sleep_for(std::chrono::milliseconds(10)); }
+    void test_step(const Batch&, int64_t) override { std::this_thread::sleep_for(std::chrono::milliseconds(20)); }
+    Tensor predict_step(const Batch& batch, int64_t index) override {
+      std::this_thread::sleep_for(std::chrono::milliseconds(30));
+      return Regression::predict_step(batch, index);
+    }
+  } module;
+  auto data = regression_data(8);  // 2 batches of 4
+  fs::path root = fresh_folder("timer_stages");
+  auto timer = std::make_shared<Timer>();
+  ModelCheckpointOptions checkpointing;
+  checkpointing.dirpath = root.string();
+  TrainerOptions options = quiet_options();
+  options.enable_checkpointing = true;
+  options.callbacks = {timer, std::make_shared<ModelCheckpoint>(checkpointing)};
+  Trainer trainer(options);
+  DataLoader loader(data, loader_options(4));
+  for (const char* stage : {"validate", "test", "predict"}) CHECK_FALSE(timer->start_time(stage).has_value());
+  trainer.validate(module, loader);
+  trainer.test(module, loader);
+  CHECK(trainer.predict(module, loader).size() == 2);
+  const std::map<std::string, double> at_least = {{"validate", 0.02}, {"test", 0.04}, {"predict", 0.06}};
+  for (const auto& [stage, seconds] : at_least) {
+    CAPTURE(stage);
+    REQUIRE(timer->start_time(stage).has_value());
+    REQUIRE(timer->end_time(stage).has_value());
+    CHECK(timer->time_elapsed(stage) >= seconds);
+    CHECK(timer->time_elapsed(stage) < seconds + 1.0);
+    CHECK(timer->state_dict()["time_elapsed"][stage].get<double>() == timer->time_elapsed(stage));
+  }
+  CHECK_FALSE(timer->start_time("train").has_value());
+  CHECK_THROWS_AS(timer->time_elapsed("sanity_check"), Error);
+  CHECK(fs::is_empty(root));  // ModelCheckpoint saves in fit only (Lightning)
+  fs::remove_all(root);
+}
+
 // ---------------------------------------------------------------- GradientAccumulationScheduler
 TEST_CASE("GradientAccumulationScheduler: Lightning's schedule semantics and checks") {
   using Schedule = std::map<int64_t, int64_t>;
@@ -281,26 +391,31 @@ TEST_CASE("GradientAccumulationScheduler: Lightning's schedule semantics and che
 
   auto data = regression_data(32);  // 8 batches per epoch
   auto callback = std::make_shared<GradientAccumulationScheduler>(Schedule{{1, 4}});
-  {  // The Trainer runs the schedule: epoch 0 steps 8 times, epoch 1 twice.
+  for (bool also_as_option : {false, true}) {
+    // The callback alone schedules: epoch 0 steps 8 times, epoch 1 twice (the
+    // same schedule given as the Trainer's option too is accepted).
+    CAPTURE(also_as_option);
     Regression module;
     TrainerOptions options = quiet_options();
     options.max_epochs = 2;
-    options.accumulation_schedule = callback->scheduling();
+    if (also_as_option) options.accumulation_schedule = {{1, 4}};
     options.callbacks = {callback};
     DataLoader loader(data, loader_options(4));
     Trainer trainer(options);
+    CHECK(trainer.estimated_stepping_batches(loader) == 8 + 2);
+    CHECK(trainer.options().accumulation_schedule == callback->scheduling());
     trainer.fit(module, loader);
     CHECK(trainer.global_step() == 8 + 2);
+    CHECK(module.training_steps == 16);
   }
-  {  // A Trainer running another schedule, or accumulate_grad_batches too, is refused.
-    Regression module;
+  {  // Another accumulation_schedule, or accumulate_grad_batches too, is refused.
     TrainerOptions options = quiet_options();
-    options.max_epochs = 1;
     options.callbacks = {callback};
-    DataLoader loader(data, loader_options(4));
-    CHECK_THROWS_WITH_AS(Trainer(options).fit(module, loader), doctest::Contains("accumulation_schedule"), Error);
+    options.accumulation_schedule = {{1, 2}};
+    CHECK_THROWS_WITH_AS(Trainer{options}, doctest::Contains("accumulation_schedule {1: 2}"), Error);
+    options.accumulation_schedule.clear();
     options.accumulate_grad_batches = 2;
-    CHECK_THROWS_WITH_AS(Trainer(options).fit(module, loader), doctest::Contains("remove one"), Error);
+    CHECK_THROWS_WITH_AS(Trainer{options}, doctest::Contains("remove one"), Error);
   }
 }
 
@@ -425,4 +540,44 @@ TEST_CASE("StochasticWeightAveraging: Lightning's arguments, and its state round
   const auto& actual = restored->averaged_model()->parameters();
   REQUIRE(actual.size() == expected.size());
   for (size_t i = 0; i < actual.size(); ++i) KILN_CHECK_CLOSE(actual[i].second, expected[i].second, 0, 0);
+}
+
+TEST_CASE("StochasticWeightAveraging: resumed from a checkpoint taken after SWA started, it ends as the uninterrupted run") {
+  auto data = regression_data(32);  // 8 batches of 4 per epoch
+  fs::path root = fresh_folder("swa_resume");
+  StochasticWeightAveragingOptions swa_options;
+  swa_options.swa_lrs = {0.002};
+  swa_options.swa_epoch_start = int64_t{3};  // 0-based epochs 2..5 of 6
+  swa_options.annealing_epochs = 3;          // still annealing when the checkpoint is taken
+  // Every epoch's end writes "epoch=<e>.safetensors" into `folder`; returns the final state.
+  auto run = [&](const fs::path& folder, const std::string& ckpt_path) {
+    Regression module(/*batch_norm=*/true);
+    module.make_scheduler = [](optim::Optimizer& o) { return std::make_unique<optim::StepLR>(o, 5, 0.5); };
+    ModelCheckpointOptions checkpointing;
+    checkpointing.dirpath = folder.string();
+    checkpointing.filename = "epoch={epoch}";
+    checkpointing.save_top_k = -1;
+    auto swa = std::make_shared<StochasticWeightAveraging>(swa_options);
+    TrainerOptions options = quiet_options();
+    options.max_epochs = 6;
+    options.enable_checkpointing = true;
+    options.callbacks = {std::make_shared<ModelCheckpoint>(checkpointing), swa};
+    DataLoader loader(data, loader_options(4));
+    Trainer trainer(options);
+    trainer.fit(module, loader, nullptr, ckpt_path);
+    CHECK(swa->n_averaged() == 4);
+    CHECK(trainer.lr_scheduler()->name() == "SWALR");
+    std::vector<float> state;
+    for (const auto& [name, tensor] : module.net->state_dict()) {
+      for (float v : tensor.to(DType::f32).to_vector<float>()) state.push_back(v);
+    }
+    state.push_back(static_cast<float>(trainer.optimizer().lr(0).item<double>()));
+    return state;
+  };
+  const std::vector<float> full = run(root / "full", "");
+  const fs::path checkpoint = root / "full" / "epoch=3.safetensors";  // after epochs 2 and 3 of SWA
+  REQUIRE(fs::exists(checkpoint));
+  manual_seed(999);
+  CHECK(run(root / "resumed", checkpoint.string()) == full);
+  fs::remove_all(root);
 }

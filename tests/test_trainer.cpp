@@ -394,3 +394,33 @@ TEST_CASE("Trainer: overfit_batches trains and validates on the same first batch
   CHECK(fraction.trained[1] == second);
   fs::remove_all(root);
 }
+
+TEST_CASE("Trainer: a validation inside an epoch neither reports nor resets the training epoch's logged values") {
+  struct EpochLogging : Regression {
+    Tensor training_step(const Batch& batch, int64_t) override {
+      Tensor difference = sub(net->forward(batch.input), batch.target);
+      Tensor loss = mean(mul(difference, difference));
+      log("epoch_loss", loss, false, true);
+      losses[trainer()->current_epoch()].push_back(loss.item<double>());
+      return loss;
+    }
+    std::map<int64_t, std::vector<double>> losses;
+  } module;
+  auto data = regression_data(64);
+  fs::path root = fresh_folder("val_inside_epoch");
+  TrainerOptions options = quiet_options(root);
+  options.max_epochs = 2;
+  options.val_check_interval = 0.5;
+  options.logger = false;
+  DataLoader train(data, loader_options(4));
+  DataLoader val(data, loader_options(32, false));
+  Trainer trainer(options);
+  trainer.fit(module, train, &val);
+  REQUIRE(module.losses[1].size() == 16);
+  double sum = 0;
+  for (double loss : module.losses[1]) sum += loss;
+  // The mean over all 16 batches of the last epoch, not over those after the mid-epoch validation.
+  CHECK(trainer.callback_metrics().at("epoch_loss") == doctest::Approx(sum / 16).epsilon(1e-12));
+  CHECK(trainer.callback_metrics().count("val_loss") == 1);
+  fs::remove_all(root);
+}

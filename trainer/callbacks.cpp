@@ -77,7 +77,8 @@ void EarlyStopping::check(Trainer& trainer) {
 }
 
 void EarlyStopping::on_validation_end(Trainer& trainer, TrainModule&) {
-  if (!options_.check_on_train_epoch_end) check(trainer);
+  // Trainer::validate() outside fit decides nothing (as Lightning).
+  if (!options_.check_on_train_epoch_end && trainer.fitting()) check(trainer);
 }
 
 void EarlyStopping::on_train_epoch_end(Trainer& trainer, TrainModule&) {
@@ -197,7 +198,7 @@ void ModelCheckpoint::save(Trainer& trainer, TrainModule&) {
 }
 
 void ModelCheckpoint::on_validation_end(Trainer& trainer, TrainModule& module) {
-  if (options_.every_n_train_steps > 0) return;
+  if (options_.every_n_train_steps > 0 || !trainer.fitting()) return;
   if (options_.every_n_epochs > 0 && (trainer.current_epoch() + 1) % options_.every_n_epochs == 0) save(trainer, module);
 }
 
@@ -218,13 +219,17 @@ void ModelCheckpoint::on_train_epoch_end(Trainer& trainer, TrainModule& module) 
 }
 
 nlohmann::json ModelCheckpoint::state_dict() const {
-  return {{"best_model_path", best_path_}, {"last_model_path", last_path_}, {"kept", kept_}};
+  // last_saved_step: a run resumed from a checkpoint written at an epoch's end
+  // does not write that step's checkpoint again from its epoch-end hook.
+  return {{"best_model_path", best_path_}, {"last_model_path", last_path_}, {"kept", kept_},
+          {"last_saved_step", last_saved_step_}};
 }
 
 void ModelCheckpoint::load_state_dict(const nlohmann::json& state) {
   best_path_ = state.value("best_model_path", "");
   last_path_ = state.value("last_model_path", "");
   kept_ = state.value("kept", std::map<std::string, double>{});
+  last_saved_step_ = state.value("last_saved_step", int64_t{-1});
 }
 
 }  // namespace kiln

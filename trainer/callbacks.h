@@ -31,8 +31,18 @@ class Callback {
   virtual void on_train_batch_end(Trainer&, TrainModule&, int64_t /*batch_idx*/) {}
   // Before each optimizer step, after gradients are complete (and synchronized).
   virtual void on_before_optimizer_step(Trainer&, TrainModule&, optim::Optimizer&) {}
+  // Around every validation pass, in fit and in Trainer::validate (Trainer::fitting() tells them apart).
   virtual void on_validation_start(Trainer&, TrainModule&) {}
   virtual void on_validation_end(Trainer&, TrainModule&) {}
+  virtual void on_test_start(Trainer&, TrainModule&) {}
+  virtual void on_test_end(Trainer&, TrainModule&) {}
+  virtual void on_predict_start(Trainer&, TrainModule&) {}
+  virtual void on_predict_end(Trainer&, TrainModule&) {}
+  // fit(ckpt_path) with `own_state` (what state_dict() wrote): after the model
+  // weights are restored, before load_state_dict and before the optimizers'
+  // and schedules' states are, so a callback can install what those states
+  // must load into (StochasticWeightAveraging's SWALR).
+  virtual void on_load_checkpoint(Trainer&, TrainModule&, const nlohmann::json& /*own_state*/) {}
   virtual nlohmann::json state_dict() const { return nlohmann::json::object(); }
   virtual void load_state_dict(const nlohmann::json&) {}
 };

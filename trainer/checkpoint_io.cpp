@@ -27,34 +27,47 @@ void restore_generators(const nlohmann::json& states) {
     default_generator(device).set_state({value.at(0).get<uint64_t>(), value.at(1).get<uint64_t>()});
   }
 }
+
+// Optimizer 0 keeps the single-optimizer names ("optimizer", "scheduler").
+std::string slot_name(const char* kind, size_t index) {
+  return index == 0 ? std::string(kind) : std::string(kind) + "_" + std::to_string(index);
+}
 }  // namespace
 
-void save_trainer_checkpoint(const std::string& path, const nn::Module& model, const optim::Optimizer& optimizer,
-                             const optim::LRScheduler* scheduler, const TrainerCheckpoint& progress) {
+void save_trainer_checkpoint(const std::string& path, const nn::Module& model,
+                             const std::vector<OptimizerSlot>& optimizers, const TrainerCheckpoint& progress) {
   NamedTensorList tensors;
   for (const auto& [name, tensor] : model.state_dict()) tensors.emplace_back("model." + name, tensor);
-  optim::StateDict optimizer_state = optimizer.state_dict();
-  for (const auto& [name, tensor] : optimizer_state.tensors) tensors.emplace_back("optimizer." + name, tensor);
   nlohmann::json meta = {{"format", kFormat},
                          {"model_type", model.type_name()},
                          {"epoch", progress.epoch},
                          {"global_step", progress.global_step},
                          {"batch_in_epoch", progress.batch_in_epoch},
+                         {"epoch_end_hooks_done", progress.epoch_end_hooks_done},
                          {"loader", progress.loader_state},
+                         {"metrics", progress.metrics},
                          {"callbacks", progress.callback_states},
                          {"rng", generator_states()},
                          {"hyperparameters", progress.hyperparameters},
-                         {"optimizer", optimizer_state.meta}};
-  if (scheduler != nullptr) {
-    optim::StateDict scheduler_state = scheduler->state_dict();
-    for (const auto& [name, tensor] : scheduler_state.tensors) tensors.emplace_back("scheduler." + name, tensor);
-    meta["scheduler"] = scheduler_state.meta;
+                         {"num_optimizers", optimizers.size()}};
+  for (size_t i = 0; i < optimizers.size(); ++i) {
+    const std::string optimizer_key = slot_name("optimizer", i), scheduler_key = slot_name("scheduler", i);
+    optim::StateDict optimizer_state = optimizers[i].optimizer->state_dict();
+    for (const auto& [name, tensor] : optimizer_state.tensors) tensors.emplace_back(optimizer_key + "." + name, tensor);
+    meta[optimizer_key] = optimizer_state.meta;
+    if (optimizers[i].scheduler != nullptr) {
+      optim::StateDict scheduler_state = optimizers[i].scheduler->state_dict();
+      for (const auto& [name, tensor] : scheduler_state.tensors) {
+        tensors.emplace_back(scheduler_key + "." + name, tensor);
+      }
+      meta[scheduler_key] = scheduler_state.meta;
+    }
   }
   save_safetensors(path, tensors, {{"kiln", meta.dump()}});
 }
 
-TrainerCheckpoint load_trainer_checkpoint(const std::string& path, nn::Module& model, optim::Optimizer& optimizer,
-                                          optim::LRScheduler* scheduler) {
+TrainerCheckpointFile read_trainer_checkpoint(const std::string& path, const nn::Module& model,
+                                              size_t num_optimizers) {
   SafetensorsFile file = load_safetensors(path);
   auto it = file.metadata.find("kiln");
   KILN_CHECK(it != file.metadata.end(), "load checkpoint '", path,
@@ -69,45 +82,79 @@ TrainerCheckpoint load_trainer_checkpoint(const std::string& path, nn::Module& m
              meta.value("format", ""), "'");
   KILN_CHECK(meta.value("model_type", "") == model.type_name(), "load checkpoint '", path, "': it holds a ",
              meta.value("model_type", "?"), " but the model is a ", model.type_name());
-  KILN_CHECK(meta.contains("scheduler") == (scheduler != nullptr), "load checkpoint '", path, "': it was written ",
-             meta.contains("scheduler") ? "with" : "without", " a learning-rate schedule, but this run has ",
-             scheduler != nullptr ? "one" : "none");
-  nn::StateDict model_state;
-  optim::StateDict optimizer_state, scheduler_state;
-  optimizer_state.meta = meta.at("optimizer");
-  if (scheduler != nullptr) scheduler_state.meta = meta.at("scheduler");
+  // Checkpoints written before several optimizers were supported hold one.
+  const size_t saved_optimizers = meta.value("num_optimizers", size_t{1});
+  KILN_CHECK(saved_optimizers == num_optimizers, "load checkpoint '", path, "': it holds ", saved_optimizers,
+             " optimizer(s) but configure_optimizers returned ", num_optimizers);
+  TrainerCheckpointFile out;
+  out.path = path;
+  // Tensor-name prefix ("optimizer_1.") -> where its tensors go.
+  std::map<std::string, std::map<std::string, Tensor>*> destinations;
+  out.optimizers.resize(saved_optimizers);
+  out.schedulers.resize(saved_optimizers);
+  try {
+    for (size_t i = 0; i < saved_optimizers; ++i) {
+      const std::string optimizer_key = slot_name("optimizer", i), scheduler_key = slot_name("scheduler", i);
+      out.optimizers[i].meta = meta.at(optimizer_key);
+      destinations[optimizer_key + "."] = &out.optimizers[i].tensors;
+      if (meta.contains(scheduler_key)) {
+        out.schedulers[i] = optim::StateDict{};
+        out.schedulers[i]->meta = meta.at(scheduler_key);
+        destinations[scheduler_key + "."] = &out.schedulers[i]->tensors;
+      }
+    }
+    out.progress.epoch = meta.at("epoch").get<int64_t>();
+    out.progress.global_step = meta.at("global_step").get<int64_t>();
+    out.progress.batch_in_epoch = meta.at("batch_in_epoch").get<int64_t>();
+    out.progress.epoch_end_hooks_done = meta.value("epoch_end_hooks_done", false);
+    out.progress.loader_state = meta.at("loader");
+    out.progress.metrics = meta.value("metrics", nlohmann::json());
+    out.progress.callback_states = meta.at("callbacks").get<std::map<std::string, nlohmann::json>>();
+    out.progress.hyperparameters = meta.value("hyperparameters", std::map<std::string, std::string>{});
+    out.rng = meta.at("rng");
+  } catch (const nlohmann::json::exception& error) {
+    KILN_THROW("load checkpoint '", path, "': corrupt metadata: ", error.what());
+  }
   for (auto& [name, tensor] : file.tensors) {
     if (name.rfind("model.", 0) == 0) {
-      model_state.emplace_back(name.substr(6), tensor);
-    } else if (name.rfind("optimizer.", 0) == 0) {
-      optimizer_state.tensors[name.substr(10)] = tensor;
-    } else if (name.rfind("scheduler.", 0) == 0) {
-      scheduler_state.tensors[name.substr(10)] = tensor;
-    } else {
-      KILN_THROW("load checkpoint '", path, "': unexpected tensor '", name, "'");
+      out.model.emplace_back(name.substr(6), tensor);
+      continue;
     }
+    const size_t dot = name.find('.');
+    auto destination = dot == std::string::npos ? destinations.end() : destinations.find(name.substr(0, dot + 1));
+    KILN_CHECK(destination != destinations.end(), "load checkpoint '", path, "': unexpected tensor '", name, "'");
+    (*destination->second)[name.substr(dot + 1)] = tensor;
   }
+  return out;
+}
+
+void load_checkpoint_model(const TrainerCheckpointFile& file, nn::Module& model) {
   // load_state_dict validates every key and shape before writing anything.
   try {
-    model.load_state_dict(model_state, /*strict=*/true);
+    model.load_state_dict(file.model, /*strict=*/true);
   } catch (const Error& error) {
-    KILN_THROW("load checkpoint '", path, "': the model does not match: ", error.message());
+    KILN_THROW("load checkpoint '", file.path, "': the model does not match: ", error.message());
+  }
+}
+
+void load_checkpoint_optimizers(const TrainerCheckpointFile& file, const std::vector<OptimizerSlot>& optimizers) {
+  KILN_CHECK(optimizers.size() == file.optimizers.size(), "load checkpoint '", file.path, "': it holds ",
+             file.optimizers.size(), " optimizer(s) but this run has ", optimizers.size());
+  for (size_t i = 0; i < optimizers.size(); ++i) {
+    const bool saved = file.schedulers[i].has_value(), present = optimizers[i].scheduler != nullptr;
+    KILN_CHECK(saved == present, "load checkpoint '", file.path, "': optimizer ", i, " was saved ",
+               saved ? "with" : "without", " a learning-rate schedule, but this run has ", present ? "one" : "none");
   }
   try {
-    optimizer.load_state_dict(optimizer_state);
-    if (scheduler != nullptr) scheduler->load_state_dict(scheduler_state);
+    for (size_t i = 0; i < optimizers.size(); ++i) {
+      optimizers[i].optimizer->load_state_dict(file.optimizers[i]);
+      if (optimizers[i].scheduler != nullptr) optimizers[i].scheduler->load_state_dict(*file.schedulers[i]);
+    }
   } catch (const Error& error) {
-    KILN_THROW("load checkpoint '", path, "': the optimizer or schedule does not match: ", error.message());
+    KILN_THROW("load checkpoint '", file.path, "': the optimizer or schedule does not match: ", error.message());
   }
-  restore_generators(meta.at("rng"));
-  TrainerCheckpoint progress;
-  progress.epoch = meta.at("epoch").get<int64_t>();
-  progress.global_step = meta.at("global_step").get<int64_t>();
-  progress.batch_in_epoch = meta.at("batch_in_epoch").get<int64_t>();
-  progress.loader_state = meta.at("loader");
-  progress.callback_states = meta.at("callbacks").get<std::map<std::string, nlohmann::json>>();
-  progress.hyperparameters = meta.value("hyperparameters", std::map<std::string, std::string>{});
-  return progress;
 }
+
+void load_checkpoint_rng(const TrainerCheckpointFile& file) { restore_generators(file.rng); }
 
 }  // namespace kiln

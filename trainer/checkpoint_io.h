@@ -1,12 +1,18 @@
 // Trainer checkpoints: one safetensors file holding the model ("model.*"),
-// optimizer ("optimizer.*") and schedule ("scheduler.*") tensors, with the
-// loop progress, data-loader position, RNG states, callback states and the
-// optimizer/schedule structure as JSON in the header's __metadata__ ("kiln").
+// optimizer and schedule tensors, with the loop progress, data-loader
+// position, RNG states, callback states and the optimizer/schedule structure
+// as JSON in the header's __metadata__ ("kiln").
+//
+// Optimizer i's tensors are "optimizer.*" and "scheduler.*" for i = 0 (the
+// layout of single-optimizer checkpoints, which still load) and
+// "optimizer_<i>.*" / "scheduler_<i>.*" after; the JSON keys follow the same names.
 #pragma once
 
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "nn/module.h"
 #include "optim/lr_scheduler.h"
@@ -18,20 +24,48 @@ struct TrainerCheckpoint {
   int64_t epoch = 0;
   int64_t global_step = 0;
   int64_t batch_in_epoch = 0;
+  // The epoch's on_train_epoch_end hooks had run when it was written (a
+  // checkpoint saved from them); its per-epoch schedules had not stepped yet.
+  bool epoch_end_hooks_done = false;
   nlohmann::json loader_state;
+  // The Trainer's callback_metrics and the epoch's logged values so far (its own layout).
+  nlohmann::json metrics;
   std::map<std::string, nlohmann::json> callback_states;
   std::map<std::string, std::string> hyperparameters;
 };
 
-// Writes atomically (see save_safetensors).
-void save_trainer_checkpoint(const std::string& path, const nn::Module& model, const optim::Optimizer& optimizer,
-                             const optim::LRScheduler* scheduler, const TrainerCheckpoint& progress);
+// One optimizer and its schedule (null: none), as saved and loaded.
+struct OptimizerSlot {
+  optim::Optimizer* optimizer = nullptr;
+  optim::LRScheduler* scheduler = nullptr;
+};
 
-// Validates the whole file before changing anything: a truncated or corrupt
-// file, or one from a different model or optimizer, throws kiln::Error naming
-// the file and the problem, and leaves the model and optimizer untouched.
-// Restores the default generators' states too.
-TrainerCheckpoint load_trainer_checkpoint(const std::string& path, nn::Module& model, optim::Optimizer& optimizer,
-                                          optim::LRScheduler* scheduler);
+// Writes atomically (see save_safetensors).
+void save_trainer_checkpoint(const std::string& path, const nn::Module& model,
+                             const std::vector<OptimizerSlot>& optimizers, const TrainerCheckpoint& progress);
+
+// A checkpoint file read and checked, nothing applied yet: load it in stages
+// (model, then callbacks, then optimizers) with the functions below.
+struct TrainerCheckpointFile {
+  std::string path;
+  TrainerCheckpoint progress;
+  nn::StateDict model;
+  std::vector<optim::StateDict> optimizers;
+  std::vector<std::optional<optim::StateDict>> schedulers;  // nullopt: saved without a schedule
+  nlohmann::json rng;
+};
+
+// Reads the whole file and checks it: a truncated or corrupt file, one of
+// another model type or one with another number of optimizers throws
+// kiln::Error naming the file and the problem. Changes nothing.
+TrainerCheckpointFile read_trainer_checkpoint(const std::string& path, const nn::Module& model,
+                                              size_t num_optimizers);
+// Loads the weights (strict); throws kiln::Error, with the model untouched, when they do not match.
+void load_checkpoint_model(const TrainerCheckpointFile& file, nn::Module& model);
+// Loads the optimizer and schedule states; throws kiln::Error when a schedule
+// is present in only one of the file and the run, or a state does not match.
+void load_checkpoint_optimizers(const TrainerCheckpointFile& file, const std::vector<OptimizerSlot>& optimizers);
+// Restores the default generators' states (CPU and the CUDA devices present).
+void load_checkpoint_rng(const TrainerCheckpointFile& file);
 
 }  // namespace kiln

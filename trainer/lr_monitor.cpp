@@ -12,18 +12,27 @@ LearningRateMonitor::LearningRateMonitor(LearningRateMonitorOptions options) : o
 }
 
 void LearningRateMonitor::on_train_start(Trainer& trainer, TrainModule&) {
-  KILN_CHECK(!trainer.loggers().empty(),
+  // Only rank 0 holds loggers under "ddp"; the other ranks read the flags that
+  // give rank 0 its loggers, so that every rank throws alike.
+  const TrainerOptions& options = trainer.options();
+  const bool has_logger = trainer.is_global_zero() ? !trainer.loggers().empty()
+                                                   : options.logger && options.fast_dev_run == 0;
+  KILN_CHECK(has_logger,
              "Cannot use LearningRateMonitor callback with a Trainer that has no logger (logger=false or fast_dev_run)");
   last_logged_step_ = -1;
 }
 
 // Lightning's names: "lr-SGD", a second SGD "lr-SGD-1", groups "lr-SGD/pg1", ...
-std::map<std::string, double> LearningRateMonitor::current_values(Trainer& trainer) const {
+std::map<std::string, double> LearningRateMonitor::current_values(Trainer& trainer, const std::string& interval) const {
   std::map<std::string, double> values;
-  std::map<std::string, int64_t> seen;  // optimizers of each type so far
+  std::map<std::string, int64_t> seen;  // optimizers of each type so far (the names count all of them)
   for (int64_t index = 0; index < trainer.num_optimizers(); ++index) {
-    const optim::Optimizer& optimizer = trainer.optimizer(static_cast<size_t>(index));
+    const auto i = static_cast<size_t>(index);
+    const optim::Optimizer& optimizer = trainer.optimizer(i);
     const int64_t earlier = seen[optimizer.name()]++;
+    // Unset interval: a schedule's optimizer only at the schedule's own interval.
+    const bool scheduled = trainer.lr_scheduler(i) != nullptr;
+    if (!options_.logging_interval && scheduled && trainer.lr_scheduler_interval(i) != interval) continue;
     const std::string base = "lr-" + optimizer.name() + (earlier > 0 ? "-" + std::to_string(earlier) : "");
     for (int64_t g = 0; g < optimizer.num_groups(); ++g) {
       const std::string key = optimizer.num_groups() == 1 ? base : base + "/pg" + std::to_string(g + 1);
@@ -35,16 +44,16 @@ std::map<std::string, double> LearningRateMonitor::current_values(Trainer& train
   return values;
 }
 
-void LearningRateMonitor::log(Trainer& trainer) {
-  last_logged_ = current_values(trainer);
+void LearningRateMonitor::log(Trainer& trainer, const std::string& interval) {
+  std::map<std::string, double> values = current_values(trainer, interval);
+  if (values.empty()) return;
+  for (const auto& [key, value] : values) trainer.set_callback_metric(key, value);
   for (const auto& logger : trainer.loggers()) {
-    logger->log_metrics(last_logged_, trainer.global_step(), trainer.current_epoch());
+    logger->log_metrics(values, trainer.global_step(), trainer.current_epoch());
   }
+  last_logged_ = std::move(values);
 }
 
-// Lightning's logging_interval=None logs a schedule at its own interval and an
-// optimizer without one at both. The Trainer does not expose the schedule's
-// interval yet, so a schedule is taken as stepped per optimizer step there.
 void LearningRateMonitor::on_train_batch_start(Trainer& trainer, TrainModule&, int64_t) {
   if (options_.logging_interval == "epoch") return;
   // Once per optimizer step (micro-batches of one step share it), on
@@ -53,13 +62,12 @@ void LearningRateMonitor::on_train_batch_start(Trainer& trainer, TrainModule&, i
   const bool due = (step + 1) % trainer.options().log_every_n_steps == 0 || trainer.should_stop;
   if (!due || step == last_logged_step_) return;
   last_logged_step_ = step;
-  log(trainer);
+  log(trainer, "step");
 }
 
 void LearningRateMonitor::on_train_epoch_start(Trainer& trainer, TrainModule&) {
   if (options_.logging_interval == "step") return;
-  if (!options_.logging_interval && trainer.lr_scheduler() != nullptr) return;  // logged per step (see above)
-  log(trainer);
+  log(trainer, "epoch");
 }
 
 }  // namespace kiln

@@ -1,7 +1,9 @@
-// LearningRateMonitor: logs the optimizer's learning rate (and optionally
-// momentum and weight decay) through the Trainer's loggers, with Lightning's
-// keys: "lr-<Optimizer>" (e.g. "lr-AdamW"), "lr-<Optimizer>/pg<N>" for several
-// parameter groups, and "<key>-momentum" / "<key>-weight_decay".
+// LearningRateMonitor: logs the optimizers' learning rates (and optionally
+// momentum and weight decay) through the Trainer's loggers and into its
+// callback_metrics, with Lightning's keys: "lr-<Optimizer>" (e.g. "lr-AdamW"),
+// "lr-<Optimizer>-<N>" for the N-th further optimizer of a type,
+// "lr-<Optimizer>/pg<N>" for several parameter groups, and
+// "<key>-momentum" / "<key>-weight_decay".
 #pragma once
 
 #include <map>
@@ -14,9 +16,8 @@ namespace kiln {
 
 struct LearningRateMonitorOptions {
   // "step": every log_every_n_steps optimizer steps; "epoch": at each epoch's
-  // start; unset (Lightning's None): both without a schedule, and with one the
-  // step cadence (Lightning uses the schedule's own interval, which the Trainer
-  // does not expose yet).
+  // start; unset (Lightning's None): an optimizer with a schedule at the
+  // schedule's interval, one without at both.
   std::optional<std::string> logging_interval;
   bool log_momentum = false;  // SGD/LARS momentum, Adam/LAMB beta1
   bool log_weight_decay = false;
@@ -28,7 +29,8 @@ class LearningRateMonitor : public Callback {
  public:
   explicit LearningRateMonitor(LearningRateMonitorOptions options = {});
   std::string name() const override { return "LearningRateMonitor"; }
-  // Throws kiln::Error when the Trainer has no logger (as Lightning).
+  // Throws kiln::Error when the Trainer has no logger (as Lightning). Ranks
+  // other than 0 have none under "ddp" by design: they decide from the flags.
   void on_train_start(Trainer& trainer, TrainModule& module) override;
   void on_train_batch_start(Trainer& trainer, TrainModule& module, int64_t batch_idx) override;
   void on_train_epoch_start(Trainer& trainer, TrainModule& module) override;
@@ -37,8 +39,9 @@ class LearningRateMonitor : public Callback {
   const std::map<std::string, double>& last_logged() const { return last_logged_; }
 
  private:
-  std::map<std::string, double> current_values(Trainer& trainer) const;
-  void log(Trainer& trainer);
+  // The values of the optimizers due at `interval` ("step" or "epoch").
+  std::map<std::string, double> current_values(Trainer& trainer, const std::string& interval) const;
+  void log(Trainer& trainer, const std::string& interval);
 
   LearningRateMonitorOptions options_;
   std::map<std::string, double> last_logged_;

@@ -114,15 +114,16 @@ void StochasticWeightAveraging::on_fit_start(Trainer& trainer, TrainModule& modu
     average_->load_state_dict(state);
     restored_average_ = nullptr;
   }
-  // A run resumed inside the SWA phase continues with the SWALR schedule the
-  // Trainer restored from its checkpoint; without one, SWALR starts anew at the
-  // next epoch (annealing from the current lr) and the average continues.
+  // A run resumed inside the SWA phase continues with the SWALR schedule
+  // on_load_checkpoint installed; state loaded otherwise (load_state_dict
+  // alone) has none, so SWALR starts anew at the next epoch (annealing from the
+  // current lr) and the average continues.
   if (initialized_ && (trainer.lr_scheduler() == nullptr || trainer.lr_scheduler()->name() != "SWALR")) {
     initialized_ = false;
   }
 }
 
-void StochasticWeightAveraging::start(Trainer& trainer, TrainModule& module) {
+void StochasticWeightAveraging::install_swalr(Trainer& trainer) {
   KILN_CHECK(trainer.num_optimizers() == 1, "StochasticWeightAveraging works with 1 optimizer, the module configured ",
              trainer.num_optimizers());
   optim::Optimizer& optimizer = trainer.optimizer();
@@ -130,10 +131,18 @@ void StochasticWeightAveraging::start(Trainer& trainer, TrainModule& module) {
   if (swa_lrs.size() == 1) swa_lrs.assign(static_cast<size_t>(optimizer.num_groups()), swa_lrs.front());
   auto scheduler = std::make_unique<optim::SWALR>(optimizer, swa_lrs, options_.annealing_epochs,
                                                   anneal_strategy(options_.annealing_strategy));
+  trainer.set_lr_scheduler(std::move(scheduler), "epoch");
+}
+
+void StochasticWeightAveraging::on_load_checkpoint(Trainer& trainer, TrainModule&, const nlohmann::json& own_state) {
+  if (own_state.value("swa_started", false)) install_swalr(trainer);
+}
+
+void StochasticWeightAveraging::start(Trainer& trainer, TrainModule& module) {
   if (trainer.lr_scheduler() != nullptr) {
     std::fprintf(stderr, "Swapping scheduler `%s` for `SWALR`\n", trainer.lr_scheduler()->name().c_str());
   }
-  trainer.set_lr_scheduler(std::move(scheduler), "epoch");
+  install_swalr(trainer);
   if (!average_) {
     average_ = std::make_unique<optim::AveragedModel>(
         module.model(), optim::AveragedModelOptions{options_.device, options_.avg_fn, false});

@@ -41,6 +41,9 @@ class StochasticWeightAveraging : public Callback {
   std::string name() const override { return "StochasticWeightAveraging"; }
   // Needs max_epochs (the average ends with the last epoch).
   void on_fit_start(Trainer& trainer, TrainModule& module) override;
+  // A checkpoint written after SWA started: installs SWALR, whose state the
+  // Trainer then loads from the checkpoint (resume continues the annealing exactly).
+  void on_load_checkpoint(Trainer& trainer, TrainModule& module, const nlohmann::json& own_state) override;
   void on_train_epoch_start(Trainer& trainer, TrainModule& module) override;
   void on_train_epoch_end(Trainer& trainer, TrainModule& module) override;
   void on_train_end(Trainer& trainer, TrainModule& module) override;
@@ -59,6 +62,7 @@ class StochasticWeightAveraging : public Callback {
 
  private:
   void start(Trainer& trainer, TrainModule& module);
+  void install_swalr(Trainer& trainer);
 
   StochasticWeightAveragingOptions options_;
   int64_t swa_start_ = 0, swa_end_ = 0;

@@ -47,8 +47,11 @@ Timer::Timer(const std::map<std::string, double>& duration, TimerOptions options
 
 const Timer::Span& Timer::span(const std::string& stage) const {
   if (stage == "train") return train_;
-  KILN_CHECK(stage == "validate", "Timer: unknown stage '", stage, "' (expected \"train\" or \"validate\")");
-  return validate_;
+  if (stage == "validate") return validate_;
+  if (stage == "test") return test_;
+  KILN_CHECK(stage == "predict", "Timer: unknown stage '", stage,
+             "' (expected \"train\", \"validate\", \"test\" or \"predict\")");
+  return predict_;
 }
 
 std::optional<double> Timer::start_time(const std::string& stage) const { return span(stage).start; }
@@ -81,6 +84,14 @@ void Timer::on_validation_start(Trainer&, TrainModule&) { validate_ = {monotonic
 
 void Timer::on_validation_end(Trainer&, TrainModule&) { validate_.end = monotonic_seconds(); }
 
+void Timer::on_test_start(Trainer&, TrainModule&) { test_ = {monotonic_seconds(), std::nullopt}; }
+
+void Timer::on_test_end(Trainer&, TrainModule&) { test_.end = monotonic_seconds(); }
+
+void Timer::on_predict_start(Trainer&, TrainModule&) { predict_ = {monotonic_seconds(), std::nullopt}; }
+
+void Timer::on_predict_end(Trainer&, TrainModule&) { predict_.end = monotonic_seconds(); }
+
 void Timer::on_train_batch_end(Trainer& trainer, TrainModule&, int64_t) {
   if (options_.interval == "step" && duration_) check_time_remaining(trainer);
 }
@@ -103,7 +114,9 @@ void Timer::check_time_remaining(Trainer& trainer) {
 }
 
 nlohmann::json Timer::state_dict() const {
-  return {{"time_elapsed", {{"train", time_elapsed("train")}, {"validate", time_elapsed("validate")}}}};
+  nlohmann::json elapsed = nlohmann::json::object();
+  for (const char* stage : {"train", "validate", "test", "predict"}) elapsed[stage] = time_elapsed(stage);
+  return {{"time_elapsed", elapsed}};
 }
 
 void Timer::load_state_dict(const nlohmann::json& state) {

@@ -1,5 +1,5 @@
-// Timer: measures the time spent in training and validation and stops
-// training once a duration has elapsed (Lightning's Timer; Trainer's max_time
+// Timer: measures the time spent in training, validation, testing and
+// prediction, and stops training once a duration has elapsed (Lightning's Timer; Trainer's max_time
 // is the same limit as a flag). The elapsed training time is part of the
 // callback's state, so a resumed run keeps counting from where it stopped.
 #pragma once
@@ -37,12 +37,18 @@ class Timer : public Callback {
   void on_train_epoch_end(Trainer& trainer, TrainModule& module) override;
   void on_validation_start(Trainer& trainer, TrainModule& module) override;
   void on_validation_end(Trainer& trainer, TrainModule& module) override;
-  // {"time_elapsed": {"train": s, "validate": s}}; loading resumes the training count.
+  void on_test_start(Trainer& trainer, TrainModule& module) override;
+  void on_test_end(Trainer& trainer, TrainModule& module) override;
+  void on_predict_start(Trainer& trainer, TrainModule& module) override;
+  void on_predict_end(Trainer& trainer, TrainModule& module) override;
+  // {"time_elapsed": {"train": s, "validate": s, "test": s, "predict": s}};
+  // loading resumes the training count.
   nlohmann::json state_dict() const override;
   void load_state_dict(const nlohmann::json& state) override;
 
-  // Seconds on a monotonic clock when the stage ("train" or "validate")
-  // last started / ended; nullopt before it did.
+  // Seconds on a monotonic clock when the stage ("train", "validate", "test"
+  // or "predict") last started / ended; nullopt before it did. Throws
+  // kiln::Error for another stage name.
   std::optional<double> start_time(const std::string& stage = "train") const;
   std::optional<double> end_time(const std::string& stage = "train") const;
   // Seconds spent in the stage (training: plus the time restored from a checkpoint).
@@ -60,7 +66,7 @@ class Timer : public Callback {
 
   TimerOptions options_;
   std::optional<Seconds> duration_;
-  Span train_, validate_;
+  Span train_, validate_, test_, predict_;
   double offset_ = 0;  // training seconds restored from a checkpoint
   bool announced_ = false;
 };

@@ -2,6 +2,8 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -13,7 +15,7 @@
 #include "core/ops.h"
 #include "kernels/cuda/runtime.h"
 #include "optim/clip_grad.h"
-#include "trainer/checkpoint_io.h"
+#include "trainer/accumulation_scheduler.h"
 
 namespace kiln {
 
@@ -39,6 +41,49 @@ std::chrono::seconds parse_max_time(const std::string& text) {
   return std::chrono::seconds(((parts[0] * 24 + parts[1]) * 60 + parts[2]) * 60 + parts[3]);
 }
 
+namespace {
+// The accumulation factor of `epoch` under `schedule` (1 before its first key).
+int64_t scheduled_factor(const std::map<int64_t, int64_t>& schedule, int64_t epoch) {
+  int64_t k = 1;
+  for (const auto& [from, value] : schedule) {
+    if (epoch >= from) k = value;
+  }
+  return k;
+}
+
+bool same_accumulation(const std::map<int64_t, int64_t>& a, const std::map<int64_t, int64_t>& b) {
+  const int64_t last = std::max(a.empty() ? 0 : a.rbegin()->first, b.empty() ? 0 : b.rbegin()->first);
+  for (int64_t epoch = 0; epoch <= last; ++epoch) {
+    if (scheduled_factor(a, epoch) != scheduled_factor(b, epoch)) return false;
+  }
+  return true;
+}
+
+std::string describe_schedule(const std::map<int64_t, int64_t>& schedule) {
+  std::string text = "{";
+  for (const auto& [epoch, factor] : schedule) {
+    text += (text.size() > 1 ? ", " : "") + std::to_string(epoch) + ": " + std::to_string(factor);
+  }
+  return text + "}";
+}
+
+// A GradientAccumulationScheduler callback becomes the Trainer's accumulation_schedule.
+void adopt_accumulation_scheduler(TrainerOptions& options) {
+  for (const auto& callback : options.callbacks) {
+    const auto* scheduler = dynamic_cast<const GradientAccumulationScheduler*>(callback.get());
+    if (scheduler == nullptr) continue;
+    KILN_CHECK(options.accumulate_grad_batches == 1, "You set accumulate_grad_batches=",
+               options.accumulate_grad_batches, " and are using the GradientAccumulationScheduler; remove one");
+    KILN_CHECK(options.accumulation_schedule.empty() ||
+                   same_accumulation(options.accumulation_schedule, scheduler->scheduling()),
+               "GradientAccumulationScheduler: the Trainer was given accumulation_schedule ",
+               describe_schedule(options.accumulation_schedule), " but this callback schedules ",
+               describe_schedule(scheduler->scheduling()), "; remove one");
+    options.accumulation_schedule = scheduler->scheduling();
+  }
+}
+}  // namespace
+
 Trainer::Trainer(TrainerOptions options)
     : options_(std::move(options)), strategy_(options_.strategy, options_.devices, options_.num_nodes) {
   const auto& o = options_;
@@ -54,8 +99,13 @@ Trainer::Trainer(TrainerOptions options)
              "Trainer: limit_*_batches must be >= 0");
   KILN_CHECK(o.overfit_batches >= 0, "Trainer: overfit_batches must be >= 0, got ", o.overfit_batches);
   for (const auto& [epoch, k] : o.accumulation_schedule) {
-    KILN_CHECK(epoch >= 0 && k >= 1, "GradientAccumulationScheduler: invalid entry {", epoch, ": ", k, "}");
+    KILN_CHECK(epoch >= 0 && k >= 1, "Trainer: accumulation_schedule: invalid entry {", epoch, ": ", k, "}");
   }
+  adopt_accumulation_scheduler(options_);
+  // Lightning's order: ModelCheckpoint callbacks last.
+  std::stable_partition(options_.callbacks.begin(), options_.callbacks.end(), [](const auto& callback) {
+    return dynamic_cast<const ModelCheckpoint*>(callback.get()) == nullptr;
+  });
   // Device.
   if (o.accelerator == "cpu") {
     device_ = Device::cpu();
@@ -304,6 +354,12 @@ optim::LRScheduler* Trainer::lr_scheduler(size_t index) {
   return index < optimizers_.size() ? optimizers_[index].scheduler.get() : nullptr;
 }
 
+const std::string& Trainer::lr_scheduler_interval(size_t index) const {
+  KILN_CHECK(index < optimizers_.size(), "Trainer::lr_scheduler_interval(", index, "): configure_optimizers returned ",
+             optimizers_.size(), " optimizer(s)", optimizers_.empty() ? " (none before fit())" : "");
+  return optimizers_[index].interval;
+}
+
 void Trainer::set_lr_scheduler(std::unique_ptr<optim::LRScheduler> scheduler, const std::string& interval) {
   KILN_CHECK(interval == "step" || interval == "epoch", "set_lr_scheduler: interval must be \"step\" or \"epoch\", got '",
              interval, "'");
@@ -319,6 +375,12 @@ std::map<std::string, double> Trainer::evaluate(TrainModule& module, DataLoader&
   model.eval();
   NoGradGuard no_grad;
   module.stage_ = stage;
+  // The training epoch's logged values wait aside (a validation in the middle
+  // of an epoch neither reports nor resets them).
+  std::map<std::string, LoggedValue> training_logged = std::move(module.logged_);
+  std::vector<std::string> training_order = std::move(module.order_);
+  module.logged_.clear();
+  module.order_.clear();
   // An evaluation pass always starts at the first batch of its loader.
   loader.set_epoch(loader.epoch());
   int64_t index = 0;
@@ -334,6 +396,8 @@ std::map<std::string, double> Trainer::evaluate(TrainModule& module, DataLoader&
     ++index;
   }
   std::map<std::string, double> metrics = collect_epoch_metrics(module, "");
+  module.logged_ = std::move(training_logged);
+  module.order_ = std::move(training_order);
   module.stage_ = "train";
   if (was_training) model.train();
   if (log_metrics && !metrics.empty()) {
@@ -396,8 +460,11 @@ void Trainer::train_epoch(TrainModule& module, DataLoader& train_loader, DataLoa
   const bool terminal = show_progress && ::isatty(STDERR_FILENO);
   const int64_t log_every = options_.log_every_n_steps;
   const auto epoch_start = std::chrono::steady_clock::now();
-  for (auto& callback : options_.callbacks) callback->on_train_epoch_start(*this, module);
-  module.on_train_epoch_start();
+  // A run resumed from a checkpoint written after the epoch's last batch only finishes the epoch.
+  if (batch_in_epoch_ == 0 || batch_in_epoch_ < train_batches_) {
+    for (auto& callback : options_.callbacks) callback->on_train_epoch_start(*this, module);
+    module.on_train_epoch_start();
+  }
   module.model().train();
 
   while (batch_in_epoch_ < train_batches_) {
@@ -457,8 +524,11 @@ void Trainer::train_epoch(TrainModule& module, DataLoader& train_loader, DataLoa
   std::map<std::string, double> train_metrics = collect_epoch_metrics(module, "");
   if (!train_metrics.empty()) log_to_loggers(train_metrics, global_step_ - 1);
   if (batch_in_epoch_ >= train_batches_) {  // not when a limit stopped the epoch midway
-    module.on_train_epoch_end();
-    for (auto& callback : options_.callbacks) callback->on_train_epoch_end(*this, module);
+    if (!epoch_end_hooks_done_) {  // a checkpoint written by these hooks resumes after them
+      epoch_end_hooks_done_ = true;
+      module.on_train_epoch_end();
+      for (auto& callback : options_.callbacks) callback->on_train_epoch_end(*this, module);
+    }
     for (OptimizerConfig& config : optimizers_) {
       // Manual optimization steps its schedules itself (Lightning).
       if (!manual_ && config.scheduler && config.interval == "epoch") config.scheduler->step_unconditionally();
@@ -493,6 +563,13 @@ DataLoader& Trainer::prepare_loader(DataLoader& loader, bool overfit, std::uniqu
 void Trainer::fit(TrainModule& module, DataLoader& train_loader, DataLoader* val_loader,
                   const std::string& ckpt_path) {
   start_ = std::chrono::steady_clock::now();
+  struct Fitting {  // fitting_ ends with fit, thrown errors included
+    explicit Fitting(bool& flag) : flag(flag) { flag = true; }
+    ~Fitting() { flag = false; }
+    Fitting(const Fitting&) = delete;
+    Fitting& operator=(const Fitting&) = delete;
+    bool& flag;
+  } fitting_scope(fitting_);
   setup(module);
   manual_ = !module.automatic_optimization;
   if (manual_) {
@@ -567,6 +644,7 @@ void Trainer::fit(TrainModule& module, DataLoader& train_loader, DataLoader* val
     if (epoch_done) {
       ++epoch_;
       batch_in_epoch_ = 0;
+      epoch_end_hooks_done_ = false;
     }
     const bool hard_limit = stop_reason.rfind("max_", 0) == 0;
     if (should_stop && (minimum || hard_limit)) break;
@@ -585,48 +663,101 @@ std::map<std::string, double> Trainer::validate(TrainModule& module, DataLoader&
   if (module_ != &module) setup(module);
   share_log_dir();
   DataLoader& eval = prepare_loader(loader, false, eval_loader_);
-  return evaluate(module, eval, "validate", limit(options_.limit_val_batches, eval.size()), true);
+  for (auto& callback : options_.callbacks) callback->on_validation_start(*this, module);
+  std::map<std::string, double> metrics =
+      evaluate(module, eval, "validate", limit(options_.limit_val_batches, eval.size()), true);
+  for (auto& callback : options_.callbacks) callback->on_validation_end(*this, module);
+  return metrics;
 }
 
 std::map<std::string, double> Trainer::test(TrainModule& module, DataLoader& loader) {
   if (module_ != &module) setup(module);
   share_log_dir();
   DataLoader& eval = prepare_loader(loader, false, eval_loader_);
-  return evaluate(module, eval, "test", limit(options_.limit_test_batches, eval.size()), true);
+  for (auto& callback : options_.callbacks) callback->on_test_start(*this, module);
+  std::map<std::string, double> metrics =
+      evaluate(module, eval, "test", limit(options_.limit_test_batches, eval.size()), true);
+  for (auto& callback : options_.callbacks) callback->on_test_end(*this, module);
+  return metrics;
 }
 
 std::vector<Tensor> Trainer::predict(TrainModule& module, DataLoader& loader) {
   if (module_ != &module) setup(module);
+  for (auto& callback : options_.callbacks) callback->on_predict_start(*this, module);
   nn::Module& model = module.model();
   model.eval();
-  NoGradGuard no_grad;
-  loader.set_epoch(loader.epoch());
   std::vector<Tensor> predictions;
-  int64_t index = 0;
-  while (std::optional<Batch> batch = loader.next()) predictions.push_back(module.predict_step(to_device(*batch), index++));
+  {
+    NoGradGuard no_grad;
+    loader.set_epoch(loader.epoch());
+    int64_t index = 0;
+    while (std::optional<Batch> batch = loader.next()) {
+      predictions.push_back(module.predict_step(to_device(*batch), index++));
+    }
+  }
+  for (auto& callback : options_.callbacks) callback->on_predict_end(*this, module);
   return predictions;
+}
+
+nlohmann::json Trainer::metrics_state() const {
+  nlohmann::json metrics = nlohmann::json::object();
+  for (const auto& [name, value] : callback_metrics_) metrics[name] = std::bit_cast<uint64_t>(value);
+  nlohmann::json logged = nlohmann::json::array();
+  for (const std::string& name : module_->order_) {
+    const LoggedValue& value = module_->logged_.at(name);
+    if (!value.on_epoch || value.count == 0) continue;  // only epoch values outlive their step
+    logged.push_back({{"name", name},
+                      {"sum", std::bit_cast<uint64_t>(value.sum.item<double>())},
+                      {"count", value.count},
+                      {"on_step", value.on_step},
+                      {"prog_bar", value.prog_bar}});
+  }
+  return {{"callback_metrics", metrics}, {"logged", logged}};
+}
+
+void Trainer::load_metrics_state(const nlohmann::json& state, TrainModule& module) {
+  callback_metrics_.clear();
+  for (const auto& [name, bits] : state.at("callback_metrics").items()) {
+    callback_metrics_[name] = std::bit_cast<double>(bits.get<uint64_t>());
+  }
+  module.logged_.clear();
+  module.order_.clear();
+  for (const nlohmann::json& entry : state.at("logged")) {
+    const std::string name = entry.at("name").get<std::string>();
+    LoggedValue& value = module.logged_[name];
+    const double sum = std::bit_cast<double>(entry.at("sum").get<uint64_t>());
+    value.sum = full({}, sum, {.dtype = DType::f64, .device = device_});
+    value.count = entry.at("count").get<int64_t>();
+    value.on_step = entry.at("on_step").get<bool>();
+    value.on_epoch = true;
+    value.prog_bar = entry.at("prog_bar").get<bool>();
+    module.order_.push_back(name);
+  }
+}
+
+std::vector<OptimizerSlot> Trainer::optimizer_slots() {
+  std::vector<OptimizerSlot> slots;
+  for (OptimizerConfig& config : optimizers_) slots.push_back({config.optimizer.get(), config.scheduler.get()});
+  return slots;
 }
 
 void Trainer::save_checkpoint(const std::string& path) {
   KILN_CHECK(module_ != nullptr && !optimizers_.empty(), "save_checkpoint: nothing to save before fit()");
-  KILN_CHECK(optimizers_.size() == 1, "save_checkpoint: a checkpoint of ", optimizers_.size(),
-             " optimizers is not supported yet (the checkpoint file holds one optimizer and one schedule)");
   if (is_global_zero()) {
     TrainerCheckpoint checkpoint;
     checkpoint.epoch = epoch_;
     checkpoint.global_step = global_step_;
     checkpoint.batch_in_epoch = batch_in_epoch_;
+    checkpoint.epoch_end_hooks_done = epoch_end_hooks_done_;
     checkpoint.loader_state = train_loader_ ? train_loader_->state_dict() : nlohmann::json();
+    checkpoint.metrics = metrics_state();
     for (auto& callback : options_.callbacks) checkpoint.callback_states[callback->name()] = callback->state_dict();
-    const OptimizerConfig& config = optimizers_.front();
-    save_trainer_checkpoint(path, module_->model(), *config.optimizer, config.scheduler.get(), checkpoint);
+    save_trainer_checkpoint(path, module_->model(), optimizer_slots(), checkpoint);
   }
   strategy_.barrier();  // durable before any rank goes on (and, say, removes an older checkpoint)
 }
 
 void Trainer::load_checkpoint(const std::string& requested, TrainModule& module, DataLoader& train_loader) {
-  KILN_CHECK(optimizers_.size() == 1, "fit(ckpt_path): resuming ", optimizers_.size(),
-             " optimizers is not supported yet (the checkpoint file holds one optimizer and one schedule)");
   std::string path = requested;
   if (path == "last") {
     path.clear();
@@ -642,16 +773,25 @@ void Trainer::load_checkpoint(const std::string& requested, TrainModule& module,
     }
     KILN_CHECK(!path.empty(), "fit(ckpt_path=\"last\"): no last.safetensors under '", base.string(), "'");
   }
-  const OptimizerConfig& config = optimizers_.front();
-  TrainerCheckpoint checkpoint = load_trainer_checkpoint(path, module.model(), *config.optimizer, config.scheduler.get());
+  // Lightning's order: weights, loop progress, callbacks (which may install
+  // schedules, e.g. SWALR), then the optimizer and schedule states.
+  const TrainerCheckpointFile file = read_trainer_checkpoint(path, module.model(), optimizers_.size());
+  load_checkpoint_model(file, module.model());
+  const TrainerCheckpoint& checkpoint = file.progress;
   epoch_ = checkpoint.epoch;
   global_step_ = checkpoint.global_step;
   batch_in_epoch_ = checkpoint.batch_in_epoch;
-  if (!checkpoint.loader_state.is_null()) train_loader.load_state_dict(checkpoint.loader_state);
+  epoch_end_hooks_done_ = checkpoint.epoch_end_hooks_done;
+  if (!checkpoint.metrics.is_null()) load_metrics_state(checkpoint.metrics, module);
   for (auto& callback : options_.callbacks) {
     auto it = checkpoint.callback_states.find(callback->name());
-    if (it != checkpoint.callback_states.end()) callback->load_state_dict(it->second);
+    if (it == checkpoint.callback_states.end()) continue;
+    callback->on_load_checkpoint(*this, module, it->second);
+    callback->load_state_dict(it->second);
   }
+  load_checkpoint_optimizers(file, optimizer_slots());
+  load_checkpoint_rng(file);
+  if (!checkpoint.loader_state.is_null()) train_loader.load_state_dict(checkpoint.loader_state);
 }
 
 }  // namespace kiln

@@ -16,6 +16,7 @@
 
 #include "data/dataloader.h"
 #include "trainer/callbacks.h"
+#include "trainer/checkpoint_io.h"
 #include "trainer/csv_logger.h"
 #include "trainer/strategy.h"
 #include "trainer/train_module.h"
@@ -29,7 +30,8 @@ struct TrainerOptions {
   int64_t min_steps = 0;
   std::string max_time;     // "DD:HH:MM:SS" or seconds; empty: no limit
   int64_t accumulate_grad_batches = 1;
-  // GradientAccumulationScheduler: from epoch e on (0-based), accumulate k batches.
+  // From epoch e on (0-based), accumulate k batches. A GradientAccumulationScheduler
+  // callback sets it (the Trainer refuses the two when they differ).
   std::map<int64_t, int64_t> accumulation_schedule;
   double gradient_clip_val = 0;  // 0: no clipping
   std::string gradient_clip_algorithm = "norm";  // "norm" or "value"
@@ -62,6 +64,9 @@ struct TrainerOptions {
   bool logger = true;  // false: no logging at all
   // Loggers to write to; empty (and logger true): one CSVLogger under default_root_dir.
   std::vector<std::shared_ptr<Logger>> loggers;
+  // Called in this order, except that ModelCheckpoint callbacks go last (as
+  // Lightning), so the checkpoints they write hold the other callbacks' states
+  // after the same hook.
   std::vector<std::shared_ptr<Callback>> callbacks;
 };
 
@@ -72,17 +77,22 @@ class Trainer {
  public:
   // Throws kiln::Error naming the flag for an invalid value (e.g. a precision
   // the device cannot do, accelerator "gpu" without a GPU, devices > 1
-  // without kiln-run).
+  // without kiln-run, a GradientAccumulationScheduler callback together with
+  // accumulate_grad_batches or another accumulation_schedule).
   explicit Trainer(TrainerOptions options);
 
   // Trains. ckpt_path: a checkpoint file, or "last" for the newest
-  // last.safetensors under the log dir; resumes exactly where it was written.
+  // last.safetensors under the log dir; resumes exactly where it was written:
+  // mid-epoch, or at an epoch's end without repeating the hooks that ran
+  // before it was written. Callbacks see their saved state in on_load_checkpoint
+  // before the optimizer and schedule states load (callbacks.h).
   // With "ddp", every rank calls it: the loaders get a DistributedSampler when
   // they have no sampler of their own.
   void fit(TrainModule& module, DataLoader& train_loader, DataLoader* val_loader = nullptr,
            const std::string& ckpt_path = "");
   // Runs one pass in eval mode without gradients and returns the epoch metrics
-  // (averaged over the ranks with "ddp").
+  // (averaged over the ranks with "ddp"). Calls the callbacks'
+  // on_validation_start/end (on_test_start/end), as predict calls on_predict_start/end.
   std::map<std::string, double> validate(TrainModule& module, DataLoader& loader);
   std::map<std::string, double> test(TrainModule& module, DataLoader& loader);
   // Predictions of this process for every batch of `loader` (not split over ranks).
@@ -104,6 +114,11 @@ class Trainer {
   std::string stop_reason;
   // The latest value of every logged metric (epoch values after an epoch).
   const std::map<std::string, double>& callback_metrics() const { return callback_metrics_; }
+  // Sets one (LearningRateMonitor's values, as Lightning's callback_metrics.update).
+  void set_callback_metric(const std::string& name, double value) { callback_metrics_[name] = value; }
+  // Whether fit() is running (Lightning's trainer.state.fn == "fit"): callbacks
+  // that act on validation (checkpoints, early stopping) do nothing in validate().
+  bool fitting() const { return fitting_; }
   // Optimizer steps fit will take (for OneCycleLR's total_steps).
   int64_t estimated_stepping_batches(const DataLoader& train_loader) const;
   // <default_root_dir>/lightning_logs/version_N (made on first use; with
@@ -117,6 +132,9 @@ class Trainer {
   int64_t num_optimizers() const { return static_cast<int64_t>(optimizers_.size()); }
   optim::Optimizer& optimizer(size_t index = 0);
   optim::LRScheduler* lr_scheduler(size_t index = 0);
+  // When optimizer `index`'s schedule steps: "step" or "epoch" (throws
+  // kiln::Error for an index configure_optimizers did not return).
+  const std::string& lr_scheduler_interval(size_t index = 0) const;
   // Replaces the first optimizer's schedule (StochasticWeightAveraging swaps in SWALR).
   void set_lr_scheduler(std::unique_ptr<optim::LRScheduler> scheduler, const std::string& interval);
   // The loader fit is training on (null outside fit) and its batches per
@@ -167,6 +185,11 @@ class Trainer {
   void print_progress(bool terminal, std::chrono::steady_clock::time_point epoch_start);
   std::map<std::string, double> collect_epoch_metrics(TrainModule& module, const std::string& prefix);
   void load_checkpoint(const std::string& path, TrainModule& module, DataLoader& train_loader);
+  std::vector<OptimizerSlot> optimizer_slots();
+  // callback_metrics and the module's logged values of the epoch so far, exactly
+  // (doubles as their bits), for checkpoints; and back.
+  nlohmann::json metrics_state() const;
+  void load_metrics_state(const nlohmann::json& state, TrainModule& module);
   bool time_exceeded() const;
   bool minimum_done() const;
 
@@ -182,6 +205,11 @@ class Trainer {
   int64_t epoch_ = 0;
   int64_t global_step_ = 0;
   int64_t batch_in_epoch_ = 0;
+  // The current epoch's on_train_epoch_end hooks have run; its per-epoch
+  // schedules step next. Checkpoints keep it, so a run resumed from one written
+  // at the epoch's end neither repeats those hooks nor skips the step.
+  bool epoch_end_hooks_done_ = false;
+  bool fitting_ = false;
   int64_t train_batches_ = 0;
   bool is_last_batch_ = false;
   std::map<std::string, double> callback_metrics_;

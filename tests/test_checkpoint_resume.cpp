@@ -1,0 +1,320 @@
+// Trainer checkpoints: several optimizers (manual optimization), the
+// single-optimizer layout of older files, and resuming from checkpoints
+// written at an epoch's end (by ModelCheckpoint from on_train_epoch_end or
+// on_validation_end), each compared bit for bit with an uninterrupted run.
+#include <doctest/doctest.h>
+
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "core/generator.h"
+#include "core/ops.h"
+#include "core/serialization.h"
+#include "data/dataloader.h"
+#include "nn/layers.h"
+#include "optim/lr_scheduler.h"
+#include "tests/support/test_util.h"
+#include "trainer/trainer.h"
+
+using namespace kiln;
+namespace fs = std::filesystem;
+
+namespace {
+
+fs::path fresh_folder(const std::string& name) {
+  fs::path folder = fs::temp_directory_path() / ("kiln_resume_" + name + "_" + std::to_string(::getpid()));
+  fs::remove_all(folder);
+  fs::create_directories(folder);
+  return folder;
+}
+
+TrainerOptions quiet_options(const fs::path& root) {
+  TrainerOptions options;
+  options.accelerator = "cpu";
+  options.default_root_dir = root.string();
+  options.enable_progress_bar = false;
+  options.num_sanity_val_steps = 0;
+  options.deterministic = true;
+  options.logger = false;
+  return options;
+}
+
+std::vector<float> values(const nn::Module& model) {
+  std::vector<float> out;
+  for (const auto& [name, tensor] : model.state_dict()) {
+    for (float v : tensor.to(DType::f32).to_vector<float>()) out.push_back(v);
+  }
+  return out;
+}
+
+// A small GAN optimized by hand: SGD with momentum for G, Adam for D, each
+// with a per-batch StepLR the module steps itself (Lightning's manual schedules).
+struct TwoOptimizerGan : TrainModule {
+  TwoOptimizerGan() {
+    automatic_optimization = false;
+    manual_seed(21);
+    generator = nets.register_module("generator", std::make_shared<nn::Linear>(2, 3));
+    discriminator = nets.register_module("discriminator", std::make_shared<nn::Linear>(3, 1));
+  }
+  struct Nets : nn::Module {
+    std::string type_name() const override { return "TwoOptimizerGanNets"; }
+  };
+  nn::Module& model() override { return nets; }
+  OptimizerConfigs configure_optimizers() override {
+    OptimizerConfig g{
+        std::make_unique<optim::SGD>(generator->parameters(), optim::SGDOptions{.lr = 0.05, .momentum = 0.9})};
+    g.scheduler = std::make_unique<optim::StepLR>(*g.optimizer, 3, 0.5);
+    OptimizerConfig d{std::make_unique<optim::Adam>(discriminator->parameters(), optim::AdamOptions{.lr = 0.01})};
+    d.scheduler = std::make_unique<optim::StepLR>(*d.optimizer, 2, 0.7);
+    return {std::move(g), std::move(d)};
+  }
+  static Tensor square_mean(const Tensor& x) { return mean(x * x); }
+  Tensor training_step(const Batch& batch, int64_t) override {
+    auto [g_opt, d_opt] = optimizers<2>();
+    // Noise drawn from the default generator: resume must restore its state too.
+    Tensor fake = generator->forward(add(batch.target, mul(randn(batch.target.shape()), 0.1)));
+    {
+      auto toggled = d_opt.toggle_model();
+      manual_backward(square_mean(discriminator->forward(batch.input) - 1.0) +
+                      square_mean(discriminator->forward(fake.detach())));
+      d_opt.step();
+      d_opt.zero_grad();
+    }
+    {
+      auto toggled = g_opt.toggle_model();
+      manual_backward(square_mean(discriminator->forward(fake) - 1.0));
+      g_opt.step();
+      g_opt.zero_grad();
+    }
+    for (optim::LRScheduler* scheduler : lr_schedulers()) scheduler->step();
+    return Tensor();
+  }
+  Nets nets;
+  std::shared_ptr<nn::Linear> generator, discriminator;
+};
+
+std::shared_ptr<TensorDataset> gan_data() {
+  manual_seed(5);
+  return std::make_shared<TensorDataset>(add(randn({10, 3}), 2.0), randn({10, 2}));
+}
+
+DataLoaderOptions shuffled(int64_t batch_size) { return {.batch_size = batch_size, .shuffle = true, .seed = 9}; }
+
+// Regression with a per-epoch StepLR, counting its epoch hooks and logging a
+// per-epoch training loss (for EarlyStopping) and a validation loss.
+struct Regression : TrainModule {
+  Regression() {
+    manual_seed(3);
+    net = std::make_shared<nn::Linear>(4, 1);
+  }
+  nn::Module& model() override { return *net; }
+  Tensor training_step(const Batch& batch, int64_t) override {
+    Tensor difference = sub(net->forward(batch.input), batch.target);
+    Tensor loss = mean(mul(difference, difference));
+    log("train_loss", loss, false, true);
+    return loss;
+  }
+  void validation_step(const Batch& batch, int64_t) override {
+    Tensor difference = sub(net->forward(batch.input), batch.target);
+    log("val_loss", mean(mul(difference, difference)));
+  }
+  OptimizerConfigs configure_optimizers() override {
+    OptimizerConfig config{
+        std::make_unique<optim::SGD>(net->parameters(), optim::SGDOptions{.lr = 0.05, .momentum = 0.9})};
+    config.scheduler = std::make_unique<optim::StepLR>(*config.optimizer, 1, 0.5);
+    config.interval = "epoch";
+    return config;
+  }
+  void on_train_epoch_start() override { ++epoch_starts; }
+  void on_train_epoch_end() override { ++epoch_ends; }
+  std::shared_ptr<nn::Linear> net;
+  int epoch_starts = 0, epoch_ends = 0;
+};
+
+std::shared_ptr<TensorDataset> regression_data(int64_t count) {
+  manual_seed(11);
+  Tensor x = randn({count, 4});
+  Tensor w = tensor<float>({1, -2, 0.5, 3}, {4, 1});
+  return std::make_shared<TensorDataset>(x, add(matmul(x, w), mul(randn({count, 1}), 0.5)));
+}
+
+}  // namespace
+
+TEST_CASE("Checkpoint of two optimizers (manual optimization): resume mid-epoch equals the uninterrupted run") {
+  auto data = gan_data();  // 5 batches of 2 per epoch, 2 optimizer steps per batch
+  fs::path root = fresh_folder("two_optimizers");
+  TwoOptimizerGan full;
+  std::vector<double> full_lrs;
+  {
+    TrainerOptions options = quiet_options(root);
+    options.max_epochs = 2;
+    DataLoader loader(data, shuffled(2));
+    Trainer trainer(options);
+    trainer.fit(full, loader);
+    CHECK(trainer.global_step() == 20);
+    for (size_t i = 0; i < 2; ++i) full_lrs.push_back(trainer.optimizer(i).lr(0).item<double>());
+  }
+  const std::string checkpoint = (root / "mid.safetensors").string();
+  {
+    TwoOptimizerGan first;
+    TrainerOptions options = quiet_options(root);
+    options.max_steps = 6;  // 3 batches: mid-epoch 0
+    DataLoader loader(data, shuffled(2));
+    Trainer trainer(options);
+    trainer.fit(first, loader);
+    trainer.save_checkpoint(checkpoint);
+  }
+  // The second optimizer's state and schedule have their own tensors, after optimizer 0's names.
+  const SafetensorsFile file = load_safetensors(checkpoint);
+  bool has_first = false, has_second = false, has_second_schedule = false;
+  for (const auto& [name, tensor] : file.tensors) {
+    has_first = has_first || name.rfind("optimizer.", 0) == 0;
+    has_second = has_second || name.rfind("optimizer_1.", 0) == 0;
+    has_second_schedule = has_second_schedule || name.rfind("scheduler_1.", 0) == 0;
+  }
+  CHECK(has_first);
+  CHECK(has_second);
+  CHECK(has_second_schedule);
+
+  TwoOptimizerGan resumed;
+  manual_seed(999);  // the checkpoint restores the generators
+  TrainerOptions options = quiet_options(root);
+  options.max_epochs = 2;
+  DataLoader loader(data, shuffled(2));
+  Trainer trainer(options);
+  trainer.fit(resumed, loader, nullptr, checkpoint);
+  CHECK(trainer.global_step() == 20);
+  CHECK(values(resumed.nets) == values(full.nets));
+  // Both schedules continued from their saved steps (10 batches: 0.05 * 0.5^3, 0.01 * 0.7^5).
+  for (size_t i = 0; i < 2; ++i) CHECK(trainer.optimizer(i).lr(0).item<double>() == full_lrs[i]);
+  CHECK(full_lrs[0] == doctest::Approx(0.05 * 0.125).epsilon(1e-12));
+  CHECK(full_lrs[1] == doctest::Approx(0.01 * std::pow(0.7, 5)).epsilon(1e-12));
+
+  // A run with one optimizer is told how many the file holds.
+  struct OneOptimizer : TwoOptimizerGan {
+    OptimizerConfigs configure_optimizers() override {
+      OptimizerConfigs both = TwoOptimizerGan::configure_optimizers();
+      both.configs.pop_back();
+      return std::move(both.configs);
+    }
+    Tensor training_step(const Batch&, int64_t) override { return Tensor(); }
+  } one;
+  DataLoader loader2(data, shuffled(2));
+  CHECK_THROWS_WITH_AS(Trainer(quiet_options(root)).fit(one, loader2, nullptr, checkpoint),
+                       doctest::Contains("holds 2 optimizer(s) but configure_optimizers returned 1"), Error);
+  fs::remove_all(root);
+}
+
+TEST_CASE("Checkpoint: a file in the single-optimizer layout written before several optimizers still resumes") {
+  auto data = regression_data(48);  // 6 batches of 8
+  fs::path root = fresh_folder("old_layout");
+  Regression full;
+  {
+    TrainerOptions options = quiet_options(root);
+    options.max_epochs = 2;
+    DataLoader loader(data, DataLoaderOptions{.batch_size = 8, .shuffle = true, .seed = 5});
+    Trainer(options).fit(full, loader);
+  }
+  const std::string checkpoint = (root / "old.safetensors").string();
+  {
+    Regression first;
+    TrainerOptions options = quiet_options(root);
+    options.max_steps = 4;
+    DataLoader loader(data, DataLoaderOptions{.batch_size = 8, .shuffle = true, .seed = 5});
+    Trainer trainer(options);
+    trainer.fit(first, loader);
+    trainer.save_checkpoint(checkpoint);
+  }
+  // Rewritten as the old writer did: no optimizer count, no epoch-end flag.
+  SafetensorsFile file = load_safetensors(checkpoint);
+  nlohmann::json meta = nlohmann::json::parse(file.metadata.at("kiln"));
+  REQUIRE(meta.contains("num_optimizers"));
+  meta.erase("num_optimizers");
+  meta.erase("epoch_end_hooks_done");
+  for (const auto& [name, tensor] : file.tensors) {
+    CHECK((name.rfind("model.", 0) == 0 || name.rfind("optimizer.", 0) == 0 || name.rfind("scheduler.", 0) == 0));
+  }
+  save_safetensors(checkpoint, file.tensors, {{"kiln", meta.dump()}});
+
+  Regression resumed;
+  TrainerOptions options = quiet_options(root);
+  options.max_epochs = 2;
+  DataLoader loader(data, DataLoaderOptions{.batch_size = 8, .shuffle = true, .seed = 5});
+  Trainer trainer(options);
+  trainer.fit(resumed, loader, nullptr, checkpoint);
+  CHECK(trainer.global_step() == 12);
+  CHECK(values(*resumed.net) == values(*full.net));
+  fs::remove_all(root);
+}
+
+namespace {
+struct EpochEndRun {
+  std::vector<float> weights;
+  double lr = 0;
+  int epoch_starts = 0, epoch_ends = 0;
+  int early_stopping_wait = 0;
+  double early_stopping_best = 0;
+};
+
+// 4 epochs of 6 batches; ModelCheckpoint writes "epoch=<e>.safetensors" at
+// every epoch's end into `checkpoints` (from on_validation_end with a
+// validation loader, else from on_train_epoch_end). Resumes from `ckpt_path`
+// when given.
+EpochEndRun run_epochs(const fs::path& root, const fs::path& checkpoints, bool validate, const std::string& ckpt_path) {
+  auto data = regression_data(48);
+  Regression module;
+  TrainerOptions options = quiet_options(root);
+  options.max_epochs = 4;
+  ModelCheckpointOptions checkpointing;
+  checkpointing.dirpath = checkpoints.string();
+  checkpointing.filename = "epoch={epoch}";
+  checkpointing.save_top_k = -1;
+  if (validate) checkpointing.monitor = "val_loss";
+  // Given first, ModelCheckpoint still runs after EarlyStopping (Lightning's order),
+  // so its checkpoints hold EarlyStopping's state after the same epoch.
+  EarlyStoppingOptions stopping;
+  stopping.monitor = "train_loss";
+  stopping.check_on_train_epoch_end = true;
+  stopping.patience = 100;
+  stopping.mode = "max";  // never improves after the first epoch: the wait grows every epoch
+  auto early_stopping = std::make_shared<EarlyStopping>(stopping);
+  options.callbacks = {std::make_shared<ModelCheckpoint>(checkpointing), early_stopping};
+  DataLoader train(data, DataLoaderOptions{.batch_size = 8, .shuffle = true, .seed = 5});
+  DataLoader val(data, DataLoaderOptions{.batch_size = 16});
+  Trainer trainer(options);
+  trainer.fit(module, train, validate ? &val : nullptr, ckpt_path);
+  CHECK(trainer.global_step() == 24);
+  return {values(*module.net), trainer.optimizer().lr(0).item<double>(), module.epoch_starts, module.epoch_ends,
+          early_stopping->wait_count(), early_stopping->best_score()};
+}
+}  // namespace
+
+TEST_CASE("Resume from a checkpoint written at an epoch's end: hooks once, the epoch schedule steps once") {
+  for (bool validate : {false, true}) {
+    CAPTURE(validate);
+    fs::path root = fresh_folder(validate ? "epoch_end_val" : "epoch_end");
+    const EpochEndRun full = run_epochs(root, root / "full", validate, "");
+    CHECK(full.epoch_starts == 4);
+    CHECK(full.epoch_ends == 4);
+    CHECK(full.lr == doctest::Approx(0.05 * std::pow(0.5, 4)).epsilon(1e-12));
+    const fs::path checkpoint = root / "full" / "epoch=1.safetensors";
+    REQUIRE(fs::exists(checkpoint));
+    manual_seed(999);
+    const EpochEndRun resumed = run_epochs(root, root / "resumed", validate, checkpoint.string());
+    CHECK(resumed.weights == full.weights);
+    CHECK(resumed.lr == full.lr);
+    // Epochs 2 and 3 start. From on_train_epoch_end the checkpoint followed
+    // epoch 1's end hooks; from on_validation_end it preceded them.
+    CHECK(resumed.epoch_starts == 2);
+    CHECK(resumed.epoch_ends == (validate ? 3 : 2));
+    CHECK(resumed.early_stopping_wait == full.early_stopping_wait);
+    CHECK(resumed.early_stopping_best == full.early_stopping_best);
+    // The resumed run writes the epochs after the checkpoint's, not epoch 1's again.
+    CHECK_FALSE(fs::exists(root / "resumed" / "epoch=1.safetensors"));
+    CHECK(fs::exists(root / "resumed" / "epoch=3.safetensors"));
+    fs::remove_all(root);
+  }
+}
