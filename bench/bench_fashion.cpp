@@ -1,0 +1,157 @@
+// The kiln side of the kiln-vs-PyTorch training comparison
+// (bench/compare_fashion.py runs both and prints the table).
+//
+// Trains the same network with the same recipe as bench/torch_fashion.py:
+// FashionCNN (or the ResNet-9-style net) with PyTorch's default
+// initialization, AdamW (lr 3e-3, weight decay 5e-4) with OneCycle
+// (pct_start 0.25) over the epochs' steps, batch 128 with drop_last, a fresh
+// shuffle every epoch, RandomCrop(padding 2) + RandomHorizontalFlip +
+// Normalize fitted on the training images, fp32. The loop is the plain
+// training step (no Trainer), as on the PyTorch side. Prints one JSON line:
+// samples/s of the training loop (data loading included, the first warm-up
+// steps excluded) and the test accuracy after the epochs.
+#include <CLI/CLI.hpp>
+#include <chrono>
+#include <cstdio>
+#include <iostream>
+#include <nlohmann/json.hpp>
+
+#include "core/autograd.h"
+#include "core/generator.h"
+#include "core/ops.h"
+#include "data/dataloader.h"
+#include "data/fashion_mnist.h"
+#include "data/transforms.h"
+#include "kernels/cuda/runtime.h"
+#include "nn/models.h"
+#include "optim/lr_scheduler.h"
+#include "optim/optimizer.h"
+
+using namespace kiln;
+
+int main(int argc, char** argv) {
+  CLI::App app{"Train FashionCNN or ResNet-9 with kiln's plain training step and report samples/s"};
+  std::string model_name = "cnn", data_dir, accelerator = "cpu";
+  int64_t epochs = 1, batch_size = 128, limit_train_batches = 0, warmup_steps = 5;
+  double lr = 3e-3, weight_decay = 5e-4;
+  int num_workers = 2;
+  uint64_t seed = 42;
+  app.add_option("--model", model_name, "cnn or resnet9")->capture_default_str();
+  app.add_option("--epochs", epochs)->capture_default_str();
+  app.add_option("--batch-size", batch_size)->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--lr", lr)->capture_default_str();
+  app.add_option("--weight-decay", weight_decay)->capture_default_str();
+  app.add_option("--limit-train-batches", limit_train_batches, "0: the whole epoch")->capture_default_str();
+  app.add_option("--warmup-steps", warmup_steps)->capture_default_str();
+  app.add_option("--num-workers", num_workers)->capture_default_str();
+  app.add_option("--seed", seed)->capture_default_str();
+  app.add_option("--data-dir", data_dir, "Fashion-MNIST folder");
+  app.add_option("--accelerator", accelerator, "cpu or gpu")->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+
+  try {
+    const Device device = accelerator == "gpu" ? Device::cuda(0) : Device::cpu();
+    manual_seed(seed);
+    MnistOptions data_options;
+    data_options.root = data_dir;
+    data_options.train = true;
+    auto train_set = std::make_shared<FashionMNIST>(data_options);
+    data_options.train = false;
+    auto test_set = std::make_shared<FashionMNIST>(data_options);
+    auto normalize = Normalize::fit(*train_set);
+
+    DataLoaderOptions train_options;
+    train_options.batch_size = batch_size;
+    train_options.shuffle = true;
+    train_options.seed = seed;
+    train_options.num_workers = num_workers;
+    train_options.pin_memory = device.is_cuda();
+    train_options.persistent_workers = true;
+    train_options.drop_last = true;
+    train_options.transforms = {std::make_shared<RandomCrop>(2), std::make_shared<RandomHorizontalFlip>(), normalize};
+    DataLoaderOptions test_options = train_options;
+    test_options.batch_size = 1000;
+    test_options.shuffle = false;
+    test_options.drop_last = false;
+    test_options.transforms = {normalize};
+    DataLoader train_loader(train_set, train_options);
+    DataLoader test_loader(test_set, test_options);
+
+    std::shared_ptr<nn::Module> model;
+    if (model_name == "cnn") {
+      model = std::make_shared<nn::FashionCNN>();
+    } else {
+      KILN_CHECK(model_name == "resnet9", "--model: expected cnn or resnet9, got '", model_name, "'");
+      model = std::make_shared<nn::ResNet9>();
+    }
+    model->to(device, DType::f32);
+    int64_t batches = train_loader.size();
+    if (limit_train_batches > 0) batches = std::min(batches, limit_train_batches);
+    optim::AdamWOptions adamw;
+    adamw.lr = lr;
+    adamw.weight_decay = weight_decay;
+    optim::AdamW optimizer(model->parameters(), adamw);
+    optim::OneCycleLROptions one_cycle;
+    one_cycle.max_lr = {lr};
+    one_cycle.total_steps = batches * epochs;
+    one_cycle.pct_start = 0.25;
+    optim::OneCycleLR schedule(optimizer, one_cycle);
+
+    using Clock = std::chrono::steady_clock;
+    int64_t timed_samples = 0;
+    double timed_seconds = 0;
+    double final_loss = 0;
+    for (int64_t epoch = 0; epoch < epochs; ++epoch) {
+      model->train();
+      train_loader.set_epoch(static_cast<uint64_t>(epoch));
+      Clock::time_point start;
+      bool timing = false;
+      Tensor loss;
+      for (int64_t step = 0; step < batches; ++step) {
+        if (step == (epoch == 0 ? warmup_steps : 0)) {
+          if (device.is_cuda()) cuda::device_synchronize(device.index);
+          start = Clock::now();
+          timing = true;
+        }
+        std::optional<Batch> batch = train_loader.next();
+        KILN_CHECK(batch.has_value(), "the training loader ended early at batch ", step);
+        Tensor input = batch->input.to(device, DType::f32, true);
+        Tensor target = batch->target.to(device, DType::i64, true);
+        loss = cross_entropy(model->forward(input), target);
+        optimizer.zero_grad(true);
+        loss.backward();
+        optimizer.step();
+        schedule.step();
+        if (timing) timed_samples += batch_size;
+      }
+      if (device.is_cuda()) cuda::device_synchronize(device.index);
+      if (timing) timed_seconds += std::chrono::duration<double>(Clock::now() - start).count();
+      final_loss = loss.item<double>();
+    }
+
+    model->eval();
+    NoGradGuard no_grad;
+    test_loader.set_epoch(0);
+    int64_t correct = 0, seen = 0;
+    while (std::optional<Batch> batch = test_loader.next()) {
+      Tensor logits = model->forward(batch->input.to(device, DType::f32, true));
+      Tensor target = batch->target.to(device, DType::i64, true);
+      correct += sum(cast(eq(argmax(logits, 1), target), DType::i64)).item<int64_t>();
+      seen += batch->size();
+    }
+    nlohmann::json result = {{"framework", "kiln"},
+                             {"model", model_name},
+                             {"batch_size", batch_size},
+                             {"epochs", epochs},
+                             {"steps", batches * epochs},
+                             {"samples_per_s", static_cast<double>(timed_samples) / std::max(timed_seconds, 1e-9)},
+                             {"test_acc", static_cast<double>(correct) / static_cast<double>(seen)},
+                             {"final_loss", final_loss},
+                             {"device", device.str()}};
+    std::printf("%s\n", result.dump().c_str());
+  } catch (const Error& error) {
+    std::cerr << "bench_fashion: " << error.message() << "\n";
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,74 @@
+#!/usr/bin/env python3
+"""Trains the same model with the same recipe in kiln and in PyTorch, one after
+the other in one run, and prints a Markdown table for bench/RESULTS.md.
+
+    /usr/bin/python3 bench/compare_fashion.py                       # FashionCNN, 1 epoch, CPU
+    /usr/bin/python3 bench/compare_fashion.py --model resnet9 --limit-train-batches 40
+
+kiln side: build/bin/bench_fashion; PyTorch side: bench/torch_fashion.py, run
+with the fair CPU setting of issue 9 (OpenBLAS, OPENBLAS_NUM_THREADS=1, 2 torch
+threads). --rounds N alternates the two N times and reports the median, so a
+change of machine load hits both sides alike; round i uses seed 42 + i on both
+sides (one-epoch accuracy moves by a few tenths of a point with the seed, so
+the table gives the mean over the rounds and its range).
+"""
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run(command, env):
+    result = subprocess.run(command, env=env, capture_output=True, text=True, cwd=ROOT)
+    if result.returncode != 0:
+        sys.exit(f"compare_fashion: {' '.join(command)} failed ({result.returncode}):\n{result.stderr}")
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="cnn", choices=["cnn", "resnet9"])
+    parser.add_argument("--epochs", type=int, default=1)
+    parser.add_argument("--batch-size", type=int, default=128)
+    parser.add_argument("--limit-train-batches", type=int, default=0)
+    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--kiln", default=os.path.join(ROOT, "build", "bin", "bench_fashion"))
+    parser.add_argument("--python", default="/usr/bin/python3", help="the Python that has torch")
+    args = parser.parse_args()
+
+    common = ["--model", args.model, "--epochs", str(args.epochs), "--batch-size", str(args.batch_size),
+              "--limit-train-batches", str(args.limit_train_batches)]
+    env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="2")
+    kiln_runs, torch_runs = [], []
+    for round_index in range(args.rounds):
+        seeded = common + ["--seed", str(42 + round_index)]
+        kiln_runs.append(run([args.kiln] + seeded, env))
+        torch_runs.append(run([args.python, os.path.join(ROOT, "bench", "torch_fashion.py"), "--threads", "2"] +
+                              seeded, env))
+    kiln_rate = statistics.median(r["samples_per_s"] for r in kiln_runs)
+    torch_rate = statistics.median(r["samples_per_s"] for r in torch_runs)
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                            cwd=ROOT).stdout.strip()
+    print(f"{datetime.date.today()} · {platform.node()} · {os.cpu_count()} cores · commit {commit} · "
+          f"load {os.getloadavg()[0]:.1f} · {' '.join(sys.argv)}")
+    print(f"model {args.model}, batch {args.batch_size}, {args.epochs} epoch(s), "
+          f"{kiln_runs[0]['steps']} steps, {args.rounds} round(s)\n")
+    def accuracy(runs):
+        values = [r["test_acc"] * 100 for r in runs]
+        return f"{statistics.mean(values):.2f}% ({min(values):.2f}–{max(values):.2f})"
+
+    print("| framework | samples/s (median) | ratio vs PyTorch | test acc, mean (range) |")
+    print("|---|---|---|---|")
+    print(f"| kiln | {kiln_rate:,.0f} | {kiln_rate / torch_rate:.2f}x | {accuracy(kiln_runs)} |")
+    print(f"| {torch_runs[0]['framework']} (OpenBLAS 1 thread, 2 torch threads) | {torch_rate:,.0f} | 1.00x | "
+          f"{accuracy(torch_runs)} |")
+
+
+if __name__ == "__main__":
+    main()

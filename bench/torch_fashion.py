@@ -1,0 +1,161 @@
+#!/usr/bin/env python3
+"""The PyTorch side of the kiln-vs-PyTorch training comparison (bench/compare_fashion.py).
+
+Trains the same network with the same recipe as bench/bench_fashion.cpp:
+FashionCNN (or the ResNet-9-style net) with PyTorch's default initialization,
+AdamW (lr 3e-3, weight decay 5e-4) with OneCycle (pct_start 0.25) over the
+epochs' steps, batch 128 with drop_last, a fresh shuffle every epoch,
+augmentation RandomCrop(28, padding=2) + RandomHorizontalFlip + Normalize
+(mean/std fitted on the training images), fp32. Prints one JSON line:
+samples/s of the training loop (data included, the first warm-up steps
+excluded) and the test accuracy after the epochs.
+
+The fair CPU peer (issue 9): Debian's python3-torch with OpenBLAS
+(libopenblas0-pthread), OPENBLAS_NUM_THREADS=1 and 2 torch threads; the harness
+sets both. Data loading runs in this process, vectorized per batch: on two
+cores worker processes would only take cores from the step.
+"""
+import argparse
+import gzip
+import json
+import os
+import struct
+import time
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+def read_idx(path):
+    with gzip.open(path, "rb") as f:
+        data = f.read()
+    magic, = struct.unpack(">I", data[:4])
+    ndim = magic & 0xFF
+    dims = struct.unpack(">" + "I" * ndim, data[4:4 + 4 * ndim])
+    return np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * ndim).reshape(dims)
+
+
+def load_split(root, train):
+    prefix = "train" if train else "t10k"
+    images = read_idx(os.path.join(root, f"{prefix}-images-idx3-ubyte.gz"))
+    labels = read_idx(os.path.join(root, f"{prefix}-labels-idx1-ubyte.gz"))
+    images = torch.from_numpy(images.astype(np.float32) / 255.0).unsqueeze(1)
+    return images, torch.from_numpy(labels.astype(np.int64))
+
+
+def fashion_cnn():
+    return nn.Sequential(
+        nn.Conv2d(1, 32, 3, padding=1, bias=False), nn.BatchNorm2d(32), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(32, 64, 3, padding=1, bias=False), nn.BatchNorm2d(64), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Flatten(), nn.Linear(64 * 7 * 7, 128), nn.ReLU(), nn.Linear(128, 10))
+
+
+def conv_bn_relu(cin, cout, pool):
+    layers = [nn.Conv2d(cin, cout, 3, padding=1, bias=False), nn.BatchNorm2d(cout), nn.ReLU()]
+    if pool:
+        layers.append(nn.MaxPool2d(2))
+    return nn.Sequential(*layers)
+
+
+class BasicBlock(nn.Module):
+    def __init__(self, channels):
+        super().__init__()
+        self.conv1 = nn.Conv2d(channels, channels, 3, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(channels)
+        self.conv2 = nn.Conv2d(channels, channels, 3, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(channels)
+
+    def forward(self, x):
+        out = F.relu(self.bn1(self.conv1(x)))
+        return F.relu(self.bn2(self.conv2(out)) + x)
+
+
+def resnet9():
+    return nn.Sequential(
+        conv_bn_relu(1, 64, False), conv_bn_relu(64, 128, True), BasicBlock(128),
+        conv_bn_relu(128, 256, True), conv_bn_relu(256, 512, True), BasicBlock(512),
+        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(512, 10))
+
+
+def augment(images, generator, mean, std, padding=2):
+    """RandomCrop(28, padding) with zero fill, horizontal flip with p=0.5, Normalize."""
+    n, _, h, w = images.shape
+    padded = F.pad(images, (padding, padding, padding, padding))
+    oy = torch.randint(0, 2 * padding + 1, (n,), generator=generator)
+    ox = torch.randint(0, 2 * padding + 1, (n,), generator=generator)
+    rows = (oy[:, None] + torch.arange(h))[:, :, None]
+    cols = (ox[:, None] + torch.arange(w))[:, None, :]
+    cropped = padded[torch.arange(n)[:, None, None], 0, rows, cols].unsqueeze(1)
+    flip = torch.rand(n, generator=generator) < 0.5
+    cropped = torch.where(flip[:, None, None, None], cropped.flip(3), cropped)
+    return (cropped - mean) / std
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="cnn", choices=["cnn", "resnet9"])
+    parser.add_argument("--epochs", type=int, default=1)
+    parser.add_argument("--batch-size", type=int, default=128)
+    parser.add_argument("--lr", type=float, default=3e-3)
+    parser.add_argument("--weight-decay", type=float, default=5e-4)
+    parser.add_argument("--limit-train-batches", type=int, default=0, help="0: the whole epoch")
+    parser.add_argument("--warmup-steps", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--data-dir", default="/usr/share/datasets/fashion-mnist")
+    args = parser.parse_args()
+
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    generator = torch.Generator().manual_seed(args.seed)
+    train_x, train_y = load_split(args.data_dir, True)
+    test_x, test_y = load_split(args.data_dir, False)
+    mean, std = train_x.mean().item(), train_x.std(unbiased=False).item()
+
+    model = fashion_cnn() if args.model == "cnn" else resnet9()
+    batches = len(train_x) // args.batch_size
+    if args.limit_train_batches > 0:
+        batches = min(batches, args.limit_train_batches)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
+    schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=args.lr, total_steps=batches * args.epochs,
+                                                   pct_start=0.25)
+    timed_samples, timed_seconds = 0, 0.0
+    for epoch in range(args.epochs):
+        model.train()
+        order = torch.randperm(len(train_x), generator=generator)
+        start = None
+        for step in range(batches):
+            if epoch == 0 and step == args.warmup_steps:
+                start = time.perf_counter()
+            elif epoch > 0 and step == 0:
+                start = time.perf_counter()
+            index = order[step * args.batch_size:(step + 1) * args.batch_size]
+            inputs = augment(train_x[index], generator, mean, std)
+            loss = F.cross_entropy(model(inputs), train_y[index])
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            schedule.step()
+            if start is not None:
+                timed_samples += args.batch_size
+        if start is not None:
+            timed_seconds += time.perf_counter() - start
+
+    model.eval()
+    correct = 0
+    with torch.no_grad():
+        for i in range(0, len(test_x), 1000):
+            logits = model((test_x[i:i + 1000] - mean) / std)
+            correct += (logits.argmax(1) == test_y[i:i + 1000]).sum().item()
+    print(json.dumps({
+        "framework": f"pytorch {torch.__version__}", "model": args.model, "batch_size": args.batch_size,
+        "epochs": args.epochs, "steps": batches * args.epochs,
+        "samples_per_s": timed_samples / max(timed_seconds, 1e-9),
+        "test_acc": correct / len(test_x), "final_loss": loss.item(),
+        "threads": torch.get_num_threads(), "openblas_threads": os.environ.get("OPENBLAS_NUM_THREADS", "")}))
+
+
+if __name__ == "__main__":
+    main()
