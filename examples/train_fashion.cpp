@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
+#include <optional>
 
 #include "core/autograd.h"
 #include "core/ops.h"
@@ -18,11 +19,23 @@
 #include "kernels/cuda/runtime.h"
 #include "nn/models.h"
 #include "optim/lr_scheduler.h"
+#include "trainer/batch_size_finder.h"
+#include "trainer/lr_finder.h"
+#include "trainer/swa_callback.h"
 #include "trainer/trainer.h"
 
 using namespace kiln;
 
 namespace {
+
+// Start-up latency, reported at the first training step: the time since
+// launch and the part of it spent reading and preparing the data set.
+const auto launch_time = std::chrono::steady_clock::now();
+double data_loading_seconds = 0;
+
+double seconds_since_launch() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - launch_time).count();
+}
 
 struct Recipe {
   std::string model = "cnn";
@@ -44,6 +57,11 @@ class Classifier : public TrainModule {
   nn::Module& model() override { return *network_; }
 
   Tensor training_step(const Batch& batch, int64_t) override {
+    if (!first_step_reported_) {
+      first_step_reported_ = true;
+      std::fprintf(stderr, "train_fashion: first training step %.3f s after launch (%.3f s of it loading data)\n",
+                   seconds_since_launch(), data_loading_seconds);
+    }
     Tensor loss = cross_entropy(network_->forward(batch.input), batch.target);
     log("train_loss", loss, std::nullopt, std::nullopt, /*prog_bar=*/true, batch.size());
     return loss;
@@ -78,6 +96,7 @@ class Classifier : public TrainModule {
   }
 
   std::shared_ptr<nn::Module> network_;
+  bool first_step_reported_ = false;
   Recipe recipe_;
   int64_t total_steps_;
 };
@@ -92,7 +111,6 @@ std::shared_ptr<nn::Module> make_model(const std::string& name) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const auto launch = std::chrono::steady_clock::now();
   CLI::App app{"Train a reference model on Fashion-MNIST with kiln"};
   TrainerOptions trainer_options;
   trainer_options.max_epochs = 8;
@@ -189,13 +207,16 @@ int main(int argc, char** argv) {
 
   try {
     // Features that are not written yet are refused up front, before anything is touched.
-    KILN_CHECK(strategy == "auto" && trainer_options.devices == 1 && num_nodes == 1,
-               "--strategy ddp, --devices > 1 and --num-nodes > 1 are not available yet (data-parallel training is "
-               "not written)");
-    KILN_CHECK(!swa && !find_lr && !find_batch_size && !checkpoint_activations,
-               "--swa, --find-lr, --find-batch-size and --checkpoint-activations are not available yet in "
-               "train_fashion");
+    KILN_CHECK(!checkpoint_activations,
+               "--checkpoint-activations is not available yet in train_fashion (recomputing a BatchNorm forward "
+               "would update its running statistics twice)");
+    trainer_options.strategy = strategy;
+    trainer_options.num_nodes = num_nodes;
     Trainer trainer(trainer_options);  // validates precision, accelerator, ...
+    // Nothing runs out of memory on the CPU: the search would only stop at max_val (8192).
+    KILN_CHECK(!find_batch_size || trainer.device().is_cuda(),
+               "--find-batch-size looks for the largest batch that fits in GPU memory; it needs a GPU");
+    const auto data_start = std::chrono::steady_clock::now();
     MnistOptions data_options;
     data_options.root = recipe.data_dir;
     data_options.train = true;
@@ -203,6 +224,7 @@ int main(int argc, char** argv) {
     data_options.train = false;
     auto test_set = std::make_shared<FashionMNIST>(data_options);
     auto normalize = Normalize::fit(*train_set);
+    data_loading_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - data_start).count();
 
     DataLoaderOptions train_loader_options;
     train_loader_options.batch_size = recipe.batch_size;
@@ -214,6 +236,18 @@ int main(int argc, char** argv) {
     train_loader_options.drop_last = true;
     train_loader_options.transforms = {std::make_shared<RandomCrop>(2), std::make_shared<RandomHorizontalFlip>(),
                                        normalize};
+    auto network = make_model(recipe.model);
+    // Tuning before fit, as Lightning's Tuner: the batch size first (the best lr
+    // depends on it). Each finder trains a throwaway Classifier over `network`
+    // and puts the weights back.
+    if (find_batch_size) {
+      DataLoader probe_loader(train_set, train_loader_options);
+      Classifier probe(network, recipe, /*total_steps=*/1);
+      const BatchSizeFinderResult found = scale_batch_size(trainer, probe, probe_loader);
+      std::cerr << "train_fashion: batch size finder chose " << found.batch_size << " (" << found.trials.size()
+                << " sizes tried)\n";
+      recipe.batch_size = train_loader_options.batch_size = found.batch_size;
+    }
     DataLoaderOptions eval_loader_options = train_loader_options;
     eval_loader_options.batch_size = 1000;
     eval_loader_options.shuffle = false;
@@ -221,8 +255,24 @@ int main(int argc, char** argv) {
     eval_loader_options.transforms = {normalize};
     DataLoader train_loader(train_set, train_loader_options);
     DataLoader test_loader(test_set, eval_loader_options);
-
-    auto network = make_model(recipe.model);
+    if (find_lr) {
+      Classifier probe(network, recipe, trainer.estimated_stepping_batches(train_loader));
+      LRFinderOptions finder_options;
+      finder_options.lr_attr = [&](double lr) { recipe.lr = lr; };  // update_attr: OneCycle's peak lr
+      const LRFinder finder = lr_find(trainer, probe, train_loader, finder_options);
+      if (!finder.lrs.empty()) {  // empty under --fast-dev-run, as Lightning
+        std::filesystem::create_directories(trainer_options.default_root_dir);
+        const std::string plot = (std::filesystem::path(trainer_options.default_root_dir) / "lr_find.svg").string();
+        finder.plot(plot);
+        std::cerr << "train_fashion: lr finder ran " << finder.lrs.size() << " steps, ";
+        if (const std::optional<double> lr = finder.suggestion()) {
+          std::cerr << "suggested lr " << *lr;
+        } else {
+          std::cerr << "no suggestion (too few steps), keeping lr " << recipe.lr;
+        }
+        std::cerr << "; plot in " << plot << "\n";
+      }
+    }
     Classifier module(network, recipe, trainer.estimated_stepping_batches(train_loader));
     EarlyStoppingOptions stopping;
     stopping.monitor = "val_loss";
@@ -237,20 +287,26 @@ int main(int argc, char** argv) {
     // The Trainer keeps its callbacks in its options.
     TrainerOptions with_callbacks = trainer.options();
     with_callbacks.callbacks = {early_stopping, model_checkpoint};
+    if (swa) {
+      // Averages the weights of the last 20% of the epochs at a tenth of the peak LR.
+      StochasticWeightAveragingOptions averaging;
+      averaging.swa_lrs = {recipe.lr / 10};
+      averaging.annealing_epochs = 1;
+      with_callbacks.callbacks.push_back(std::make_shared<StochasticWeightAveraging>(averaging));
+    }
     Trainer run(with_callbacks);
 
     std::cerr << "train_fashion: " << network->type_name() << " with " << network->parameter_count()
               << " parameters on " << run.device().str() << ", " << train_set->size() << " training images, "
-              << std::chrono::duration<double>(std::chrono::steady_clock::now() - launch).count()
-              << " s after launch\n";
+              << seconds_since_launch() << " s after launch\n";
     // The test split doubles as the validation set, as in the usual Fashion-MNIST recipes.
     run.fit(module, train_loader, &test_loader, ckpt_path);
     if (!run.stop_reason.empty()) std::cerr << "train_fashion: stopped: " << run.stop_reason << "\n";
     std::map<std::string, double> results = run.test(module, test_loader);
-    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - launch).count();
+    const double seconds = seconds_since_launch();
     std::printf("test_acc %.4f  test_loss %.4f  (%lld optimizer steps, %.1f s)\n", results["test_acc"],
                 results["test_loss"], static_cast<long long>(run.global_step()), seconds);
-    if (!recipe.export_weights.empty()) {
+    if (!recipe.export_weights.empty() && run.is_global_zero()) {
       NamedTensorList weights;
       for (auto& [name, tensor] : network->state_dict()) weights.emplace_back(name, tensor);
       save_safetensors(recipe.export_weights, weights, {{"format", "pt"}});

@@ -59,7 +59,9 @@ TEST_CASE("train_fashion refuses bad flags with a one-line reason and touches no
   check_refused("--precision 16-mixed --accelerator cpu", "needs a GPU");
   check_refused("--precision fp8", "unknown precision");
   check_refused("--data-dir /nonexistent/fashion", "apt-get install dataset-fashion-mnist");
-  check_refused("--strategy ddp", "not available yet");
+  check_refused("--strategy ddp --devices 2", "kiln-run --nproc-per-node 2");
+  check_refused("--find-batch-size --accelerator cpu", "needs a GPU");
+  check_refused("--checkpoint-activations", "not available yet");
   check_refused("--model vgg", "unknown model");
 }
 
@@ -69,5 +71,22 @@ TEST_CASE("train_fashion --fast-dev-run trains, validates and tests a few batche
   INFO(run.output);
   CHECK(run.exit_code == 0);
   CHECK(run.output.find("test_acc") != std::string::npos);
+  fs::remove_all(root);
+}
+
+TEST_CASE("train_fashion's first training step starts within one second of launch, data loading aside") {
+  const fs::path root = fresh_root("first_step");
+  Run run = run_train_fashion("--fast-dev-run 1 --num-workers 0 --default-root-dir " + root.string());
+  INFO(run.output);
+  REQUIRE(run.exit_code == 0);
+  const std::string marker = "first training step ";
+  const size_t at = run.output.find(marker);
+  REQUIRE(at != std::string::npos);
+  double since_launch = -1, loading = -1;
+  REQUIRE(std::sscanf(run.output.c_str() + at + marker.size(), "%lf s after launch (%lf s of it loading data)",
+                      &since_launch, &loading) == 2);
+  CHECK(loading >= 0);
+  CHECK(since_launch >= loading);
+  CHECK(since_launch - loading < 1.0);
   fs::remove_all(root);
 }
