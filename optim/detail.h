@@ -38,4 +38,10 @@ void grad_norm_into(const std::vector<Tensor>& grads, Device device, double norm
 // Checks a norm type: p > 0 or infinity.
 void check_norm_type(double norm_type, const char* op);
 
+// avg <- update(avg, param) for every pair, one multi-tensor kernel per param
+// dtype (EMA, SWA, AveragedModel); skip_flag (optional, one float32 on the
+// device) makes the update a no-op on the device when nonzero.
+void average_update(const std::vector<Tensor>& params, const std::vector<Tensor>& averages,
+                    const kernels::AverageConfig& config, const Tensor& skip_flag = {});
+
 }  // namespace kiln::optim::detail

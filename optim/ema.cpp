@@ -27,34 +27,6 @@ std::vector<Tensor> make_averages(const std::vector<Tensor>& params, const char*
   return averages;
 }
 
-void run_update(const std::vector<Tensor>& params, const std::vector<Tensor>& averages,
-                const kernels::AverageConfig& config, const Tensor& skip_flag) {
-  if (params.empty()) return;
-  const Device device = params.front().device();
-  const float* skip = nullptr;
-  if (skip_flag.defined()) {
-    KILN_CHECK(skip_flag.dtype() == DType::f32 && skip_flag.numel() == 1 && skip_flag.device() == device,
-               "average update: skip_flag must be a one-element float32 tensor on ", device);
-    skip = skip_flag.data<float>();
-  }
-  for (DType dtype : {DType::f32, DType::f64, DType::f16, DType::bf16}) {
-    std::vector<kernels::ListTensor> avg, par;
-    for (size_t i = 0; i < params.size(); ++i) {
-      if (params[i].dtype() != dtype) continue;
-      avg.push_back({averages[i].data_ptr(), averages[i].numel()});
-      par.push_back({params[i].data_ptr(), params[i].numel()});
-      averages[i].bump_version();
-    }
-    if (avg.empty()) continue;
-    const int64_t count = static_cast<int64_t>(avg.size());
-    if (device.is_cpu()) {
-      kernels::average_update_cpu(dtype, avg.data(), par.data(), count, config, skip);
-    } else {
-      kernels::average_update_cuda(dtype, avg.data(), par.data(), count, config, skip, detail::stream_of(device));
-    }
-  }
-}
-
 void copy_into(const std::vector<Tensor>& sources, const std::vector<Tensor>& targets, const char* what) {
   KILN_CHECK(sources.size() == targets.size(), what, ": ", targets.size(), " tensors given, ", sources.size(),
              " averaged");
@@ -89,6 +61,38 @@ int64_t load_averages(const char* kind, const StateDict& dict, std::vector<Tenso
 }
 }  // namespace
 
+namespace detail {
+
+void average_update(const std::vector<Tensor>& params, const std::vector<Tensor>& averages,
+                    const kernels::AverageConfig& config, const Tensor& skip_flag) {
+  if (params.empty()) return;
+  const Device device = params.front().device();
+  const float* skip = nullptr;
+  if (skip_flag.defined()) {
+    KILN_CHECK(skip_flag.dtype() == DType::f32 && skip_flag.numel() == 1 && skip_flag.device() == device,
+               "average update: skip_flag must be a one-element float32 tensor on ", device);
+    skip = skip_flag.data<float>();
+  }
+  for (DType dtype : {DType::f32, DType::f64, DType::f16, DType::bf16}) {
+    std::vector<kernels::ListTensor> avg, par;
+    for (size_t i = 0; i < params.size(); ++i) {
+      if (params[i].dtype() != dtype) continue;
+      avg.push_back({averages[i].data_ptr(), averages[i].numel()});
+      par.push_back({params[i].data_ptr(), params[i].numel()});
+      averages[i].bump_version();
+    }
+    if (avg.empty()) continue;
+    const int64_t count = static_cast<int64_t>(avg.size());
+    if (device.is_cpu()) {
+      kernels::average_update_cpu(dtype, avg.data(), par.data(), count, config, skip);
+    } else {
+      kernels::average_update_cuda(dtype, avg.data(), par.data(), count, config, skip, detail::stream_of(device));
+    }
+  }
+}
+
+}  // namespace detail
+
 // ---------------------------------------------------------------- EMA
 ExponentialMovingAverage::ExponentialMovingAverage(std::vector<Tensor> params, double decay, bool use_num_updates)
     : params_(std::move(params)), decay_(decay), use_num_updates_(use_num_updates) {
@@ -104,7 +108,7 @@ void ExponentialMovingAverage::update(const Tensor& skip_flag) {
   }
   kernels::AverageConfig config;
   config.weight = 1.0 - decay;
-  run_update(params_, averages_, config, skip_flag);
+  detail::average_update(params_, averages_, config, skip_flag);
   ++num_updates_;
 }
 
@@ -144,7 +148,7 @@ void WeightAverage::update() {
   kernels::AverageConfig config;
   config.divide = true;
   config.divisor = static_cast<double>(n_averaged_ + 1);
-  run_update(params_, averages_, config, Tensor());
+  detail::average_update(params_, averages_, config, Tensor());
   ++n_averaged_;
 }
 

@@ -51,28 +51,10 @@ void check_same_names(const nn::NamedTensors& averages, const nn::NamedTensors& 
 
 // avg += (param - avg) / divisor for all tensors of one device, one kernel per param dtype.
 void running_mean_update(const std::vector<Tensor>& averages, const std::vector<Tensor>& params, double divisor) {
-  if (params.empty()) return;
-  const Device device = averages.front().device();
   kernels::AverageConfig config;
   config.divide = true;
   config.divisor = divisor;
-  for (DType dtype : {DType::f32, DType::f64, DType::f16, DType::bf16}) {
-    std::vector<kernels::ListTensor> avg, par;
-    for (size_t i = 0; i < params.size(); ++i) {
-      if (params[i].dtype() != dtype) continue;
-      avg.push_back({averages[i].data_ptr(), averages[i].numel()});
-      par.push_back({params[i].data_ptr(), params[i].numel()});
-      averages[i].bump_version();
-    }
-    if (avg.empty()) continue;
-    const auto count = static_cast<int64_t>(avg.size());
-    if (device.is_cpu()) {
-      kernels::average_update_cpu(dtype, avg.data(), par.data(), count, config, nullptr);
-    } else {
-      kernels::average_update_cuda(dtype, avg.data(), par.data(), count, config, nullptr,
-                                   detail::stream_of(device));
-    }
-  }
+  detail::average_update(params, averages, config);
 }
 
 // Calls fn on the root and every descendant BatchNorm that tracks running
