@@ -11,27 +11,16 @@
 #include <filesystem>
 #include <string>
 
+#include "tests/support/run_binary.h"
+
 namespace fs = std::filesystem;
 
 namespace {
 
-struct Run {
-  int exit_code;
-  std::string output;  // stdout and stderr
-};
+using Run = kiln::testing::BinaryRun;
 
 Run run_train_fashion(const std::string& arguments) {
-  const fs::path binary = fs::read_symlink("/proc/self/exe").parent_path() / "train_fashion";
-  REQUIRE_MESSAGE(fs::exists(binary), "train_fashion is not built next to kiln_tests: " << binary.string());
-  const std::string command = binary.string() + " " + arguments + " 2>&1";
-  FILE* pipe = ::popen(command.c_str(), "r");
-  REQUIRE(pipe != nullptr);
-  Run run{0, ""};
-  std::array<char, 4096> buffer;
-  while (size_t count = std::fread(buffer.data(), 1, buffer.size(), pipe)) run.output.append(buffer.data(), count);
-  const int status = ::pclose(pipe);
-  run.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return run;
+  return kiln::testing::run_built_binary("train_fashion", arguments);
 }
 
 fs::path fresh_root(const std::string& name) {

@@ -19,37 +19,18 @@
 #include <vector>
 
 #include "tests/support/png_reader.h"
+#include "tests/support/run_binary.h"
 
 namespace fs = std::filesystem;
 
 namespace {
 
-struct Run {
-  int exit_code;
-  std::string output;  // stdout and stderr
-};
-
-fs::path built_binary(const std::string& name) {
-  const fs::path binary = fs::read_symlink("/proc/self/exe").parent_path() / name;
-  REQUIRE_MESSAGE(fs::exists(binary), name << " is not built next to kiln_tests: " << binary.string());
-  return binary;
-}
+using Run = kiln::testing::BinaryRun;
+using kiln::testing::built_binary;
 
 // `launcher` (may be empty) + train_gan + arguments.
 Run run_train_gan(const std::string& arguments, const std::string& launcher = "") {
-  const fs::path binary = built_binary("train_gan");
-  // Passive OpenMP waits: threads spinning between kernels would fight the
-  // other test files that CTest runs beside this one for the same cores.
-  const std::string command =
-      "OMP_WAIT_POLICY=passive " + launcher + binary.string() + " " + arguments + " 2>&1";
-  FILE* pipe = ::popen(command.c_str(), "r");
-  REQUIRE(pipe != nullptr);
-  Run run{0, ""};
-  std::array<char, 4096> buffer;
-  while (size_t count = std::fread(buffer.data(), 1, buffer.size(), pipe)) run.output.append(buffer.data(), count);
-  const int status = ::pclose(pipe);
-  run.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return run;
+  return kiln::testing::run_built_binary("train_gan", arguments, launcher);
 }
 
 // A folder under /tmp, absent at first and removed again when the test case
@@ -156,7 +137,7 @@ TEST_CASE("train_gan trains data-parallel on two processes (kiln-run, Gloo), ran
   const ScratchRoot scratch("ddp");
   const fs::path& root = scratch.path;
   fs::create_directories(root);
-  const std::string launcher = built_binary("kiln-run").string() + " --nproc-per-node 2 --master-port 0 -- ";
+  const std::string launcher = built_binary("kiln-run") + " --nproc-per-node 2 --master-port 0 -- ";
   // 6 batches per rank, accumulating 2: 3 steps of each optimizer on every rank.
   Run run = run_train_gan(std::string(kQuickRun) + " --strategy ddp --devices 2 --limit-train-batches 6" +
                               " --default-root-dir " + root.string() + " --output " + (root / "samples.png").string(),
