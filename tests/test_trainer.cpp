@@ -424,3 +424,38 @@ TEST_CASE("Trainer: a validation inside an epoch neither reports nor resets the 
   CHECK(trainer.callback_metrics().count("val_loss") == 1);
   fs::remove_all(root);
 }
+
+TEST_CASE("Trainer: values logged by on_fit_start callbacks stay out of the first epoch's averages") {
+  // As LearningRateFinder, whose sweep runs training_step (and its log()
+  // calls) in on_fit_start before the first epoch.
+  struct SweepLike : Callback {
+    std::string name() const override { return "SweepLike"; }
+    void on_fit_start(Trainer&, TrainModule& module) override {
+      module.log("train_loss", full({}, 1000.0), /*on_step=*/true, /*on_epoch=*/true);
+    }
+  };
+  struct EpochLogged : Regression {
+    Tensor training_step(const Batch& batch, int64_t) override {
+      Tensor difference = sub(net->forward(batch.input), batch.target);
+      Tensor loss = mean(mul(difference, difference));
+      log("train_loss", loss, /*on_step=*/true, /*on_epoch=*/true);
+      values.push_back(loss.item<double>());
+      return loss;
+    }
+    std::vector<double> values;
+  } module;
+  auto data = regression_data(32);
+  fs::path root = fresh_folder("fit_start_logs");
+  TrainerOptions options = quiet_options(root);
+  options.max_epochs = 1;
+  options.logger = false;
+  options.callbacks.push_back(std::make_shared<SweepLike>());
+  DataLoader loader(data, loader_options(8));
+  Trainer trainer(options);
+  trainer.fit(module, loader);
+  REQUIRE(module.values.size() == 4);
+  double mean_loss = 0;
+  for (double value : module.values) mean_loss += value / 4;
+  CHECK(trainer.callback_metrics().at("train_loss_epoch") == doctest::Approx(mean_loss).epsilon(1e-9));
+  fs::remove_all(root);
+}

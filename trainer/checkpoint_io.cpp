@@ -35,7 +35,8 @@ std::string slot_name(const char* kind, size_t index) {
 }  // namespace
 
 void save_trainer_checkpoint(const std::string& path, const nn::Module& model,
-                             const std::vector<OptimizerSlot>& optimizers, const TrainerCheckpoint& progress) {
+                             const std::vector<OptimizerSlot>& optimizers, const TrainerCheckpoint& progress,
+                             const optim::GradScaler* scaler) {
   NamedTensorList tensors;
   for (const auto& [name, tensor] : model.state_dict()) tensors.emplace_back("model." + name, tensor);
   nlohmann::json meta = {{"format", kFormat},
@@ -62,6 +63,11 @@ void save_trainer_checkpoint(const std::string& path, const nn::Module& model,
       }
       meta[scheduler_key] = scheduler_state.meta;
     }
+  }
+  if (scaler != nullptr) {
+    optim::StateDict scaler_state = scaler->state_dict();
+    for (const auto& [name, tensor] : scaler_state.tensors) tensors.emplace_back("scaler." + name, tensor);
+    meta["scaler"] = scaler_state.meta;
   }
   save_safetensors(path, tensors, {{"kiln", meta.dump()}});
 }
@@ -102,6 +108,11 @@ TrainerCheckpointFile read_trainer_checkpoint(const std::string& path, const nn:
         out.schedulers[i]->meta = meta.at(scheduler_key);
         destinations[scheduler_key + "."] = &out.schedulers[i]->tensors;
       }
+    }
+    if (meta.contains("scaler")) {
+      out.scaler = optim::StateDict{};
+      out.scaler->meta = meta.at("scaler");
+      destinations["scaler."] = &out.scaler->tensors;
     }
     out.progress.epoch = meta.at("epoch").get<int64_t>();
     out.progress.global_step = meta.at("global_step").get<int64_t>();
@@ -152,6 +163,17 @@ void load_checkpoint_optimizers(const TrainerCheckpointFile& file, const std::ve
     }
   } catch (const Error& error) {
     KILN_THROW("load checkpoint '", file.path, "': the optimizer or schedule does not match: ", error.message());
+  }
+}
+
+void load_checkpoint_scaler(const TrainerCheckpointFile& file, optim::GradScaler* scaler) {
+  if (scaler == nullptr || !file.scaler) return;
+  try {
+    scaler->load_state_dict(*file.scaler);
+  } catch (const Error& error) {
+    KILN_THROW("load checkpoint '", file.path, "': corrupt loss-scaler state: ", error.message());
+  } catch (const nlohmann::json::exception& error) {
+    KILN_THROW("load checkpoint '", file.path, "': corrupt loss-scaler state: ", error.what());
   }
 }
 

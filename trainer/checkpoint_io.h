@@ -6,6 +6,8 @@
 // Optimizer i's tensors are "optimizer.*" and "scheduler.*" for i = 0 (the
 // layout of single-optimizer checkpoints, which still load) and
 // "optimizer_<i>.*" / "scheduler_<i>.*" after; the JSON keys follow the same names.
+// The loss scaler of precision "16-mixed" is an optional section ("scaler.*"
+// and the "scaler" key): files without one (other precisions, older files) still load.
 #pragma once
 
 #include <map>
@@ -15,6 +17,7 @@
 #include <vector>
 
 #include "nn/module.h"
+#include "optim/grad_scaler.h"
 #include "optim/lr_scheduler.h"
 #include "optim/optimizer.h"
 
@@ -40,9 +43,10 @@ struct OptimizerSlot {
   optim::LRScheduler* scheduler = nullptr;
 };
 
-// Writes atomically (see save_safetensors).
+// Writes atomically (see save_safetensors). `scaler` may be null (no scaler section).
 void save_trainer_checkpoint(const std::string& path, const nn::Module& model,
-                             const std::vector<OptimizerSlot>& optimizers, const TrainerCheckpoint& progress);
+                             const std::vector<OptimizerSlot>& optimizers, const TrainerCheckpoint& progress,
+                             const optim::GradScaler* scaler = nullptr);
 
 // A checkpoint file read and checked, nothing applied yet: load it in stages
 // (model, then callbacks, then optimizers) with the functions below.
@@ -52,6 +56,7 @@ struct TrainerCheckpointFile {
   nn::StateDict model;
   std::vector<optim::StateDict> optimizers;
   std::vector<std::optional<optim::StateDict>> schedulers;  // nullopt: saved without a schedule
+  std::optional<optim::StateDict> scaler;                   // nullopt: saved without a loss scaler
   nlohmann::json rng;
 };
 
@@ -65,6 +70,11 @@ void load_checkpoint_model(const TrainerCheckpointFile& file, nn::Module& model)
 // Loads the optimizer and schedule states; throws kiln::Error when a schedule
 // is present in only one of the file and the run, or a state does not match.
 void load_checkpoint_optimizers(const TrainerCheckpointFile& file, const std::vector<OptimizerSlot>& optimizers);
+// Loads the loss scaler's state when both the file and the run have one. As
+// Lightning's MixedPrecision plugin, a run with a scaler resumed from a file
+// without one keeps its initial scale, and a run without one (scaler null)
+// ignores the file's. Throws kiln::Error for a corrupt scaler state.
+void load_checkpoint_scaler(const TrainerCheckpointFile& file, optim::GradScaler* scaler);
 // Restores the default generators' states (CPU and the CUDA devices present).
 void load_checkpoint_rng(const TrainerCheckpointFile& file);
 

@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "core/autocast.h"
 #include "core/autograd.h"
 #include "core/ops.h"
 #include "optim/clip_grad.h"
@@ -59,6 +60,7 @@ StepSettings step_settings(const Trainer& trainer) {
   }
   settings.gradient_clip_val = options.gradient_clip_val;
   settings.gradient_clip_algorithm = options.gradient_clip_algorithm;
+  settings.autocast_dtype = trainer.autocast_dtype();
   return settings;
 }
 
@@ -114,7 +116,12 @@ Tensor FinderLoop::step() {
                                  /*non_blocking=*/true);
     moved.target = batch.target.to(device_, is_floating(batch.target.dtype()) ? batch.target.dtype() : DType::i64,
                                    /*non_blocking=*/true);
-    Tensor loss = module_.training_step(moved, batch_idx);
+    Tensor loss;
+    {
+      std::optional<AutocastGuard> autocast;  // as Trainer::autocast_region(); backward runs outside it
+      if (settings_.autocast_dtype) autocast.emplace(device_.type, *settings_.autocast_dtype);
+      loss = module_.training_step(moved, batch_idx);
+    }
     KILN_CHECK(loss.defined() && loss.numel() == 1, "training_step must return a one-element loss tensor");
     (accumulate > 1 ? div(loss, static_cast<double>(accumulate)) : loss).backward();
     const bool last_batch = batch_in_epoch_ == batches_per_epoch_;

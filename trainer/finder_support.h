@@ -5,6 +5,7 @@
 #pragma once
 
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -47,6 +48,9 @@ struct StepSettings {
   int64_t accumulate_grad_batches = 1;
   double gradient_clip_val = 0;
   std::string gradient_clip_algorithm = "norm";
+  // The mixed precisions' autocast dtype: training_step runs in the same
+  // autocast region as in fit (nullopt: none).
+  std::optional<DType> autocast_dtype;
 };
 // Throws kiln::Error naming `finder` when it cannot run here: manual optimization
 // (training_step steps through the trainer) or more than one process (the

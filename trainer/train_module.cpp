@@ -70,7 +70,8 @@ void TrainModule::manual_backward(const Tensor& loss) {
   KILN_CHECK(!automatic_optimization, "manual_backward: to use manual_backward, disable automatic optimization: "
              "set automatic_optimization = false in the module's constructor");
   KILN_CHECK(loss.defined(), "manual_backward: the loss is an undefined tensor");
-  loss.backward();
+  optim::GradScaler* scaler = trainer_ != nullptr ? trainer_->scaler() : nullptr;  // "16-mixed"
+  (scaler != nullptr ? scaler->scale(loss) : loss).backward();
 }
 
 std::vector<std::pair<Tensor, bool>> TrainModule::freeze_other_optimizers(size_t index) {
@@ -115,6 +116,7 @@ void TrainModule::clip_gradients(const OptimizerHandle& optimizer, double gradie
   trainer.finish_pending_gradient_sync();  // clip the averaged gradients, not this rank's
   if (gradient_clip_val == 0) return;
   optim::Optimizer& target = optimizer.optimizer();
+  trainer.unscale_gradients(target);  // "16-mixed": clip the true gradients, not the scaled ones
   if (gradient_clip_algorithm == "norm") {
     target.clip_grad_norm_(gradient_clip_val);  // applied by its next step(), on the device
   } else {

@@ -160,14 +160,16 @@ class TrainModule {
   }
   // The configured schedules (the optimizers' that have one), in order.
   std::vector<optim::LRScheduler*> lr_schedulers();
-  // loss.backward(), for manual optimization (throws kiln::Error in automatic mode).
+  // loss.backward(), for manual optimization (throws kiln::Error in automatic
+  // mode); with precision "16-mixed" the backward of the scaled loss.
   void manual_backward(const Tensor& loss);
   // Freezes the parameters that belong only to the other optimizers (Lightning's
   // toggle_optimizer); untoggle_optimizer restores them. Prefer toggle_model's guard.
   void toggle_optimizer(const OptimizerHandle& optimizer);
   void untoggle_optimizer(const OptimizerHandle& optimizer);
   // Clips the gradients of `optimizer`'s parameters (after finishing a pending
-  // DDP synchronization): "norm" takes effect in its next step(), "value" at once.
+  // DDP synchronization; with "16-mixed" after unscaling them, once per step):
+  // "norm" takes effect in its next step(), "value" at once.
   void clip_gradients(const OptimizerHandle& optimizer, double gradient_clip_val,
                       const std::string& gradient_clip_algorithm = "norm");
 

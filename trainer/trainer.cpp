@@ -128,18 +128,38 @@ Trainer::Trainer(TrainerOptions options)
     param_dtype_ = DType::f64;
   } else if (o.precision == "bf16-true") {
     param_dtype_ = DType::bf16;
-  } else if (o.precision == "16-mixed") {
-    KILN_CHECK(device_.is_cuda(), "Trainer: precision \"16-mixed\" needs a GPU (fp16 on the CPU is slow and "
-                                  "inexact); use \"bf16-mixed\" or \"32-true\" on the CPU");
-    KILN_THROW("Trainer: precision \"16-mixed\" is not available yet (autocast is not written)");
-  } else if (o.precision == "bf16-mixed") {
-    KILN_THROW("Trainer: precision \"bf16-mixed\" is not available yet (autocast is not written); use \"bf16-true\" "
-               "or \"32-true\"");
+  } else if (o.precision == "16-mixed" || o.precision == "16") {
+    KILN_CHECK(device_.is_cuda(), "Trainer: precision \"", o.precision, "\" needs a GPU (fp16 on the CPU is slow "
+               "and inexact); use \"bf16-mixed\" or \"32-true\" on the CPU");
+    // float32 master weights (param_dtype_), float16 matmuls and convolutions
+    // under autocast, and loss scaling so that small float16 gradients survive.
+    autocast_dtype_ = DType::f16;
+    scaler_ = std::make_unique<optim::GradScaler>();
+  } else if (o.precision == "bf16-mixed" || o.precision == "bf16") {
+    autocast_dtype_ = DType::bf16;  // bfloat16 has float32's range: no loss scaling (as Lightning)
   } else {
     KILN_THROW("Trainer: unknown precision '", o.precision,
                "' (expected 32-true, 64-true, bf16-true, 16-mixed or bf16-mixed)");
   }
   if (!o.max_time.empty()) max_time_ = parse_max_time(o.max_time);
+  profiler_ = o.profiler_instance ? o.profiler_instance : make_profiler(o.profiler, device_);
+  if (auto* op_level = dynamic_cast<PyTorchProfiler*>(profiler_.get())) op_level->set_device(device_);
+}
+
+std::string Trainer::module_action(const char* hook) const {
+  return "[LightningModule]" + module_name_ + "." + hook;
+}
+
+std::string Trainer::strategy_action(const char* hook) const {
+  return std::string(strategy_.name() == "ddp" ? "[Strategy]DDPStrategy." : "[Strategy]SingleDeviceStrategy.") + hook;
+}
+
+template <typename Hook>
+void Trainer::call_callbacks(const char* hook_name, Hook&& hook) {
+  for (auto& callback : options_.callbacks) {
+    auto scope = profiler_->profile("[Callback]" + callback->name() + "." + hook_name);
+    hook(*callback);
+  }
 }
 
 std::string Trainer::log_dir() {
@@ -240,6 +260,7 @@ void Trainer::setup(TrainModule& module) {
   strategy_.setup_environment();
   module.trainer_ = this;
   module_ = &module;
+  module_name_ = class_name(typeid(module));
   module.model().to(device_, param_dtype_);
 }
 
@@ -308,30 +329,71 @@ void Trainer::finish_pending_gradient_sync() {
   if (ddp != nullptr && ddp->gradient_sync_pending()) ddp->finish_gradient_sync();
 }
 
+std::optional<AutocastGuard> Trainer::autocast_region() const {
+  if (!autocast_dtype_) return std::nullopt;
+  return std::optional<AutocastGuard>(std::in_place, device_.type, *autocast_dtype_);
+}
+
+void Trainer::unscale_gradients(optim::Optimizer& optimizer) {
+  if (!scaler_ || std::find(unscaled_.begin(), unscaled_.end(), &optimizer) != unscaled_.end()) return;
+  scaler_->unscale_(optimizer);
+  unscaled_.push_back(&optimizer);
+}
+
+void Trainer::step_optimizer(optim::Optimizer& optimizer) {
+  if (!scaler_) {
+    optimizer.step();
+    return;
+  }
+  scaler_->step(optimizer);  // skipped on the device when the gradients hold inf/NaN
+  scaler_->update();         // the new scale, on the device
+  unscaled_.clear();
+}
+
 void Trainer::optimizer_step(TrainModule& module) {
   optim::Optimizer& optimizer = *optimizers_.front().optimizer;
   // Averaged gradients before the callbacks and clipping see them.
   if (nn::DistributedDataParallel* ddp = strategy_.ddp()) ddp->finish_gradient_sync();
-  for (auto& callback : options_.callbacks) callback->on_before_optimizer_step(*this, module, optimizer);
-  if (options_.gradient_clip_val > 0) {
-    if (options_.gradient_clip_algorithm == "norm") {
-      optimizer.clip_grad_norm_(options_.gradient_clip_val);  // applied by step(), on the device
-    } else {
-      optim::clip_grad_value_(optimizer.params_with_grad(), options_.gradient_clip_val);
+  // As Lightning's MixedPrecision plugin: unscale once, then callbacks and
+  // clipping see the true gradients, then the scaler steps and updates.
+  unscale_gradients(optimizer);
+  call_callbacks("on_before_optimizer_step",
+                 [&](Callback& c) { c.on_before_optimizer_step(*this, module, optimizer); });
+  {
+    // Unlike Lightning's, whose closure runs training_step and backward inside optimizer_step.
+    auto step_scope = profiler_->profile(module_action("optimizer_step"));
+    if (options_.gradient_clip_val > 0) {
+      if (options_.gradient_clip_algorithm == "norm") {
+        optimizer.clip_grad_norm_(options_.gradient_clip_val);  // applied by step(), on the device
+      } else {
+        optim::clip_grad_value_(optimizer.params_with_grad(), options_.gradient_clip_val);
+      }
     }
+    step_optimizer(optimizer);
   }
-  optimizer.step();
-  optimizer.zero_grad(true);
+  {
+    auto zero_grad_scope = profiler_->profile(module_action("optimizer_zero_grad"));
+    optimizer.zero_grad(true);
+  }
   const OptimizerConfig& config = optimizers_.front();
-  if (config.scheduler && config.interval == "step") config.scheduler->step();
+  // A step the scaler skipped (inf/NaN) does not advance the schedule: step()
+  // reads the optimizer's found-inf flag on the device.
+  if (config.scheduler && config.interval == "step") {
+    auto scheduler_scope = profiler_->profile(module_action("lr_scheduler_step"));
+    config.scheduler->step();
+  }
   ++global_step_;
 }
 
 void Trainer::manual_optimizer_step(size_t index) {
   optim::Optimizer& opt = optimizer(index);
   finish_pending_gradient_sync();
-  for (auto& callback : options_.callbacks) callback->on_before_optimizer_step(*this, *module_, opt);
-  opt.step();
+  unscale_gradients(opt);
+  call_callbacks("on_before_optimizer_step", [&](Callback& c) { c.on_before_optimizer_step(*this, *module_, opt); });
+  {
+    auto step_scope = profiler_->profile(strategy_action("optimizer_step"));
+    step_optimizer(opt);
+  }
   ++global_step_;
 }
 
@@ -384,10 +446,22 @@ std::map<std::string, double> Trainer::evaluate(TrainModule& module, DataLoader&
   // An evaluation pass always starts at the first batch of its loader.
   loader.set_epoch(loader.epoch());
   int64_t index = 0;
+  const std::string next_action = stage == "test" ? "[_EvaluationLoop].test_next" : "[_EvaluationLoop].val_next";
+  const std::string step_action = strategy_action(stage == "test" ? "test_step" : "validation_step");
   while (index < limit_batches) {
-    std::optional<Batch> batch = loader.next();
+    std::optional<Batch> batch;
+    {
+      auto next_scope = profiler_->profile(next_action);
+      batch = loader.next();
+    }
     if (!batch) break;
-    Batch moved = to_device(*batch);
+    Batch moved;
+    {
+      auto to_device_scope = profiler_->profile(strategy_action("batch_to_device"));
+      moved = to_device(*batch);
+    }
+    auto step_scope = profiler_->profile(step_action);
+    const auto autocast = autocast_region();
     if (stage == "test") {
       module.test_step(moved, index);
     } else {
@@ -462,7 +536,8 @@ void Trainer::train_epoch(TrainModule& module, DataLoader& train_loader, DataLoa
   const auto epoch_start = std::chrono::steady_clock::now();
   // A run resumed from a checkpoint written after the epoch's last batch only finishes the epoch.
   if (batch_in_epoch_ == 0 || batch_in_epoch_ < train_batches_) {
-    for (auto& callback : options_.callbacks) callback->on_train_epoch_start(*this, module);
+    call_callbacks("on_train_epoch_start", [&](Callback& c) { c.on_train_epoch_start(*this, module); });
+    auto hook_scope = profiler_->profile(module_action("on_train_epoch_start"));
     module.on_train_epoch_start();
   }
   module.model().train();
@@ -473,11 +548,22 @@ void Trainer::train_epoch(TrainModule& module, DataLoader& train_loader, DataLoa
       stop_reason = "max_steps=" + std::to_string(options_.max_steps) + " reached";
       break;
     }
-    std::optional<Batch> batch = train_loader.next();
+    std::optional<Batch> batch;
+    {
+      auto next_scope = profiler_->profile("[_TrainingEpochLoop].train_dataloader_next");
+      batch = train_loader.next();
+    }
     if (!batch) break;
     const int64_t batch_idx = batch_in_epoch_;
-    Batch moved = to_device(*batch);
-    for (auto& callback : options_.callbacks) callback->on_train_batch_start(*this, module, batch_idx);
+    Batch moved;
+    {
+      auto to_device_scope = profiler_->profile(strategy_action("batch_to_device"));
+      moved = to_device(*batch);
+    }
+    // Lightning's run_training_batch: the batch-start hooks, training_step, backward, the optimizer step.
+    std::optional<Profiler::Scope> batch_scope;
+    batch_scope.emplace(*profiler_, "run_training_batch");
+    call_callbacks("on_train_batch_start", [&](Callback& c) { c.on_train_batch_start(*this, module, batch_idx); });
     module.stage_ = "train";
     is_last_batch_ = batch_idx + 1 == train_batches_;
     // Manual optimization decides itself when to step (and to sync, through toggle_model).
@@ -491,20 +577,28 @@ void Trainer::train_epoch(TrainModule& module, DataLoader& train_loader, DataLoa
       ddp->set_require_backward_grad_sync(step_now);
     }
     const int64_t steps_before = global_step_;
-    Tensor loss = module.training_step(moved, batch_idx);
+    Tensor loss;
+    {
+      auto step_scope = profiler_->profile(strategy_action("training_step"));
+      const auto autocast = autocast_region();  // backward runs outside it (core/autocast.h)
+      loss = module.training_step(moved, batch_idx);
+    }
     if (!manual_) {
       KILN_CHECK(loss.defined() && loss.numel() == 1, "training_step must return a one-element loss tensor");
+      auto backward_scope = profiler_->profile(strategy_action("backward"));
       // As Lightning: each micro-batch's loss is divided by the accumulation
       // factor, so k micro-batches of a mean loss equal one batch k times larger.
-      (accumulate > 1 ? div(loss, static_cast<double>(accumulate)) : loss).backward();
+      const Tensor micro_batch_loss = accumulate > 1 ? div(loss, static_cast<double>(accumulate)) : loss;
+      (scaler_ ? scaler_->scale(micro_batch_loss) : micro_batch_loss).backward();
     }
     ++batch_in_epoch_;
     if (!manual_ && step_now) optimizer_step(module);
+    batch_scope.reset();
     is_last_batch_ = false;
     // Every log_every_n_steps optimizer steps (manual optimization may take several per batch).
     const bool stepped = global_step_ != steps_before;
     if (stepped && global_step_ / log_every != steps_before / log_every) log_step_metrics(module);
-    for (auto& callback : options_.callbacks) callback->on_train_batch_end(*this, module, batch_idx);
+    call_callbacks("on_train_batch_end", [&](Callback& c) { c.on_train_batch_end(*this, module, batch_idx); });
     if (show_progress && (terminal || stepped)) {
       const bool refresh = terminal || batch_in_epoch_ % std::max<int64_t>(1, train_batches_ / 10) == 0 ||
                            batch_in_epoch_ == train_batches_;
@@ -512,10 +606,13 @@ void Trainer::train_epoch(TrainModule& module, DataLoader& train_loader, DataLoa
     }
     if (validate_this_epoch && batch_in_epoch_ % val_every == 0 &&
         (batch_in_epoch_ < train_batches_ || options_.val_check_interval <= 1.0)) {
-      for (auto& callback : options_.callbacks) callback->on_validation_start(*this, module);
+      call_callbacks("on_validation_start", [&](Callback& c) { c.on_validation_start(*this, module); });
       evaluate(module, *val_loader, "validate", val_batches, true);
-      for (auto& callback : options_.callbacks) callback->on_validation_end(*this, module);
-      module.on_validation_epoch_end();
+      call_callbacks("on_validation_end", [&](Callback& c) { c.on_validation_end(*this, module); });
+      {
+        auto hook_scope = profiler_->profile(module_action("on_validation_epoch_end"));
+        module.on_validation_epoch_end();
+      }
       module.model().train();
     }
     if (agree_to_stop()) break;
@@ -526,8 +623,11 @@ void Trainer::train_epoch(TrainModule& module, DataLoader& train_loader, DataLoa
   if (batch_in_epoch_ >= train_batches_) {  // not when a limit stopped the epoch midway
     if (!epoch_end_hooks_done_) {  // a checkpoint written by these hooks resumes after them
       epoch_end_hooks_done_ = true;
-      module.on_train_epoch_end();
-      for (auto& callback : options_.callbacks) callback->on_train_epoch_end(*this, module);
+      {
+        auto hook_scope = profiler_->profile(module_action("on_train_epoch_end"));
+        module.on_train_epoch_end();
+      }
+      call_callbacks("on_train_epoch_end", [&](Callback& c) { c.on_train_epoch_end(*this, module); });
     }
     for (OptimizerConfig& config : optimizers_) {
       // Manual optimization steps its schedules itself (Lightning).
@@ -596,6 +696,7 @@ void Trainer::fit(TrainModule& module, DataLoader& train_loader, DataLoader* val
   }
   train_loader_ = &train;
   share_log_dir();
+  ProfilerStage profiled(*profiler_, "fit", log_dir_.empty() ? options_.default_root_dir : log_dir_);
   if (options_.fast_dev_run == 0 && options_.logger) {
     std::string optimizer_names, scheduler_names;
     for (const OptimizerConfig& config : optimizers_) {
@@ -622,18 +723,33 @@ void Trainer::fit(TrainModule& module, DataLoader& train_loader, DataLoader* val
   int64_t max_epochs = options_.max_epochs;
   if (options_.fast_dev_run > 0) max_epochs = 1;
   if (max_epochs < 0 && options_.max_steps < 0) max_epochs = 1000;
-  for (auto& callback : options_.callbacks) callback->on_fit_start(*this, module);
-  module.on_fit_start();
+  {
+    // A callback's trial steps here (LearningRateFinder's sweep) log through
+    // training_step: those values must not reach the first epoch's averages.
+    // What a resumed checkpoint restored is kept.
+    std::map<std::string, LoggedValue> resumed_logged = std::move(module.logged_);
+    std::vector<std::string> resumed_order = std::move(module.order_);
+    call_callbacks("on_fit_start", [&](Callback& c) { c.on_fit_start(*this, module); });
+    module.logged_ = std::move(resumed_logged);
+    module.order_ = std::move(resumed_order);
+  }
+  {
+    auto hook_scope = profiler_->profile(module_action("on_fit_start"));
+    module.on_fit_start();
+  }
   if (val && options_.num_sanity_val_steps > 0 && ckpt_path.empty() && options_.fast_dev_run == 0) {
     evaluate(module, *val, "validate", std::min(options_.num_sanity_val_steps, val->size()), false);
     callback_metrics_.clear();
   }
   should_stop = false;
-  for (auto& callback : options_.callbacks) callback->on_train_start(*this, module);
+  call_callbacks("on_train_start", [&](Callback& c) { c.on_train_start(*this, module); });
   while (max_epochs < 0 || epoch_ < max_epochs) {
     // A resumed run continues its epoch where the loader stopped.
     if (batch_in_epoch_ == 0) train.set_epoch(static_cast<uint64_t>(epoch_));
-    train_epoch(module, train, val);
+    {
+      auto epoch_scope = profiler_->profile("run_training_epoch");
+      train_epoch(module, train, val);
+    }
     // Epoch-end callbacks may have asked one rank to stop: every rank follows.
     if (strategy_.distributed() && strategy_.reduce_any({should_stop})[0] && !should_stop) {
       should_stop = true;
@@ -651,10 +767,14 @@ void Trainer::fit(TrainModule& module, DataLoader& train_loader, DataLoader* val
     should_stop = false;
     stop_reason.clear();
   }
-  for (auto& callback : options_.callbacks) callback->on_train_end(*this, module);
-  for (auto& callback : options_.callbacks) callback->on_fit_end(*this, module);
-  module.on_fit_end();
+  call_callbacks("on_train_end", [&](Callback& c) { c.on_train_end(*this, module); });
+  call_callbacks("on_fit_end", [&](Callback& c) { c.on_fit_end(*this, module); });
+  {
+    auto hook_scope = profiler_->profile(module_action("on_fit_end"));
+    module.on_fit_end();
+  }
   save_loggers();
+  profiled.finish(/*report=*/is_global_zero());  // Lightning prints the report when fit ends
   strategy_.release_model();
   strategy_.barrier();  // rank 0's files are complete when fit returns anywhere
 }
@@ -663,10 +783,12 @@ std::map<std::string, double> Trainer::validate(TrainModule& module, DataLoader&
   if (module_ != &module) setup(module);
   share_log_dir();
   DataLoader& eval = prepare_loader(loader, false, eval_loader_);
-  for (auto& callback : options_.callbacks) callback->on_validation_start(*this, module);
+  ProfilerStage profiled(*profiler_, "validate", log_dir_.empty() ? options_.default_root_dir : log_dir_);
+  call_callbacks("on_validation_start", [&](Callback& c) { c.on_validation_start(*this, module); });
   std::map<std::string, double> metrics =
       evaluate(module, eval, "validate", limit(options_.limit_val_batches, eval.size()), true);
-  for (auto& callback : options_.callbacks) callback->on_validation_end(*this, module);
+  call_callbacks("on_validation_end", [&](Callback& c) { c.on_validation_end(*this, module); });
+  profiled.finish(/*report=*/is_global_zero());
   return metrics;
 }
 
@@ -674,16 +796,19 @@ std::map<std::string, double> Trainer::test(TrainModule& module, DataLoader& loa
   if (module_ != &module) setup(module);
   share_log_dir();
   DataLoader& eval = prepare_loader(loader, false, eval_loader_);
-  for (auto& callback : options_.callbacks) callback->on_test_start(*this, module);
+  ProfilerStage profiled(*profiler_, "test", log_dir_.empty() ? options_.default_root_dir : log_dir_);
+  call_callbacks("on_test_start", [&](Callback& c) { c.on_test_start(*this, module); });
   std::map<std::string, double> metrics =
       evaluate(module, eval, "test", limit(options_.limit_test_batches, eval.size()), true);
-  for (auto& callback : options_.callbacks) callback->on_test_end(*this, module);
+  call_callbacks("on_test_end", [&](Callback& c) { c.on_test_end(*this, module); });
+  profiled.finish(/*report=*/is_global_zero());
   return metrics;
 }
 
 std::vector<Tensor> Trainer::predict(TrainModule& module, DataLoader& loader) {
   if (module_ != &module) setup(module);
-  for (auto& callback : options_.callbacks) callback->on_predict_start(*this, module);
+  ProfilerStage profiled(*profiler_, "predict", log_dir_.empty() ? options_.default_root_dir : log_dir_);
+  call_callbacks("on_predict_start", [&](Callback& c) { c.on_predict_start(*this, module); });
   nn::Module& model = module.model();
   model.eval();
   std::vector<Tensor> predictions;
@@ -692,10 +817,13 @@ std::vector<Tensor> Trainer::predict(TrainModule& module, DataLoader& loader) {
     loader.set_epoch(loader.epoch());
     int64_t index = 0;
     while (std::optional<Batch> batch = loader.next()) {
+      auto step_scope = profiler_->profile(strategy_action("predict_step"));
+      const auto autocast = autocast_region();
       predictions.push_back(module.predict_step(to_device(*batch), index++));
     }
   }
-  for (auto& callback : options_.callbacks) callback->on_predict_end(*this, module);
+  call_callbacks("on_predict_end", [&](Callback& c) { c.on_predict_end(*this, module); });
+  profiled.finish(/*report=*/is_global_zero());
   return predictions;
 }
 
@@ -752,7 +880,7 @@ void Trainer::save_checkpoint(const std::string& path) {
     checkpoint.loader_state = train_loader_ ? train_loader_->state_dict() : nlohmann::json();
     checkpoint.metrics = metrics_state();
     for (auto& callback : options_.callbacks) checkpoint.callback_states[callback->name()] = callback->state_dict();
-    save_trainer_checkpoint(path, module_->model(), optimizer_slots(), checkpoint);
+    save_trainer_checkpoint(path, module_->model(), optimizer_slots(), checkpoint, scaler_.get());
   }
   strategy_.barrier();  // durable before any rank goes on (and, say, removes an older checkpoint)
 }
@@ -790,6 +918,8 @@ void Trainer::load_checkpoint(const std::string& requested, TrainModule& module,
     callback->load_state_dict(it->second);
   }
   load_checkpoint_optimizers(file, optimizer_slots());
+  load_checkpoint_scaler(file, scaler_.get());
+  unscaled_.clear();
   load_checkpoint_rng(file);
   if (!checkpoint.loader_state.is_null()) train_loader.load_state_dict(checkpoint.loader_state);
 }

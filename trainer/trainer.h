@@ -14,10 +14,13 @@
 #include <string>
 #include <vector>
 
+#include "core/autocast.h"
 #include "data/dataloader.h"
+#include "optim/grad_scaler.h"
 #include "trainer/callbacks.h"
 #include "trainer/checkpoint_io.h"
 #include "trainer/csv_logger.h"
+#include "trainer/profiler.h"
 #include "trainer/strategy.h"
 #include "trainer/train_module.h"
 
@@ -35,6 +38,10 @@ struct TrainerOptions {
   std::map<int64_t, int64_t> accumulation_schedule;
   double gradient_clip_val = 0;  // 0: no clipping
   std::string gradient_clip_algorithm = "norm";  // "norm" or "value"
+  // "32-true", "64-true", "bf16-true", "bf16-mixed" (or "bf16"; CPU and GPU)
+  // and "16-mixed" (or "16"; GPU only). The mixed precisions keep float32
+  // parameters and run the steps under autocast (core/autocast.h);
+  // "16-mixed" adds a GradScaler.
   std::string precision = "32-true";
   double val_check_interval = 1.0;  // <= 1: fraction of an epoch; > 1: every that many batches
   int64_t check_val_every_n_epoch = 1;
@@ -68,6 +75,13 @@ struct TrainerOptions {
   // Lightning), so the checkpoints they write hold the other callbacks' states
   // after the same hook.
   std::vector<std::shared_ptr<Callback>> callbacks;
+  // Lightning's profiler flag: "" (none), "simple" (time per hook and step,
+  // Lightning's table at the end of each stage), "pytorch" (kiln's op
+  // profiler: per-op calls, backward CPU and CUDA time; core/profiler.h).
+  // A profiler object (e.g. SimpleProfiler with a dirpath and filename) in
+  // profiler_instance wins over the name.
+  std::string profiler;
+  std::shared_ptr<Profiler> profiler_instance;
 };
 
 // Parses "DD:HH:MM:SS" or a number of seconds; throws kiln::Error otherwise.
@@ -143,6 +157,17 @@ class Trainer {
   DataLoader* train_loader() { return train_loader_; }
   int64_t num_training_batches() const { return train_batches_; }
   const std::vector<std::shared_ptr<Callback>>& callbacks() const { return options_.callbacks; }
+  // The profiler (PassThroughProfiler when none was asked for); its scopes
+  // are NVTX ranges in every case.
+  Profiler& profiler() { return *profiler_; }
+  // The loss scaler of precision "16-mixed" (null for every other precision),
+  // as Lightning's trainer.precision_plugin.scaler.
+  optim::GradScaler* scaler() { return scaler_.get(); }
+  // The autocast dtype of a mixed precision (nullopt otherwise), and its
+  // region: the guard that training_step, validation_step, test_step and
+  // predict_step run in (the finders' trial steps too); nothing for the other precisions.
+  std::optional<DType> autocast_dtype() const { return autocast_dtype_; }
+  std::optional<AutocastGuard> autocast_region() const;
 
   // --- data-parallel strategy (see trainer/strategy.h)
   const Strategy& strategy() const { return strategy_; }
@@ -191,12 +216,27 @@ class Trainer {
   nlohmann::json metrics_state() const;
   void load_metrics_state(const nlohmann::json& state, TrainModule& module);
   bool time_exceeded() const;
+  // Profiler action names, as Lightning's: "[LightningModule]<Module>.<hook>",
+  // "[Strategy]<Strategy>.<hook>" (SingleDeviceStrategy or DDPStrategy).
+  std::string module_action(const char* hook) const;
+  std::string strategy_action(const char* hook) const;
+  // Runs `hook` on every callback, each timed as "[Callback]<name>.<hook_name>".
+  template <typename Hook>
+  void call_callbacks(const char* hook_name, Hook&& hook);
   bool minimum_done() const;
+  // With a scaler: unscales `optimizer`'s gradients, once per step, before
+  // callbacks and clipping look at them (Lightning's MixedPrecision plugin).
+  void unscale_gradients(optim::Optimizer& optimizer);
+  // The scaler's step (skipped on the device after inf/NaN) and update, or a plain step.
+  void step_optimizer(optim::Optimizer& optimizer);
 
   TrainerOptions options_;
   Strategy strategy_;
   Device device_ = Device::cpu();
-  DType param_dtype_ = DType::f32;
+  DType param_dtype_ = DType::f32;               // float32 (master weights) in the mixed precisions too
+  std::optional<DType> autocast_dtype_;           // "16-mixed": float16, "bf16-mixed": bfloat16
+  std::unique_ptr<optim::GradScaler> scaler_;     // "16-mixed" only
+  std::vector<const optim::Optimizer*> unscaled_;  // unscaled since the scaler's last update
   TrainModule* module_ = nullptr;
   DataLoader* train_loader_ = nullptr;
   std::unique_ptr<DataLoader> fit_train_loader_, fit_val_loader_, eval_loader_;  // sampler-replaced copies
@@ -219,6 +259,8 @@ class Trainer {
   std::chrono::steady_clock::time_point start_;
   std::optional<std::chrono::seconds> max_time_;
   std::optional<std::map<std::string, double>> pending_progress_;
+  std::shared_ptr<Profiler> profiler_;
+  std::string module_name_;  // the TrainModule's class name, for profiler actions
 };
 
 }  // namespace kiln

@@ -1,0 +1,182 @@
+// Trainer(profiler=...): Lightning's action names timed by "simple", the op
+// profiler of "pytorch" on for the stage, and a report file per stage.
+#include <doctest/doctest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "core/generator.h"
+#include "data/dataloader.h"
+#include "nn/layers.h"
+#include "tests/support/test_util.h"
+#include "trainer/trainer.h"
+
+using namespace kiln;
+namespace fs = std::filesystem;
+
+namespace {
+
+fs::path fresh_folder(const std::string& name) {
+  fs::path folder = fs::temp_directory_path() / ("kiln_trainer_" + name + "_" + std::to_string(::getpid()));
+  fs::remove_all(folder);
+  fs::create_directories(folder);
+  return folder;
+}
+
+std::shared_ptr<TensorDataset> regression_data(int64_t count) {
+  manual_seed(11);
+  Tensor x = randn({count, 4});
+  Tensor w = tensor<float>({1, -2, 0.5, 3}, {4, 1});
+  Tensor y = add(matmul(x, w), mul(randn({count, 1}), 0.01));
+  return std::make_shared<TensorDataset>(x, y);
+}
+
+struct Regression : TrainModule {
+  Regression() {
+    manual_seed(3);
+    net = std::make_shared<nn::Linear>(4, 1);
+  }
+  nn::Module& model() override { return *net; }
+  Tensor training_step(const Batch& batch, int64_t) override {
+    Tensor difference = sub(net->forward(batch.input), batch.target);
+    Tensor loss = mean(mul(difference, difference));
+    log("train_loss", loss);
+    return loss;
+  }
+  void validation_step(const Batch& batch, int64_t) override {
+    Tensor difference = sub(net->forward(batch.input), batch.target);
+    log("val_loss", mean(mul(difference, difference)));
+  }
+  OptimizerConfigs configure_optimizers() override {
+    OptimizerConfig config;
+    optim::SGDOptions sgd;
+    sgd.lr = 0.05;
+    config.optimizer = std::make_unique<optim::SGD>(net->parameters(), sgd);
+    return config;
+  }
+  std::shared_ptr<nn::Linear> net;
+};
+
+TrainerOptions quiet_options(const fs::path& root) {
+  TrainerOptions options;
+  options.accelerator = "cpu";
+  options.default_root_dir = root.string();
+  options.enable_progress_bar = false;
+  options.num_sanity_val_steps = 0;
+  options.deterministic = true;
+  return options;
+}
+
+DataLoaderOptions loader_options(int64_t batch_size, bool shuffle = true) {
+  DataLoaderOptions options;
+  options.batch_size = batch_size;
+  options.shuffle = shuffle;
+  options.seed = 5;
+  return options;
+}
+
+int64_t calls(const std::vector<ActionStats>& stats, const std::string& name) {
+  for (const ActionStats& action : stats) {
+    if (action.name == name) return action.calls;
+  }
+  return 0;
+}
+
+}  // namespace
+
+TEST_CASE("Trainer: profiler \"simple\" times Lightning's actions and writes the report") {
+  auto data = regression_data(32);
+  fs::path root = fresh_folder("simple_profiler");
+  Regression module;
+  TrainerOptions options = quiet_options(root);
+  options.max_epochs = 2;
+  auto profiler = std::make_shared<SimpleProfiler>("", "perf");
+  options.profiler_instance = profiler;
+  DataLoader train(data, loader_options(8));       // 4 batches
+  DataLoader val(data, loader_options(16, false));  // 2 batches
+  Trainer trainer(options);
+  trainer.fit(module, train, &val);
+  const std::vector<ActionStats> stats = profiler->stats();
+  CHECK(calls(stats, "run_training_epoch") == 2);
+  CHECK(calls(stats, "run_training_batch") == 8);
+  CHECK(calls(stats, "[_TrainingEpochLoop].train_dataloader_next") == 8);
+  CHECK(calls(stats, "[Strategy]SingleDeviceStrategy.training_step") == 8);
+  CHECK(calls(stats, "[Strategy]SingleDeviceStrategy.backward") == 8);
+  CHECK(calls(stats, "[LightningModule]Regression.optimizer_step") == 8);
+  CHECK(calls(stats, "[LightningModule]Regression.optimizer_zero_grad") == 8);
+  CHECK(calls(stats, "[Strategy]SingleDeviceStrategy.validation_step") == 4);
+  CHECK(calls(stats, "[_EvaluationLoop].val_next") == 4);
+  CHECK(calls(stats, "[LightningModule]Regression.on_fit_start") == 1);
+  // The epoch encloses its batches.
+  CHECK(stats.front().name == "run_training_epoch");
+  std::ifstream in(fs::path(trainer.log_dir()) / "fit-perf.txt");
+  std::stringstream report;
+  report << in.rdbuf();
+  INFO(report.str());
+  CHECK(report.str().rfind("FIT Profiler Report", 0) == 0);
+  CHECK(report.str().find("|  run_training_batch") != std::string::npos);
+  fs::remove_all(root);
+}
+
+TEST_CASE("Trainer: profiler \"pytorch\" counts the ops of training, and \"advanced\" is refused") {
+  auto data = regression_data(32);
+  fs::path root = fresh_folder("op_profiler");
+  Regression module;
+  TrainerOptions options = quiet_options(root);
+  options.max_epochs = 1;
+  options.logger = false;
+  options.profiler = "pytorch";
+  DataLoader train(data, loader_options(8));
+  DataLoader val(data, loader_options(16, false));
+  Trainer trainer(options);
+  trainer.fit(module, train, &val);
+  auto& profiler = dynamic_cast<PyTorchProfiler&>(trainer.profiler());
+  CHECK_FALSE(profiler.op_profiler().active());  // torn down when fit ended
+  const std::vector<OpStats> ops = profiler.op_profiler().op_stats();
+  INFO(profiler.op_profiler().table());
+  bool found = false;
+  for (const OpStats& op : ops) {
+    if (op.name != "linear") continue;
+    found = true;
+    CHECK(op.forward_calls == 4);  // validation runs without grad: no nodes
+    CHECK(op.backward_calls == 4);
+  }
+  CHECK(found);
+  bool training_step_range = false;
+  for (const RangeStats& range : profiler.op_profiler().range_stats()) {
+    if (range.name == "[Strategy]SingleDeviceStrategy.training_step") training_step_range = range.calls == 4;
+  }
+  CHECK(training_step_range);
+
+  TrainerOptions advanced = quiet_options(root);
+  advanced.profiler = "advanced";
+  CHECK_THROWS_WITH(Trainer{advanced}, doctest::Contains("cProfile"));
+  fs::remove_all(root);
+}
+
+TEST_CASE("Trainer: a fit left by an exception tears the profiler down") {
+  struct Failing : Regression {
+    Tensor training_step(const Batch& batch, int64_t index) override {
+      if (index == 2) KILN_THROW("training_step failed on purpose");
+      return Regression::training_step(batch, index);
+    }
+  } module;
+  auto data = regression_data(32);
+  fs::path root = fresh_folder("profiler_exception");
+  TrainerOptions options = quiet_options(root);
+  options.max_epochs = 1;
+  options.logger = false;
+  options.profiler = "pytorch";
+  DataLoader train(data, loader_options(8));
+  Trainer trainer(options);
+  CHECK_THROWS_WITH_AS(trainer.fit(module, train), doctest::Contains("on purpose"), Error);
+  auto& profiler = dynamic_cast<PyTorchProfiler&>(trainer.profiler());
+  CHECK_FALSE(profiler.op_profiler().active());  // the op profiler does not stay on for the thread
+  // And the next stage profiles afresh.
+  Regression healthy;
+  DataLoader val(data, loader_options(16, false));
+  trainer.validate(healthy, val);
+  CHECK_FALSE(profiler.op_profiler().active());
+  fs::remove_all(root);
+}
