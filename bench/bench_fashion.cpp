@@ -16,6 +16,7 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 
+#include "core/autocast.h"
 #include "core/autograd.h"
 #include "core/generator.h"
 #include "core/ops.h"
@@ -24,6 +25,7 @@
 #include "data/transforms.h"
 #include "kernels/cuda/runtime.h"
 #include "nn/models.h"
+#include "optim/grad_scaler.h"
 #include "optim/lr_scheduler.h"
 #include "optim/optimizer.h"
 
@@ -31,7 +33,7 @@ using namespace kiln;
 
 int main(int argc, char** argv) {
   CLI::App app{"Train FashionCNN or ResNet-9 with kiln's plain training step and report samples/s"};
-  std::string model_name = "cnn", data_dir, accelerator = "cpu";
+  std::string model_name = "cnn", data_dir, accelerator = "cpu", precision = "32-true";
   int64_t epochs = 1, batch_size = 128, limit_train_batches = 0, warmup_steps = 5;
   double lr = 3e-3, weight_decay = 5e-4;
   int num_workers = 2;
@@ -47,6 +49,9 @@ int main(int argc, char** argv) {
   app.add_option("--seed", seed)->capture_default_str();
   app.add_option("--data-dir", data_dir, "Fashion-MNIST folder");
   app.add_option("--accelerator", accelerator, "cpu or gpu")->capture_default_str();
+  app.add_option("--precision", precision, "32-true, bf16-mixed or 16-mixed (GPU; with a GradScaler)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"32-true", "bf16-mixed", "16-mixed"}));
   CLI11_PARSE(app, argc, argv);
 
   try {
@@ -96,6 +101,11 @@ int main(int argc, char** argv) {
     one_cycle.total_steps = batches * epochs;
     one_cycle.pct_start = 0.25;
     optim::OneCycleLR schedule(optimizer, one_cycle);
+    const bool mixed = precision != "32-true";
+    const DType autocast_dtype = precision == "16-mixed" ? DType::f16 : DType::bf16;
+    optim::GradScalerOptions scaler_options;
+    scaler_options.enabled = precision == "16-mixed";
+    optim::GradScaler scaler(scaler_options);
 
     using Clock = std::chrono::steady_clock;
     int64_t timed_samples = 0;
@@ -117,10 +127,14 @@ int main(int argc, char** argv) {
         KILN_CHECK(batch.has_value(), "the training loader ended early at batch ", step);
         Tensor input = batch->input.to(device, DType::f32, true);
         Tensor target = batch->target.to(device, DType::i64, true);
-        loss = cross_entropy(model->forward(input), target);
+        {
+          AutocastGuard autocast(device.type, autocast_dtype, mixed);
+          loss = cross_entropy(model->forward(input), target);
+        }
         optimizer.zero_grad(true);
-        loss.backward();
-        optimizer.step();
+        scaler.scale(loss).backward();
+        scaler.step(optimizer);
+        scaler.update();
         schedule.step();
         if (timing) timed_samples += batch_size;
       }
@@ -147,7 +161,8 @@ int main(int argc, char** argv) {
                              {"samples_per_s", static_cast<double>(timed_samples) / std::max(timed_seconds, 1e-9)},
                              {"test_acc", static_cast<double>(correct) / static_cast<double>(seen)},
                              {"final_loss", final_loss},
-                             {"device", device.str()}};
+                             {"device", device.str()},
+                             {"precision", precision}};
     std::printf("%s\n", result.dump().c_str());
   } catch (const Error& error) {
     std::cerr << "bench_fashion: " << error.message() << "\n";

@@ -38,19 +38,23 @@ def main():
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--limit-train-batches", type=int, default=0)
     parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--accelerator", default="cpu", choices=["cpu", "gpu"])
+    parser.add_argument("--precision", default="32-true", choices=["32-true", "bf16-mixed", "16-mixed"])
+    parser.add_argument("--torch-compile", action="store_true", help="also torch.compile the PyTorch model")
     parser.add_argument("--kiln", default=os.path.join(ROOT, "build", "bin", "bench_fashion"))
     parser.add_argument("--python", default="/usr/bin/python3", help="the Python that has torch")
     args = parser.parse_args()
 
     common = ["--model", args.model, "--epochs", str(args.epochs), "--batch-size", str(args.batch_size),
-              "--limit-train-batches", str(args.limit_train_batches)]
+              "--limit-train-batches", str(args.limit_train_batches), "--accelerator", args.accelerator,
+              "--precision", args.precision]
     env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="2")
     kiln_runs, torch_runs = [], []
     for round_index in range(args.rounds):
         seeded = common + ["--seed", str(42 + round_index)]
         kiln_runs.append(run([args.kiln] + seeded, env))
         torch_runs.append(run([args.python, os.path.join(ROOT, "bench", "torch_fashion.py"), "--threads", "2"] +
-                              seeded, env))
+                              seeded + (["--compile"] if args.torch_compile else []), env))
     kiln_rate = statistics.median(r["samples_per_s"] for r in kiln_runs)
     torch_rate = statistics.median(r["samples_per_s"] for r in torch_runs)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
@@ -58,7 +62,8 @@ def main():
     print(f"{datetime.date.today()} · {platform.node()} · {os.cpu_count()} cores · commit {commit} · "
           f"load {os.getloadavg()[0]:.1f} · {' '.join(sys.argv)}")
     print(f"model {args.model}, batch {args.batch_size}, {args.epochs} epoch(s), "
-          f"{kiln_runs[0]['steps']} steps, {args.rounds} round(s)\n")
+          f"{kiln_runs[0]['steps']} steps, {args.accelerator}, {args.precision}"
+          f"{', torch.compile' if args.torch_compile else ''}, {args.rounds} round(s)\n")
     def accuracy(runs):
         values = [r["test_acc"] * 100 for r in runs]
         return f"{statistics.mean(values):.2f}% ({min(values):.2f}–{max(values):.2f})"
@@ -66,7 +71,8 @@ def main():
     print("| framework | samples/s (median) | ratio vs PyTorch | test acc, mean (range) |")
     print("|---|---|---|---|")
     print(f"| kiln | {kiln_rate:,.0f} | {kiln_rate / torch_rate:.2f}x | {accuracy(kiln_runs)} |")
-    print(f"| {torch_runs[0]['framework']} (OpenBLAS 1 thread, 2 torch threads) | {torch_rate:,.0f} | 1.00x | "
+    peer = "OpenBLAS 1 thread, 2 torch threads" if args.accelerator == "cpu" else "CUDA"
+    print(f"| {torch_runs[0]['framework']} ({peer}) | {torch_rate:,.0f} | 1.00x | "
           f"{accuracy(torch_runs)} |")
 
 

@@ -83,12 +83,13 @@ def augment(images, generator, mean, std, padding=2):
     """RandomCrop(28, padding) with zero fill, horizontal flip with p=0.5, Normalize."""
     n, _, h, w = images.shape
     padded = F.pad(images, (padding, padding, padding, padding))
-    oy = torch.randint(0, 2 * padding + 1, (n,), generator=generator)
-    ox = torch.randint(0, 2 * padding + 1, (n,), generator=generator)
-    rows = (oy[:, None] + torch.arange(h))[:, :, None]
-    cols = (ox[:, None] + torch.arange(w))[:, None, :]
-    cropped = padded[torch.arange(n)[:, None, None], 0, rows, cols].unsqueeze(1)
-    flip = torch.rand(n, generator=generator) < 0.5
+    device = images.device
+    oy = torch.randint(0, 2 * padding + 1, (n,), generator=generator).to(device)
+    ox = torch.randint(0, 2 * padding + 1, (n,), generator=generator).to(device)
+    rows = (oy[:, None] + torch.arange(h, device=device))[:, :, None]
+    cols = (ox[:, None] + torch.arange(w, device=device))[:, None, :]
+    cropped = padded[torch.arange(n, device=device)[:, None, None], 0, rows, cols].unsqueeze(1)
+    flip = (torch.rand(n, generator=generator) < 0.5).to(device)
     cropped = torch.where(flip[:, None, None, None], cropped.flip(3), cropped)
     return (cropped - mean) / std
 
@@ -105,7 +106,13 @@ def main():
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--data-dir", default="/usr/share/datasets/fashion-mnist")
+    parser.add_argument("--accelerator", default="cpu", choices=["cpu", "gpu"])
+    parser.add_argument("--precision", default="32-true", choices=["32-true", "16-mixed", "bf16-mixed"],
+                        help="mixed: torch.autocast (+ GradScaler for 16-mixed)")
+    parser.add_argument("--compile", action="store_true", help="torch.compile the model")
     args = parser.parse_args()
+    device = torch.device("cuda" if args.accelerator == "gpu" else "cpu")
+    amp_dtype = {"16-mixed": torch.float16, "bf16-mixed": torch.bfloat16}.get(args.precision)
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
@@ -114,7 +121,10 @@ def main():
     test_x, test_y = load_split(args.data_dir, False)
     mean, std = train_x.mean().item(), train_x.std(unbiased=False).item()
 
-    model = fashion_cnn() if args.model == "cnn" else resnet9()
+    model = (fashion_cnn() if args.model == "cnn" else resnet9()).to(device)
+    train_x, train_y, test_x, test_y = (t.to(device) for t in (train_x, train_y, test_x, test_y))
+    step_model = torch.compile(model) if args.compile else model
+    scaler = torch.cuda.amp.GradScaler(enabled=args.precision == "16-mixed")
     batches = len(train_x) // args.batch_size
     if args.limit_train_batches > 0:
         batches = min(batches, args.limit_train_batches)
@@ -127,20 +137,24 @@ def main():
         order = torch.randperm(len(train_x), generator=generator)
         start = None
         for step in range(batches):
-            if epoch == 0 and step == args.warmup_steps:
+            if (epoch == 0 and step == args.warmup_steps) or (epoch > 0 and step == 0):
+                if device.type == "cuda":
+                    torch.cuda.synchronize()
                 start = time.perf_counter()
-            elif epoch > 0 and step == 0:
-                start = time.perf_counter()
-            index = order[step * args.batch_size:(step + 1) * args.batch_size]
+            index = order[step * args.batch_size:(step + 1) * args.batch_size].to(device)
             inputs = augment(train_x[index], generator, mean, std)
-            loss = F.cross_entropy(model(inputs), train_y[index])
+            with torch.autocast(device.type, dtype=amp_dtype or torch.bfloat16, enabled=amp_dtype is not None):
+                loss = F.cross_entropy(step_model(inputs), train_y[index])
             optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
             schedule.step()
             if start is not None:
                 timed_samples += args.batch_size
         if start is not None:
+            if device.type == "cuda":
+                torch.cuda.synchronize()
             timed_seconds += time.perf_counter() - start
 
     model.eval()
@@ -154,7 +168,8 @@ def main():
         "epochs": args.epochs, "steps": batches * args.epochs,
         "samples_per_s": timed_samples / max(timed_seconds, 1e-9),
         "test_acc": correct / len(test_x), "final_loss": loss.item(),
-        "threads": torch.get_num_threads(), "openblas_threads": os.environ.get("OPENBLAS_NUM_THREADS", "")}))
+        "threads": torch.get_num_threads(), "openblas_threads": os.environ.get("OPENBLAS_NUM_THREADS", ""),
+        "device": str(device), "precision": args.precision, "compile": args.compile}))
 
 
 if __name__ == "__main__":
