@@ -127,6 +127,21 @@ TEST_CASE("Trainer: val_check_interval=0.25 validates four times per epoch; max_
   CHECK(module.validation_steps == 2 * 4 * 2);  // 2 epochs x 4 checks x 2 batches
   CHECK(trainer.global_step() == 32);
 
+  // limit_val_batches=0 turns validation off: no step, no on_validation_end
+  // (a strict EarlyStopping on val_loss would otherwise stop the run with an error).
+  Regression unvalidated;
+  TrainerOptions no_validation = quiet_options(root);
+  no_validation.max_epochs = 1;
+  no_validation.limit_val_batches = 0;
+  no_validation.num_sanity_val_steps = 2;  // skipped too, as in Lightning
+  no_validation.callbacks = {std::make_shared<EarlyStopping>()};
+  DataLoader train3(data, loader_options(4));
+  DataLoader val3(data, loader_options(32, false));
+  Trainer unvalidated_trainer(no_validation);
+  unvalidated_trainer.fit(unvalidated, train3, &val3);
+  CHECK(unvalidated.validation_steps == 0);
+  CHECK(unvalidated_trainer.global_step() == 16);
+
   Regression limited;
   TrainerOptions step_limited = quiet_options(root);
   step_limited.max_steps = 5;

@@ -518,12 +518,14 @@ void Trainer::print_progress(bool terminal, std::chrono::steady_clock::time_poin
 
 void Trainer::train_epoch(TrainModule& module, DataLoader& train_loader, DataLoader* val_loader) {
   const int64_t accumulate = manual_ ? 1 : accumulation_for_epoch(epoch_);
-  const bool validate_this_epoch = val_loader != nullptr && (epoch_ + 1) % options_.check_val_every_n_epoch == 0;
   int64_t val_batches = 0;
   if (val_loader) {
     val_batches = options_.overfit_batches > 0 ? train_limit(val_loader->size())
                                                : limit(options_.limit_val_batches, val_loader->size());
   }
+  // As Lightning: limit_val_batches=0 turns validation (and its callbacks) off.
+  const bool validate_this_epoch =
+      val_batches > 0 && (epoch_ + 1) % options_.check_val_every_n_epoch == 0;
   int64_t val_every = train_batches_;
   if (options_.val_check_interval > 1.0) {
     val_every = static_cast<int64_t>(options_.val_check_interval);
@@ -737,8 +739,10 @@ void Trainer::fit(TrainModule& module, DataLoader& train_loader, DataLoader* val
     auto hook_scope = profiler_->profile(module_action("on_fit_start"));
     module.on_fit_start();
   }
-  if (val && options_.num_sanity_val_steps > 0 && ckpt_path.empty() && options_.fast_dev_run == 0) {
-    evaluate(module, *val, "validate", std::min(options_.num_sanity_val_steps, val->size()), false);
+  const int64_t sanity_batches =
+      val ? std::min(options_.num_sanity_val_steps, limit(options_.limit_val_batches, val->size())) : 0;
+  if (sanity_batches > 0 && ckpt_path.empty() && options_.fast_dev_run == 0) {
+    evaluate(module, *val, "validate", sanity_batches, false);
     callback_metrics_.clear();
   }
   should_stop = false;
