@@ -6,6 +6,24 @@
 
 namespace kiln::nn {
 
+namespace {
+thread_local bool recomputing = false;
+
+// Marks the recomputation of a checkpointed forward (nested checkpoints included).
+class RecomputeScope {
+ public:
+  RecomputeScope() : previous_(recomputing) { recomputing = true; }
+  ~RecomputeScope() { recomputing = previous_; }
+  RecomputeScope(const RecomputeScope&) = delete;
+  RecomputeScope& operator=(const RecomputeScope&) = delete;
+
+ private:
+  bool previous_;
+};
+}  // namespace
+
+bool is_recomputing() { return recomputing; }
+
 Tensor checkpoint(const CheckpointFunction& fn, const std::vector<Tensor>& inputs) {
   KILN_CHECK(!inputs.empty() && inputs[0].defined(), "checkpoint: needs at least one defined input");
   if (!grad_mode_enabled()) return fn(inputs);
@@ -41,6 +59,7 @@ Tensor checkpoint(const CheckpointFunction& fn, const std::vector<Tensor>& input
       EnableGradGuard enable_grad;
       AutocastGuard cpu_region(DeviceType::cpu, cpu_dtype, cpu_autocast);
       AutocastGuard cuda_region(DeviceType::cuda, cuda_dtype, cuda_autocast);
+      RecomputeScope recompute;
       recomputed = fn(leaves);
     }
     generator.set_state(current);

@@ -23,4 +23,10 @@ Tensor checkpoint(const ModulePtr& module, const Tensor& input);
 // checkpoints every run but the last (torch.utils.checkpoint.checkpoint_sequential).
 Tensor checkpoint_sequential(const std::vector<ModulePtr>& layers, int segments, const Tensor& input);
 
+// True while checkpoint() re-runs a forward inside backward. Layers with side
+// effects skip them then, so a checkpointed forward changes module state
+// exactly once: BatchNorm does not update its running statistics (or
+// num_batches_tracked) a second time (torch updates them twice).
+bool is_recomputing();
+
 }  // namespace kiln::nn

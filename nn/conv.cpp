@@ -4,6 +4,7 @@
 
 #include "core/autograd.h"
 #include "core/ops.h"
+#include "nn/checkpoint.h"
 #include "nn/init.h"
 
 namespace kiln::nn {
@@ -74,6 +75,12 @@ Tensor BatchNorm::run(const Tensor& input, bool with_relu) {
   KILN_CHECK(input.dim() == expected_dims || (spatial_dims_ == 0 && input.dim() == 3), type_name(),
              ": expected a ", expected_dims, "-D input, got shape ", shape_str(input.shape()));
   const bool use_batch_stats = is_training() || !running_mean.defined();
+  if (is_training() && is_recomputing()) {
+    // The forward already updated the running statistics; the recomputation
+    // normalizes with the same batch statistics and leaves them alone.
+    return with_relu ? batch_norm_relu(input, Tensor(), Tensor(), weight, bias, true, 0.0, eps)
+                     : batch_norm(input, Tensor(), Tensor(), weight, bias, true, 0.0, eps);
+  }
   double factor = momentum.value_or(0.0);
   if (is_training() && num_batches_tracked.defined()) {
     NoGradGuard no_grad;

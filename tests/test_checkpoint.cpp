@@ -1,7 +1,12 @@
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <cmath>
+#include <optional>
+
 #include "core/generator.h"
 #include "nn/checkpoint.h"
+#include "nn/conv.h"
 #include "nn/layers.h"
 #include "tests/support/test_util.h"
 
@@ -77,4 +82,44 @@ TEST_CASE("checkpoint reaches parameters even when the input needs no gradient")
   for (int row = 0; row < 2; ++row) {
     for (int col = 0; col < 3; ++col) CHECK(grad[row * 3 + col] == doctest::Approx(column_sums[col]));
   }
+}
+
+TEST_CASE("checkpoint through BatchNorm updates the running statistics once, with the same gradients") {
+  struct Outcome {
+    std::vector<double> running_mean, running_var, input_grad, weight_grad;
+    int64_t batches_tracked = 0;
+  };
+  auto run_once = [](bool use_checkpoint, std::optional<double> momentum) {
+    manual_seed(3);
+    auto conv = std::make_shared<nn::Conv2d>(2, 4, 3, 1, 1, 1, 1, false);
+    auto bn = std::make_shared<nn::BatchNorm2d>(4, 1e-5, momentum);
+    auto block = std::make_shared<nn::Sequential>(std::vector<nn::ModulePtr>{conv, bn, std::make_shared<nn::ReLU>()});
+    block->to(DType::f64);
+    block->train();
+    Tensor x = randn({3, 2, 5, 5}, {.dtype = DType::f64}).requires_grad_(true);
+    for (int step = 0; step < 2; ++step) {
+      Tensor y = use_checkpoint ? nn::checkpoint(block, x) : block->forward(x);
+      sum(mul(y, y)).backward();
+    }
+    return Outcome{bn->running_mean.to_vector<double>(), bn->running_var.to_vector<double>(),
+                   x.grad().to_vector<double>(), conv->weight.grad().to_vector<double>(),
+                   bn->num_batches_tracked.item<int64_t>()};
+  };
+  auto largest_gap = [](const std::vector<double>& a, const std::vector<double>& b) {
+    REQUIRE(a.size() == b.size());
+    double gap = 0;
+    for (size_t i = 0; i < a.size(); ++i) gap = std::max(gap, std::abs(a[i] - b[i]));
+    return gap;
+  };
+  for (std::optional<double> momentum : {std::optional<double>(0.1), std::optional<double>()}) {
+    CAPTURE(momentum.has_value());
+    const Outcome plain = run_once(false, momentum), checkpointed = run_once(true, momentum);
+    CHECK(checkpointed.batches_tracked == 2);
+    CHECK(checkpointed.batches_tracked == plain.batches_tracked);
+    CHECK(checkpointed.running_mean == plain.running_mean);
+    CHECK(checkpointed.running_var == plain.running_var);
+    CHECK(largest_gap(checkpointed.input_grad, plain.input_grad) < 1e-12);
+    CHECK(largest_gap(checkpointed.weight_grad, plain.weight_grad) < 1e-12);
+  }
+  CHECK_FALSE(nn::is_recomputing());
 }

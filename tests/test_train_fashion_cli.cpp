@@ -50,7 +50,6 @@ TEST_CASE("train_fashion refuses bad flags with a one-line reason and touches no
   check_refused("--data-dir /nonexistent/fashion", "apt-get install dataset-fashion-mnist");
   check_refused("--strategy ddp --devices 2", "kiln-run --nproc-per-node 2");
   check_refused("--find-batch-size --accelerator cpu", "needs a GPU");
-  check_refused("--checkpoint-activations", "not available yet");
   check_refused("--model vgg", "unknown model");
 }
 
@@ -61,6 +60,25 @@ TEST_CASE("train_fashion --fast-dev-run trains, validates and tests a few batche
   CHECK(run.exit_code == 0);
   CHECK(run.output.find("test_acc") != std::string::npos);
   fs::remove_all(root);
+}
+
+TEST_CASE("train_fashion --checkpoint-activations trains to the same result as without") {
+  // Recomputation gives the same gradients and BatchNorm statistics, so the
+  // test metrics after a few deterministic steps match to the printed digit.
+  auto result_line = [](const std::string& flags) {
+    const fs::path root = fresh_root("checkpointing");
+    Run run = run_train_fashion("--fast-dev-run 3 --num-workers 0 --deterministic " + flags + " --default-root-dir " +
+                                root.string());
+    INFO(run.output);
+    CHECK(run.exit_code == 0);
+    fs::remove_all(root);
+    const size_t at = run.output.find("test_acc ");
+    REQUIRE(at != std::string::npos);
+    return run.output.substr(at, run.output.find("  (", at) - at);
+  };
+  const std::string plain = result_line("");
+  CHECK(result_line("--checkpoint-activations") == plain);
+  CHECK(result_line("--checkpoint-activations --model mlp") == result_line("--model mlp"));
 }
 
 TEST_CASE("train_fashion's first training step starts within one second of launch, data loading aside") {
