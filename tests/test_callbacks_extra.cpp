@@ -17,6 +17,7 @@
 #include "nn/conv.h"
 #include "nn/layers.h"
 #include "tests/support/test_util.h"
+#include "tests/support/trainer_fixtures.h"
 #include "trainer/accumulation_scheduler.h"
 #include "trainer/lr_monitor.h"
 #include "trainer/swa_callback.h"
@@ -29,12 +30,7 @@ namespace fs = std::filesystem;
 namespace {
 
 // y = x w + noise (noisy enough that SGD's weights keep moving between epochs).
-std::shared_ptr<TensorDataset> regression_data(int64_t count) {
-  manual_seed(11);
-  Tensor x = randn({count, 4});
-  Tensor w = tensor<float>({1, -2, 0.5, 3}, {4, 1});
-  return std::make_shared<TensorDataset>(x, add(matmul(x, w), mul(randn({count, 1}), 0.5)));
-}
+std::shared_ptr<TensorDataset> regression_data(int64_t count) { return testing::regression_data(count, 0.5); }
 
 using SchedulerFactory = std::function<std::unique_ptr<optim::LRScheduler>(optim::Optimizer&)>;
 
@@ -111,12 +107,7 @@ struct Probe : Callback {
   std::function<void(Trainer&, TrainModule&)> epoch_end;
 };
 
-fs::path fresh_folder(const std::string& name) {
-  fs::path folder = fs::temp_directory_path() / ("kiln_callbacks_" + name + "_" + std::to_string(::getpid()));
-  fs::remove_all(folder);
-  fs::create_directories(folder);
-  return folder;
-}
+fs::path fresh_folder(const std::string& name) { return testing::fresh_folder("callbacks", name); }
 
 TrainerOptions quiet_options() {
   TrainerOptions options;

@@ -17,6 +17,7 @@
 #include "nn/layers.h"
 #include "optim/lr_scheduler.h"
 #include "tests/support/test_util.h"
+#include "tests/support/trainer_fixtures.h"
 #include "trainer/trainer.h"
 
 using namespace kiln;
@@ -24,12 +25,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-fs::path fresh_folder(const std::string& name) {
-  fs::path folder = fs::temp_directory_path() / ("kiln_resume_" + name + "_" + std::to_string(::getpid()));
-  fs::remove_all(folder);
-  fs::create_directories(folder);
-  return folder;
-}
+fs::path fresh_folder(const std::string& name) { return testing::fresh_folder("resume", name); }
 
 TrainerOptions quiet_options(const fs::path& root) {
   TrainerOptions options;
@@ -134,12 +130,7 @@ struct Regression : TrainModule {
   int epoch_starts = 0, epoch_ends = 0;
 };
 
-std::shared_ptr<TensorDataset> regression_data(int64_t count) {
-  manual_seed(11);
-  Tensor x = randn({count, 4});
-  Tensor w = tensor<float>({1, -2, 0.5, 3}, {4, 1});
-  return std::make_shared<TensorDataset>(x, add(matmul(x, w), mul(randn({count, 1}), 0.5)));
-}
+std::shared_ptr<TensorDataset> regression_data(int64_t count) { return testing::regression_data(count, 0.5); }
 
 }  // namespace
 

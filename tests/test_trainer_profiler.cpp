@@ -10,6 +10,7 @@
 #include "data/dataloader.h"
 #include "nn/layers.h"
 #include "tests/support/test_util.h"
+#include "tests/support/trainer_fixtures.h"
 #include "trainer/trainer.h"
 
 using namespace kiln;
@@ -17,20 +18,9 @@ namespace fs = std::filesystem;
 
 namespace {
 
-fs::path fresh_folder(const std::string& name) {
-  fs::path folder = fs::temp_directory_path() / ("kiln_trainer_" + name + "_" + std::to_string(::getpid()));
-  fs::remove_all(folder);
-  fs::create_directories(folder);
-  return folder;
-}
+fs::path fresh_folder(const std::string& name) { return testing::fresh_folder("trainer", name); }
 
-std::shared_ptr<TensorDataset> regression_data(int64_t count) {
-  manual_seed(11);
-  Tensor x = randn({count, 4});
-  Tensor w = tensor<float>({1, -2, 0.5, 3}, {4, 1});
-  Tensor y = add(matmul(x, w), mul(randn({count, 1}), 0.01));
-  return std::make_shared<TensorDataset>(x, y);
-}
+std::shared_ptr<TensorDataset> regression_data(int64_t count) { return testing::regression_data(count, 0.01); }
 
 struct Regression : TrainModule {
   Regression() {

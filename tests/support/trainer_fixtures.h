@@ -1,0 +1,21 @@
+// Small fixtures shared by the trainer tests: scratch folders and a linear
+// regression data set with a known answer.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <string>
+
+#include "data/dataset.h"
+
+namespace kiln::testing {
+
+// An empty folder <tmp>/kiln_<prefix>_<name>_<pid> (removed first if it exists).
+std::filesystem::path fresh_folder(const std::string& prefix, const std::string& name);
+
+// (count, 4) inputs x ~ N(0, 1) and targets x · [1, -2, 0.5, 3] + noise · N(0, 1),
+// drawn after manual_seed(11), so every call gives the same data.
+std::shared_ptr<TensorDataset> regression_data(int64_t count, double noise);
+
+}  // namespace kiln::testing
