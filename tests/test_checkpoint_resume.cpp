@@ -28,12 +28,7 @@ namespace {
 fs::path fresh_folder(const std::string& name) { return testing::fresh_folder("resume", name); }
 
 TrainerOptions quiet_options(const fs::path& root) {
-  TrainerOptions options;
-  options.accelerator = "cpu";
-  options.default_root_dir = root.string();
-  options.enable_progress_bar = false;
-  options.num_sanity_val_steps = 0;
-  options.deterministic = true;
+  TrainerOptions options = testing::quiet_trainer_options(root);
   options.logger = false;
   return options;
 }

@@ -56,22 +56,10 @@ struct Regression : TrainModule {
   int training_steps = 0, validation_steps = 0;
 };
 
-TrainerOptions quiet_options(const fs::path& root) {
-  TrainerOptions options;
-  options.accelerator = "cpu";
-  options.default_root_dir = root.string();
-  options.enable_progress_bar = false;
-  options.num_sanity_val_steps = 0;
-  options.deterministic = true;
-  return options;
-}
+TrainerOptions quiet_options(const fs::path& root) { return testing::quiet_trainer_options(root); }
 
 DataLoaderOptions loader_options(int64_t batch_size, bool shuffle = true) {
-  DataLoaderOptions options;
-  options.batch_size = batch_size;
-  options.shuffle = shuffle;
-  options.seed = 5;
-  return options;
+  return testing::seeded_loader_options(batch_size, shuffle);
 }
 
 }  // namespace

@@ -23,4 +23,22 @@ std::shared_ptr<TensorDataset> regression_data(int64_t count, double noise) {
   return std::make_shared<TensorDataset>(x, y);
 }
 
+TrainerOptions quiet_trainer_options(const std::filesystem::path& root) {
+  TrainerOptions options;
+  options.accelerator = "cpu";
+  options.default_root_dir = root.string();
+  options.enable_progress_bar = false;
+  options.num_sanity_val_steps = 0;
+  options.deterministic = true;
+  return options;
+}
+
+DataLoaderOptions seeded_loader_options(int64_t batch_size, bool shuffle) {
+  DataLoaderOptions options;
+  options.batch_size = batch_size;
+  options.shuffle = shuffle;
+  options.seed = 5;
+  return options;
+}
+
 }  // namespace kiln::testing

@@ -7,7 +7,9 @@
 #include <memory>
 #include <string>
 
+#include "data/dataloader.h"
 #include "data/dataset.h"
+#include "trainer/trainer.h"
 
 namespace kiln::testing {
 
@@ -17,5 +19,12 @@ std::filesystem::path fresh_folder(const std::string& prefix, const std::string&
 // (count, 4) inputs x ~ N(0, 1) and targets x · [1, -2, 0.5, 3] + noise · N(0, 1),
 // drawn after manual_seed(11), so every call gives the same data.
 std::shared_ptr<TensorDataset> regression_data(int64_t count, double noise);
+
+// A CPU trainer writing under `root`, without progress bar or sanity
+// validation, in deterministic mode (so runs can be compared bit for bit).
+TrainerOptions quiet_trainer_options(const std::filesystem::path& root);
+
+// Batches of `batch_size`, shuffled (or not) with a fixed seed.
+DataLoaderOptions seeded_loader_options(int64_t batch_size, bool shuffle = true);
 
 }  // namespace kiln::testing
