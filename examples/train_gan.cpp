@@ -162,7 +162,6 @@ int main(int argc, char** argv) {
   trainer_options.max_epochs = 1;
   trainer_options.default_root_dir = "./runs";
   trainer_options.log_every_n_steps = 50;
-  trainer_options.enable_checkpointing = false;  // a trainer checkpoint holds one optimizer; this run has two
   GanRecipe recipe;
 
   app.add_option("--max-epochs", trainer_options.max_epochs, "Stop after this many epochs")->capture_default_str();
