@@ -82,9 +82,13 @@ void* CachingAllocator::allocate(size_t bytes, cuda::Stream stream) {
   const size_t size = round_size(bytes);
   std::lock_guard lock(mutex_);
   // Best fit among cached blocks of the same stream. A large request does not
-  // take a block more than twice its size (it would strand the rest).
+  // take a block more than twice its size (it would strand the rest), and a
+  // small one (< 1 MiB) takes only small blocks: otherwise a 512-byte request
+  // could take a cached multi-GiB block and force the next large request
+  // into cudaMalloc (PyTorch keeps the two pools apart for the same reason).
   for (auto it = cached_.lower_bound(size); it != cached_.end(); ++it) {
     if (size >= (1u << 20) && it->first > 2 * size) break;
+    if (size < (1u << 20) && it->first >= (1u << 20)) break;
     if (it->second.stream != stream) continue;
     Block block = it->second;
     cached_.erase(it);

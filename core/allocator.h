@@ -44,7 +44,8 @@ struct AllocatorStats {
 // A size-binned, stream-aware caching allocator. Blocks are rounded up (512 B
 // below 1 MiB, 2 MiB above), cached on free and reused for a later request on
 // the same stream with the smallest cached block that fits (best fit) and is
-// not more than twice the request when the request is large. On failure it
+// not more than twice the request when the request is large; a small request
+// (below 1 MiB) reuses only small blocks. On failure it
 // empties the cache and retries once, then throws OutOfMemoryError.
 class CachingAllocator {
  public:

@@ -66,7 +66,9 @@ struct ConvCudaConfig {
 
 // Returns device memory of at least `bytes` on the config's stream, valid
 // until the kernel call returns (the caller's caching allocator keeps it
-// stream-ordered). Called at most twice per kernel call.
+// stream-ordered). Usually called once per kernel call (twice in benchmark
+// mode); when it throws OutOfMemoryError the call retries with algorithms
+// that need less workspace, so it may be called again.
 using WorkspaceAllocator = std::function<void*(size_t bytes)>;
 
 // y = conv(x, weight) (+ bias (O) when non-null).

@@ -137,6 +137,17 @@ TEST_CASE("allocator: a large request does not take a cached block more than twi
   CHECK(f.allocator.allocate(512, stream_a()) == s);
 }
 
+TEST_CASE("allocator: a small request does not take a cached large block") {
+  Fixture f;
+  void* large = f.allocator.allocate(2 * MiB, stream_a());
+  f.allocator.deallocate(large);
+  void* small = f.allocator.allocate(512, stream_a());
+  CHECK(small != large);  // the 2 MiB block stays for the next large request
+  CHECK(f.memory.sizes[small] == 512);
+  CHECK(f.allocator.allocate(2 * MiB, stream_a()) == large);
+  CHECK(f.memory.allocate_calls == 2);
+}
+
 TEST_CASE("allocator: statistics, reset_peak and empty_cache") {
   Fixture f;
   AllocatorStats s = f.allocator.stats();

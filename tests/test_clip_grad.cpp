@@ -155,3 +155,33 @@ TEST_CASE("clipping on CUDA matches the CPU without synchronizing" * doctest::de
     }
   }
 }
+
+// multi_tensor_apply packs at most 512 gradients per launch: 1100 take three,
+// and gradient 700 (two chunks) sits inside the second; the norm partials are
+// indexed across the whole list.
+TEST_CASE("clipping on CUDA matches the CPU for lists longer than one launch" * doctest::description("gpu")) {
+  KILN_REQUIRE_GPU();
+  std::vector<Tensor> params[2];  // CPU, CUDA
+  std::mt19937_64 rng(3);
+  for (int i = 0; i < 1100; ++i) {
+    const int64_t n = i == 700 ? 70001 : 1 + (i % 5) * 3;
+    const std::vector<double> g = normals(rng, static_cast<size_t>(n), 0.1);
+    for (int d = 0; d < 2; ++d) {
+      const Device device = d == 0 ? Device::cpu() : Device::cuda();
+      Tensor p = zeros({n}, {.device = device}).requires_grad_();
+      p.set_grad(from_doubles(g, {n}, DType::f32, device));
+      params[d].push_back(p);
+    }
+  }
+  for (double p : {2.0, std::numeric_limits<double>::infinity()}) {
+    CAPTURE(p);
+    const auto rc = clip_grad_norm_(params[0], 0.5, p);
+    const auto rg = clip_grad_norm_(params[1], 0.5, p);
+    CHECK(rg.total_norm.item<float>() == doctest::Approx(rc.total_norm.item<float>()).epsilon(1e-6));
+    double worst = 0;
+    for (size_t i = 0; i < params[0].size(); ++i) {
+      worst = std::max(worst, worst_ratio(values(params[1][i].grad()), values(params[0][i].grad()), 1e-5, 1e-7));
+    }
+    CHECK(worst <= 1.0);
+  }
+}

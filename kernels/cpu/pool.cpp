@@ -92,36 +92,69 @@ void max_backward(const Pool2dParams& p, const T* dy, const int32_t* indices, T*
     const T* g = dy + plane * OHW;
     const int32_t* idx = indices + plane * OHW;
     std::fill(dst, dst + HW, static_cast<T>(A(0)));
-    for (int64_t i = 0; i < OHW; ++i) dst[idx[i]] = static_cast<T>(static_cast<A>(dst[idx[i]]) + static_cast<A>(g[i]));
+    for (int64_t i = 0; i < OHW; ++i) {
+      // Index -1: the window lay wholly in the padding (possible with dilation); nothing flows back.
+      if (idx[i] < 0) continue;
+      dst[idx[i]] = static_cast<T>(static_cast<A>(dst[idx[i]]) + static_cast<A>(g[i]));
+    }
   }
 }
 
-template <typename T>
-void avg_forward(const Pool2dParams& p, const T* x, T* y) {
+// Average pooling and adaptive average pooling differ only in their windows:
+// output (oh, ow) averages input rows [rows.start, rows.end) and columns
+// [cols.start, cols.end), divided by rows.divisor * cols.divisor.
+struct AverageSpan {
+  int64_t start, end, divisor;
+};
+
+struct AvgPoolSpans {
+  const Pool2dParams& p;
+  static AverageSpan span(const AvgWindow& w, bool count_include_pad) {
+    return {w.start, w.end, count_include_pad ? w.padded_size : w.end - w.start};
+  }
+  AverageSpan rows(int64_t oh) const {
+    return span(avg_window(oh, p.stride_h, p.pad_h, p.kernel_h, p.in_h), p.count_include_pad);
+  }
+  AverageSpan cols(int64_t ow) const {
+    return span(avg_window(ow, p.stride_w, p.pad_w, p.kernel_w, p.in_w), p.count_include_pad);
+  }
+};
+
+struct AdaptiveSpans {
+  const Pool2dParams& p;
+  static AverageSpan span(int64_t index, int64_t in_size, int64_t out_size) {
+    const int64_t start = adaptive_start(index, in_size, out_size), end = adaptive_end(index, in_size, out_size);
+    return {start, end, end - start};
+  }
+  AverageSpan rows(int64_t oh) const { return span(oh, p.in_h, p.out_h); }
+  AverageSpan cols(int64_t ow) const { return span(ow, p.in_w, p.out_w); }
+};
+
+// `parallel_work` decides whether the planes go to several threads.
+template <typename T, typename Spans>
+void average_forward(const Pool2dParams& p, const Spans& spans, int64_t parallel_work, const T* x, T* y) {
   using A = compute_t<T>;
   const int64_t H = p.in_h, W = p.in_w, OH = p.out_h, OW = p.out_w;
-#pragma omp parallel for schedule(static) if (p.planes * OH * OW > kParallelThreshold)
+#pragma omp parallel for schedule(static) if (parallel_work > kParallelThreshold)
   for (int64_t plane = 0; plane < p.planes; ++plane) {
     const T* src = x + plane * H * W;
     T* dst = y + plane * OH * OW;
     for (int64_t oh = 0; oh < OH; ++oh) {
-      const AvgWindow wh = avg_window(oh, p.stride_h, p.pad_h, p.kernel_h, H);
+      const AverageSpan wh = spans.rows(oh);
       for (int64_t ow = 0; ow < OW; ++ow) {
-        const AvgWindow ww = avg_window(ow, p.stride_w, p.pad_w, p.kernel_w, W);
+        const AverageSpan ww = spans.cols(ow);
         A total = 0;
         for (int64_t ih = wh.start; ih < wh.end; ++ih) {
           for (int64_t iw = ww.start; iw < ww.end; ++iw) total += static_cast<A>(src[ih * W + iw]);
         }
-        const int64_t count = p.count_include_pad ? wh.padded_size * ww.padded_size
-                                                  : (wh.end - wh.start) * (ww.end - ww.start);
-        dst[oh * OW + ow] = static_cast<T>(total / static_cast<A>(count));
+        dst[oh * OW + ow] = static_cast<T>(total / static_cast<A>(wh.divisor * ww.divisor));
       }
     }
   }
 }
 
-template <typename T>
-void avg_backward(const Pool2dParams& p, const T* dy, T* dx) {
+template <typename T, typename Spans>
+void average_backward(const Pool2dParams& p, const Spans& spans, const T* dy, T* dx) {
   using A = compute_t<T>;
   const int64_t H = p.in_h, W = p.in_w, OH = p.out_h, OW = p.out_w;
 #pragma omp parallel for schedule(static) if (p.planes * H * W > kParallelThreshold)
@@ -130,60 +163,12 @@ void avg_backward(const Pool2dParams& p, const T* dy, T* dx) {
     const T* g = dy + plane * OH * OW;
     std::fill(dst, dst + H * W, static_cast<T>(A(0)));
     for (int64_t oh = 0; oh < OH; ++oh) {
-      const AvgWindow wh = avg_window(oh, p.stride_h, p.pad_h, p.kernel_h, H);
+      const AverageSpan wh = spans.rows(oh);
       for (int64_t ow = 0; ow < OW; ++ow) {
-        const AvgWindow ww = avg_window(ow, p.stride_w, p.pad_w, p.kernel_w, W);
-        const int64_t count = p.count_include_pad ? wh.padded_size * ww.padded_size
-                                                  : (wh.end - wh.start) * (ww.end - ww.start);
-        const A share = static_cast<A>(g[oh * OW + ow]) / static_cast<A>(count);
+        const AverageSpan ww = spans.cols(ow);
+        const A share = static_cast<A>(g[oh * OW + ow]) / static_cast<A>(wh.divisor * ww.divisor);
         for (int64_t ih = wh.start; ih < wh.end; ++ih) {
           for (int64_t iw = ww.start; iw < ww.end; ++iw) {
-            dst[ih * W + iw] = static_cast<T>(static_cast<A>(dst[ih * W + iw]) + share);
-          }
-        }
-      }
-    }
-  }
-}
-
-template <typename T>
-void adaptive_forward(const Pool2dParams& p, const T* x, T* y) {
-  using A = compute_t<T>;
-  const int64_t H = p.in_h, W = p.in_w, OH = p.out_h, OW = p.out_w;
-#pragma omp parallel for schedule(static) if (p.planes * H * W > kParallelThreshold)
-  for (int64_t plane = 0; plane < p.planes; ++plane) {
-    const T* src = x + plane * H * W;
-    T* dst = y + plane * OH * OW;
-    for (int64_t oh = 0; oh < OH; ++oh) {
-      const int64_t h0 = adaptive_start(oh, H, OH), h1 = adaptive_end(oh, H, OH);
-      for (int64_t ow = 0; ow < OW; ++ow) {
-        const int64_t w0 = adaptive_start(ow, W, OW), w1 = adaptive_end(ow, W, OW);
-        A total = 0;
-        for (int64_t ih = h0; ih < h1; ++ih) {
-          for (int64_t iw = w0; iw < w1; ++iw) total += static_cast<A>(src[ih * W + iw]);
-        }
-        dst[oh * OW + ow] = static_cast<T>(total / static_cast<A>((h1 - h0) * (w1 - w0)));
-      }
-    }
-  }
-}
-
-template <typename T>
-void adaptive_backward(const Pool2dParams& p, const T* dy, T* dx) {
-  using A = compute_t<T>;
-  const int64_t H = p.in_h, W = p.in_w, OH = p.out_h, OW = p.out_w;
-#pragma omp parallel for schedule(static) if (p.planes * H * W > kParallelThreshold)
-  for (int64_t plane = 0; plane < p.planes; ++plane) {
-    T* dst = dx + plane * H * W;
-    const T* g = dy + plane * OH * OW;
-    std::fill(dst, dst + H * W, static_cast<T>(A(0)));
-    for (int64_t oh = 0; oh < OH; ++oh) {
-      const int64_t h0 = adaptive_start(oh, H, OH), h1 = adaptive_end(oh, H, OH);
-      for (int64_t ow = 0; ow < OW; ++ow) {
-        const int64_t w0 = adaptive_start(ow, W, OW), w1 = adaptive_end(ow, W, OW);
-        const A share = static_cast<A>(g[oh * OW + ow]) / static_cast<A>((h1 - h0) * (w1 - w0));
-        for (int64_t ih = h0; ih < h1; ++ih) {
-          for (int64_t iw = w0; iw < w1; ++iw) {
             dst[ih * W + iw] = static_cast<T>(static_cast<A>(dst[ih * W + iw]) + share);
           }
         }
@@ -206,22 +191,22 @@ void max_pool2d_backward_cpu(DType dtype, const Pool2dParams& p, const void* dy,
 }
 void avg_pool2d_forward_cpu(DType dtype, const Pool2dParams& p, const void* x, void* y) {
   dispatch_floating(dtype, "avg_pool2d (cpu kernel)", [&]<typename T>() {
-    avg_forward(p, static_cast<const T*>(x), static_cast<T*>(y));
+    average_forward(p, AvgPoolSpans{p}, p.planes * p.out_h * p.out_w, static_cast<const T*>(x), static_cast<T*>(y));
   });
 }
 void avg_pool2d_backward_cpu(DType dtype, const Pool2dParams& p, const void* dy, void* dx) {
   dispatch_floating(dtype, "avg_pool2d backward (cpu kernel)", [&]<typename T>() {
-    avg_backward(p, static_cast<const T*>(dy), static_cast<T*>(dx));
+    average_backward(p, AvgPoolSpans{p}, static_cast<const T*>(dy), static_cast<T*>(dx));
   });
 }
 void adaptive_avg_pool2d_forward_cpu(DType dtype, const Pool2dParams& p, const void* x, void* y) {
   dispatch_floating(dtype, "adaptive_avg_pool2d (cpu kernel)", [&]<typename T>() {
-    adaptive_forward(p, static_cast<const T*>(x), static_cast<T*>(y));
+    average_forward(p, AdaptiveSpans{p}, p.planes * p.in_h * p.in_w, static_cast<const T*>(x), static_cast<T*>(y));
   });
 }
 void adaptive_avg_pool2d_backward_cpu(DType dtype, const Pool2dParams& p, const void* dy, void* dx) {
   dispatch_floating(dtype, "adaptive_avg_pool2d backward (cpu kernel)", [&]<typename T>() {
-    adaptive_backward(p, static_cast<const T*>(dy), static_cast<T*>(dx));
+    average_backward(p, AdaptiveSpans{p}, static_cast<const T*>(dy), static_cast<T*>(dx));
   });
 }
 

@@ -12,13 +12,16 @@
 //  - float32 runs with CUDNN_FMA_MATH unless TF32 is allowed, so float32
 //    results match the CPU to float32 tolerances; 16-bit types may use tensor
 //    cores. An algorithm is used with the math type cuDNN reported for it.
-//  - Workspace memory comes from the caller (stream-ordered caching allocator).
+//  - Workspace memory comes from the caller (stream-ordered caching allocator);
+//    when the chosen algorithm's workspace cannot be allocated, the next
+//    acceptable algorithm needing less is used (and cached) instead.
 #include <cudnn.h>
 
 #include <algorithm>
 #include <array>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <vector>
 
 #include "kernels/conv.h"
@@ -304,6 +307,32 @@ const char* direction_name(Direction direction) {
   return "conv2d (cuDNN)";
 }
 
+// Every acceptable algorithm of `ranked`, in preference order: first those
+// whose math type keeps the precision, then the rest run with the requested
+// math type (cuDNN ranked them under that setting). Each workspace size is
+// queried under the math type the algorithm will run with: the size depends
+// on it, and the descriptor's requested type can differ from the algorithm's
+// (a 16-bit candidate reported with CUDNN_DEFAULT_MATH, say), which would size
+// the workspace for another kernel than the one run.
+std::vector<Choice> acceptable_choices(Direction direction, cudnnHandle_t handle, const Descriptors& d,
+                                       const ConvCudaConfig& config, const std::vector<Candidate>& ranked) {
+  auto acceptable = [&](const Candidate& c) {
+    return c.status == CUDNN_STATUS_SUCCESS && (!config.deterministic || c.determinism == CUDNN_DETERMINISTIC);
+  };
+  std::vector<Choice> choices;
+  for (int pass = 0; pass < 2; ++pass) {
+    for (const Candidate& c : ranked) {
+      if (!acceptable(c) || math_allowed(c.math, config) != (pass == 0)) continue;
+      const cudnnMathType_t math = pass == 0 ? c.math : Descriptors::requested_math(config);
+      KILN_CUDNN_CHECK(cudnnSetConvolutionMathType(d.conv, math));
+      const size_t bytes = workspace_size(direction, handle, d, c.algo);
+      if (bytes != SIZE_MAX) choices.push_back({c.algo, math, bytes});
+    }
+  }
+  KILN_CUDNN_CHECK(cudnnSetConvolutionMathType(d.conv, Descriptors::requested_math(config)));
+  return choices;
+}
+
 Choice choose(Direction direction, cudnnHandle_t handle, const Descriptors& d, const Conv2dParams& p,
               const ConvCudaConfig& config, const Operands& ops, const WorkspaceAllocator& allocate) {
   const AlgoKey key = make_key(direction, p, config);
@@ -316,9 +345,6 @@ Choice choose(Direction direction, cudnnHandle_t handle, const Descriptors& d, c
       return it->second;
     }
   }
-  auto acceptable = [&](const Candidate& c) {
-    return c.status == CUDNN_STATUS_SUCCESS && (!config.deterministic || c.determinism == CUDNN_DETERMINISTIC);
-  };
   std::vector<Candidate> heuristics = heuristic_candidates(direction, handle, d);
   std::vector<Candidate> ranked;
   if (config.benchmark) {
@@ -337,29 +363,40 @@ Choice choose(Direction direction, cudnnHandle_t handle, const Descriptors& d, c
   } else {
     ranked = heuristics;
   }
-  // First choice: the fastest acceptable algorithm whose math type keeps the
-  // precision; failing that, the fastest acceptable one run with the
-  // requested math type (cuDNN ranked it under that setting).
-  Choice choice;
-  bool found = false;
-  for (int pass = 0; pass < 2 && !found; ++pass) {
-    for (const Candidate& c : ranked) {
-      if (!acceptable(c) || (pass == 0 && !math_allowed(c.math, config))) continue;
-      const size_t bytes = workspace_size(direction, handle, d, c.algo);
-      if (bytes == SIZE_MAX) continue;
-      choice = {c.algo, pass == 0 ? c.math : Descriptors::requested_math(config), bytes};
-      found = true;
-      break;
-    }
-  }
-  KILN_CHECK(found, direction_name(direction), ": cuDNN offers no algorithm for this convolution (",
+  const std::vector<Choice> choices = acceptable_choices(direction, handle, d, config, ranked);
+  KILN_CHECK(!choices.empty(), direction_name(direction), ": cuDNN offers no algorithm for this convolution (",
              config.deterministic ? "deterministic algorithms required, " : "", dtype_name(config.dtype),
              config.channels_last ? ", channels-last" : ", NCHW", ")");
   std::lock_guard<std::mutex> lock(cache.mutex);
   if (config.benchmark) ++cache.stats.misses;
-  cache.choices[key] = choice;
+  cache.choices[key] = choices.front();
   cache.stats.entries = cache.choices.size();
-  return choice;
+  return choices.front();
+}
+
+// The chosen algorithm's workspace could not be allocated (the caching
+// allocator already emptied its cache and retried): take the next acceptable
+// algorithm that needs less, as PyTorch does, and cache it so later calls do
+// not fail the same way. Empty when none fits.
+std::optional<Choice> fall_back_for_workspace(Direction direction, cudnnHandle_t handle, const Descriptors& d,
+                                              const Conv2dParams& p, const ConvCudaConfig& config,
+                                              const Choice& failed, const WorkspaceAllocator& allocate,
+                                              void*& workspace) {
+  const std::vector<Choice> choices =
+      acceptable_choices(direction, handle, d, config, heuristic_candidates(direction, handle, d));
+  for (const Choice& choice : choices) {
+    if (choice.workspace >= failed.workspace) continue;
+    try {
+      workspace = choice.workspace > 0 ? allocate(choice.workspace) : nullptr;
+    } catch (const OutOfMemoryError&) {
+      continue;
+    }
+    AlgoCache& cache = algo_cache();
+    std::lock_guard<std::mutex> lock(cache.mutex);
+    cache.choices[make_key(direction, p, config)] = choice;
+    return choice;
+  }
+  return std::nullopt;
 }
 
 // alpha = 1, beta = 0 in the type cuDNN expects (double for double data).
@@ -376,9 +413,17 @@ void run(Direction direction, const Conv2dParams& p, const ConvCudaConfig& confi
          const WorkspaceAllocator& allocate) {
   cudnnHandle_t handle = handle_for(config.device, config.stream);
   Descriptors d(p, config);
-  const Choice choice = choose(direction, handle, d, p, config, ops, allocate);
+  Choice choice = choose(direction, handle, d, p, config, ops, allocate);
+  void* workspace = nullptr;
+  try {
+    workspace = choice.workspace > 0 ? allocate(choice.workspace) : nullptr;
+  } catch (const OutOfMemoryError&) {
+    const std::optional<Choice> fallback =
+        fall_back_for_workspace(direction, handle, d, p, config, choice, allocate, workspace);
+    if (!fallback) throw;
+    choice = *fallback;
+  }
   KILN_CUDNN_CHECK(cudnnSetConvolutionMathType(d.conv, choice.math));
-  void* workspace = choice.workspace > 0 ? allocate(choice.workspace) : nullptr;
   const Scalars s(config.dtype);
   switch (direction) {
     case Direction::forward:

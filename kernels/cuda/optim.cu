@@ -93,29 +93,34 @@ void fill_optim(OptimMeta& meta, int slot, const OptimTensor& x) {
   meta.steps[slot] = x.step;
 }
 
-// Launches kernel(meta, args...) over the list, one block per chunk.
+// Launches kernel(meta, args...) over a list of `count` tensors, one block
+// per chunk (several launches when the list outgrows one Meta); fill(meta,
+// slot, t) stores tensor t's addresses, numel_of(t) its size.
+template <typename Meta, typename NumelOf, typename Fill, typename Kernel, typename... Args>
+void launch_chunks(int64_t count, NumelOf numel_of, Fill fill, cudaStream_t stream, const char* name, Kernel kernel,
+                   Args... args) {
+  mta::multi_tensor_apply<Meta>(count, numel_of, fill, [&](const Meta& meta, int blocks) {
+    kernel<<<blocks, kThreads, 0, stream>>>(meta, args...);
+    cuda::check_last_launch(name);
+  });
+}
+
 template <typename Kernel, typename... Args>
 void launch_optim(const OptimTensor* tensors, int64_t count, cudaStream_t stream, const char* name, Kernel kernel,
                   Args... args) {
-  mta::multi_tensor_apply<OptimMeta>(
+  launch_chunks<OptimMeta>(
       count, [&](int64_t t) { return tensors[t].numel; },
-      [&](OptimMeta& meta, int slot, int64_t t) { fill_optim(meta, slot, tensors[t]); },
-      [&](const OptimMeta& meta, int blocks) {
-        kernel<<<blocks, kThreads, 0, stream>>>(meta, args...);
-        cuda::check_last_launch(name);
-      });
+      [&](OptimMeta& meta, int slot, int64_t t) { fill_optim(meta, slot, tensors[t]); }, stream, name, kernel,
+      args...);
 }
 
 template <typename Kernel, typename... Args>
 void launch_list(const ListTensor* tensors, int64_t count, cudaStream_t stream, const char* name, Kernel kernel,
                  Args... args) {
-  mta::multi_tensor_apply<ListMeta>(
+  launch_chunks<ListMeta>(
       count, [&](int64_t t) { return tensors[t].numel; },
-      [&](ListMeta& meta, int slot, int64_t t) { meta.addresses[0][slot] = tensors[t].data; },
-      [&](const ListMeta& meta, int blocks) {
-        kernel<<<blocks, kThreads, 0, stream>>>(meta, args...);
-        cuda::check_last_launch(name);
-      });
+      [&](ListMeta& meta, int slot, int64_t t) { meta.addresses[0][slot] = tensors[t].data; }, stream, name, kernel,
+      args...);
 }
 
 // ---------------------------------------------------------------- prologue
@@ -526,16 +531,13 @@ void grad_clamp_cuda(DType dtype, const ListTensor* grads, int64_t count, double
 void average_update_cuda(DType param_dtype, const ListTensor* averages, const ListTensor* params, int64_t count,
                          const AverageConfig& config, const float* skip_flag, cuda::Stream stream) {
   dispatch_device(param_dtype, "average_update", [&]<typename T>() {
-    mta::multi_tensor_apply<PairMeta>(
+    launch_chunks<PairMeta>(
         count, [&](int64_t t) { return params[t].numel; },
         [&](PairMeta& meta, int slot, int64_t t) {
           meta.addresses[0][slot] = averages[t].data;
           meta.addresses[1][slot] = params[t].data;
         },
-        [&](const PairMeta& meta, int blocks) {
-          average_kernel<T><<<blocks, kThreads, 0, as_cuda(stream)>>>(meta, config, skip_flag);
-          cuda::check_last_launch("average_update");
-        });
+        as_cuda(stream), "average_update", average_kernel<T>, config, skip_flag);
   });
 }
 

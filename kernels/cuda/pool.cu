@@ -6,6 +6,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <cmath>
 #include <type_traits>
 
 #include "kernels/cuda/check.h"
@@ -44,7 +45,9 @@ __global__ void max_forward(Pool2dParams p, const T* x, T* y, int32_t* indices) 
   KILN_GRID_STRIDE(i, n) {
     const int64_t ow = i % p.out_w, oh = (i / p.out_w) % p.out_h, plane = i / (p.out_w * p.out_h);
     const T* src = x + plane * p.in_h * p.in_w;
-    A best = A(0);
+    // As the CPU: a window that lies wholly in the padding (possible with
+    // dilation) gives -inf and index -1, which no input position matches.
+    A best = static_cast<A>(-INFINITY);
     int64_t at = -1;
     for (int64_t ki = 0; ki < p.kernel_h; ++ki) {
       const int64_t ih = oh * p.stride_h - p.pad_h + ki * p.dilation_h;
@@ -166,75 +169,66 @@ __global__ void adaptive_backward(Pool2dParams p, const T* dy, T* dx) {
 
 #undef KILN_GRID_STRIDE
 
-template <typename Fn>
-void dispatch(DType dtype, const char* op, Fn&& fn) {
-  dispatch_floating(dtype, op, [&]<typename T>() { fn.template operator()<typename Native<T>::type>(); });
+// The launch sequence every entry point shares: nothing for no work (an empty
+// grid is a CUDA error), the dtype's native type T, then
+// launch.template operator()<T>(blocks, stream) and the launch check.
+template <typename Launch>
+void launch_pool(DType dtype, int64_t n, const char* name, cuda::Stream stream, Launch&& launch) {
+  if (n == 0) return;
+  dispatch_floating(dtype, name, [&]<typename T>() {
+    launch.template operator()<typename Native<T>::type>(blocks_for(n), static_cast<cudaStream_t>(stream));
+    cuda::check_last_launch(name);
+  });
 }
 
 }  // namespace
 
+// Forward kernels: one thread per output element; backward: one per input element.
 void max_pool2d_forward_cuda(DType dtype, const Pool2dParams& p, const void* x, void* y, int32_t* indices,
                              cuda::Stream stream) {
-  const int64_t n = p.planes * p.out_h * p.out_w;
-  if (n == 0) return;
-  dispatch(dtype, "max_pool2d (cuda)", [&]<typename T>() {
-    max_forward<T><<<blocks_for(n), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(p, static_cast<const T*>(x),
-                                                                                     static_cast<T*>(y), indices);
-    cuda::check_last_launch("max_pool2d forward");
-  });
+  launch_pool(dtype, p.planes * p.out_h * p.out_w, "max_pool2d forward (cuda)", stream,
+              [&]<typename T>(int blocks, cudaStream_t s) {
+                max_forward<T><<<blocks, kThreads, 0, s>>>(p, static_cast<const T*>(x), static_cast<T*>(y), indices);
+              });
 }
 
 void max_pool2d_backward_cuda(DType dtype, const Pool2dParams& p, const void* dy, const int32_t* indices, void* dx,
                               cuda::Stream stream) {
-  const int64_t n = p.planes * p.in_h * p.in_w;
-  if (n == 0) return;
-  dispatch(dtype, "max_pool2d backward (cuda)", [&]<typename T>() {
-    max_backward<T><<<blocks_for(n), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
-        p, static_cast<const T*>(dy), indices, static_cast<T*>(dx));
-    cuda::check_last_launch("max_pool2d backward");
-  });
+  launch_pool(dtype, p.planes * p.in_h * p.in_w, "max_pool2d backward (cuda)", stream,
+              [&]<typename T>(int blocks, cudaStream_t s) {
+                max_backward<T><<<blocks, kThreads, 0, s>>>(p, static_cast<const T*>(dy), indices,
+                                                            static_cast<T*>(dx));
+              });
 }
 
 void avg_pool2d_forward_cuda(DType dtype, const Pool2dParams& p, const void* x, void* y, cuda::Stream stream) {
-  const int64_t n = p.planes * p.out_h * p.out_w;
-  if (n == 0) return;
-  dispatch(dtype, "avg_pool2d (cuda)", [&]<typename T>() {
-    avg_forward<T><<<blocks_for(n), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(p, static_cast<const T*>(x),
-                                                                                     static_cast<T*>(y));
-    cuda::check_last_launch("avg_pool2d forward");
-  });
+  launch_pool(dtype, p.planes * p.out_h * p.out_w, "avg_pool2d forward (cuda)", stream,
+              [&]<typename T>(int blocks, cudaStream_t s) {
+                avg_forward<T><<<blocks, kThreads, 0, s>>>(p, static_cast<const T*>(x), static_cast<T*>(y));
+              });
 }
 
 void avg_pool2d_backward_cuda(DType dtype, const Pool2dParams& p, const void* dy, void* dx, cuda::Stream stream) {
-  const int64_t n = p.planes * p.in_h * p.in_w;
-  if (n == 0) return;
-  dispatch(dtype, "avg_pool2d backward (cuda)", [&]<typename T>() {
-    avg_backward<T><<<blocks_for(n), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(p, static_cast<const T*>(dy),
-                                                                                      static_cast<T*>(dx));
-    cuda::check_last_launch("avg_pool2d backward");
-  });
+  launch_pool(dtype, p.planes * p.in_h * p.in_w, "avg_pool2d backward (cuda)", stream,
+              [&]<typename T>(int blocks, cudaStream_t s) {
+                avg_backward<T><<<blocks, kThreads, 0, s>>>(p, static_cast<const T*>(dy), static_cast<T*>(dx));
+              });
 }
 
 void adaptive_avg_pool2d_forward_cuda(DType dtype, const Pool2dParams& p, const void* x, void* y,
                                       cuda::Stream stream) {
-  const int64_t n = p.planes * p.out_h * p.out_w;
-  if (n == 0) return;
-  dispatch(dtype, "adaptive_avg_pool2d (cuda)", [&]<typename T>() {
-    adaptive_forward<T><<<blocks_for(n), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
-        p, static_cast<const T*>(x), static_cast<T*>(y));
-    cuda::check_last_launch("adaptive_avg_pool2d forward");
-  });
+  launch_pool(dtype, p.planes * p.out_h * p.out_w, "adaptive_avg_pool2d forward (cuda)", stream,
+              [&]<typename T>(int blocks, cudaStream_t s) {
+                adaptive_forward<T><<<blocks, kThreads, 0, s>>>(p, static_cast<const T*>(x), static_cast<T*>(y));
+              });
 }
 
 void adaptive_avg_pool2d_backward_cuda(DType dtype, const Pool2dParams& p, const void* dy, void* dx,
                                        cuda::Stream stream) {
-  const int64_t n = p.planes * p.in_h * p.in_w;
-  if (n == 0) return;
-  dispatch(dtype, "adaptive_avg_pool2d backward (cuda)", [&]<typename T>() {
-    adaptive_backward<T><<<blocks_for(n), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
-        p, static_cast<const T*>(dy), static_cast<T*>(dx));
-    cuda::check_last_launch("adaptive_avg_pool2d backward");
-  });
+  launch_pool(dtype, p.planes * p.in_h * p.in_w, "adaptive_avg_pool2d backward (cuda)", stream,
+              [&]<typename T>(int blocks, cudaStream_t s) {
+                adaptive_backward<T><<<blocks, kThreads, 0, s>>>(p, static_cast<const T*>(dy), static_cast<T*>(dx));
+              });
 }
 
 }  // namespace kiln::kernels
