@@ -4,6 +4,7 @@
 #include <omp.h>
 
 #include <cmath>
+#include <limits>
 #include <random>
 
 #include "core/nn_ops.h"
@@ -88,6 +89,11 @@ TEST_CASE("conv2d matches a direct loop in double, forward and backward") {
       {{3, 3, 5, 4}, {5, 3, 1, 1}, false, 1, 0, 1, 1},  // pointwise fast path
       {{2, 2, 5, 5}, {3, 2, 1, 1}, true, 2, 0, 1, 1},   // 1x1 with stride: im2col path
       {{20, 1, 8, 8}, {4, 1, 3, 3}, false, 1, 1, 1, 1}, // more samples than weight chunks
+      // Small planes: several samples per GEMM (kernels/cpu/conv.cpp samples_per_gemm).
+      {{64, 3, 3, 3}, {5, 3, 3, 3}, true, 1, 1, 1, 1},  // 3x3: 4 chunks of 16 samples, one GEMM each
+      {{80, 2, 9, 9}, {3, 2, 3, 3}, true, 1, 1, 1, 1},  // blocks of 3 and 2 samples in chunks of 5
+      {{24, 4, 5, 5}, {6, 2, 3, 3}, true, 1, 1, 1, 2},    // grouped
+      {{12, 4, 4, 4}, {6, 4, 1, 1}, false, 1, 0, 1, 1},   // pointwise, samples gathered
   };
   for (DType dtype : {DType::f64, DType::f32}) {
     for (size_t k = 0; k < cases.size(); ++k) {
@@ -119,7 +125,10 @@ TEST_CASE("conv2d: unbatched input, and results independent of the thread count"
   Tensor w = tensor<double>(wv, {8, 3, 3, 3}).to(DType::f32);
   Tensor y1 = conv2d(x.select(0, 1), w, Tensor(), 1, 1);
   CHECK(y1.shape() == Shape{8, 9, 9});
-  KILN_CHECK_CLOSE(y1, conv2d(x, w, Tensor(), 1, 1).select(0, 1), 0.0, 0.0);
+  // Equal up to rounding, not bit for bit: with small planes the batch shares
+  // one GEMM whose blocking differs from a single sample's (as in PyTorch,
+  // results are not batch-size invariant).
+  KILN_CHECK_CLOSE(y1, conv2d(x, w, Tensor(), 1, 1).select(0, 1), 1e-6, 1e-6);
 
   // Weight gradients of a batch of 40 with 1 thread and with 2 must agree bit
   // for bit (the batch is large enough for the kernels to go parallel).
@@ -135,6 +144,25 @@ TEST_CASE("conv2d: unbatched input, and results independent of the thread count"
   }
   omp_set_num_threads(threads_before);
   KILN_CHECK_CLOSE(grads[0], grads[1], 0.0, 0.0);
+
+  // Likewise with small planes, where several samples share one GEMM.
+  const auto small = random_values(64 * 3 * 5 * 5, 8);
+  std::vector<Tensor> outputs, input_grads;
+  grads.clear();
+  for (int threads : {1, 2}) {
+    omp_set_num_threads(threads);
+    Tensor wt = w.detach().clone().requires_grad_();
+    Tensor xt = tensor<double>(small, {64, 3, 5, 5}).to(DType::f32).requires_grad_();
+    Tensor out = conv2d(xt, wt, Tensor(), 1, 1);
+    out.backward(ones_like(out));
+    outputs.push_back(out.detach());
+    grads.push_back(wt.grad());
+    input_grads.push_back(xt.grad());
+  }
+  omp_set_num_threads(threads_before);
+  KILN_CHECK_CLOSE(outputs[0], outputs[1], 0.0, 0.0);
+  KILN_CHECK_CLOSE(grads[0], grads[1], 0.0, 0.0);
+  KILN_CHECK_CLOSE(input_grads[0], input_grads[1], 0.0, 0.0);
 }
 
 TEST_CASE("conv2d: shape errors name the problem") {
@@ -261,6 +289,58 @@ TEST_CASE("layer_norm matches a hand computation") {
   KILN_CHECK_CLOSE(y, tensor<double>(expected, {R, D}), 1e-12, 1e-12);
 }
 
+// The op table's norm samples are small: one statistics split, NCHW only, no
+// running stats compared. This covers norm.cu's multi-split statistics, the
+// channels-last (rows) kernels, the running-stat update and the layer-norm
+// weight-gradient splits on the device.
+TEST_CASE("batch_norm and layer_norm: CUDA matches the CPU with split statistics and channels-last [gpu]") {
+  KILN_REQUIRE_GPU();
+  const int64_t N = 2, C = 3, H = 96, W = 96;  // 18432 values per channel: two 16K splits
+  const Tensor x64 = tensor<double>(random_values(N * C * H * W, 61), {N, C, H, W});
+  const Tensor g64 = tensor<double>(random_values(N * C * H * W, 62), {N, C, H, W});
+  const Tensor weight = tensor<float>({1.5f, -0.5f, 2.0f}, {C}), bias = tensor<float>({0.1f, 0.2f, -0.3f}, {C});
+  auto compare = [](const std::vector<Tensor>& gpu, const std::vector<Tensor>& cpu, double tol) {
+    for (size_t k = 0; k < cpu.size(); ++k) {
+      INFO("result " << k);
+      KILN_CHECK_CLOSE(gpu[k].cpu(), cpu[k], tol, tol);
+    }
+  };
+  for (DType dtype : {DType::f32, DType::f16}) {
+    for (bool channels_last : {false, true}) {
+      INFO("dtype " << dtype_name(dtype) << " channels_last " << channels_last);
+      Tensor x = x64.to(dtype);
+      if (channels_last) x = x.permute({0, 2, 3, 1}).contiguous().permute({0, 3, 1, 2});
+      // A training step (batch statistics, running-stat update, backward), then eval on the updated stats.
+      auto run = [&](bool cuda) {
+        auto on = [&](const Tensor& t) { return cuda ? t.cuda() : t; };
+        Tensor xi = on(x).detach().requires_grad_();
+        Tensor wi = on(weight).detach().requires_grad_(), bi = on(bias).detach().requires_grad_();
+        Tensor rm = on(zeros({C})), rv = on(ones({C}));
+        Tensor y = batch_norm(xi, rm, rv, wi, bi, true, 0.1, 1e-5);
+        y.backward(on(g64.to(dtype)));
+        Tensor eval = batch_norm(on(x), rm, rv, wi.detach(), bi.detach(), false, 0.1, 1e-5);
+        return std::vector<Tensor>{y, xi.grad(), wi.grad(), bi.grad(), rm, rv, eval};
+      };
+      compare(run(true), run(false), dtype == DType::f32 ? 1e-4 : 1e-2);
+    }
+  }
+  // 130 rows: three 64-row splits of the weight gradients; 300 columns: more than one block stride.
+  const int64_t R = 130, D = 300;
+  const Tensor lx = tensor<double>(random_values(R * D, 63), {R, D}).to(DType::f32);
+  const Tensor lg = tensor<double>(random_values(R * D, 64), {R, D}).to(DType::f32);
+  const Tensor lw = tensor<double>(random_values(D, 65), {D}).to(DType::f32);
+  const Tensor lb = tensor<double>(random_values(D, 66), {D}).to(DType::f32);
+  auto run_layer_norm = [&](bool cuda) {
+    auto on = [&](const Tensor& t) { return cuda ? t.cuda() : t; };
+    Tensor xi = on(lx).detach().requires_grad_();
+    Tensor wi = on(lw).detach().requires_grad_(), bi = on(lb).detach().requires_grad_();
+    Tensor y = layer_norm(xi, {D}, wi, bi, 1e-5);
+    y.backward(on(lg));
+    return std::vector<Tensor>{y, xi.grad(), wi.grad(), bi.grad()};
+  };
+  compare(run_layer_norm(true), run_layer_norm(false), 1e-4);
+}
+
 TEST_CASE("max_pool2d: ties go to the first maximum, padding never wins, NaN propagates") {
   // One 2x2 window of equal values, one with a tie between positions 1 and 3.
   Tensor x = tensor<double>({5, 5, 1, 7, 5, 5, 2, 7}, {1, 1, 2, 4}).requires_grad_();
@@ -295,6 +375,29 @@ TEST_CASE("pooling: checks and output sizes") {
   KILN_CHECK_CLOSE(avg_pool2d(ones4, 2, Size2(1), 1, false), ones({1, 1, 3, 3}), 0.0, 0.0);
   KILN_CHECK_CLOSE(avg_pool2d(ones4, 2, Size2(1), 1, true),
                    tensor<float>({0.25f, 0.5f, 0.25f, 0.5f, 1.0f, 0.5f, 0.25f, 0.5f, 0.25f}, {1, 1, 3, 3}), 0.0, 0.0);
+}
+
+// With dilation a window can lie wholly in the padding (padding 3 <= half the
+// dilated kernel 6): its output is -inf with index -1, and nothing flows back
+// from it; a window with one real element passes that element's gradient.
+TEST_CASE("max_pool2d: a window wholly in the padding gives -inf and no gradient, on CPU and CUDA [gpu]") {
+  auto pool = [](const Tensor& x) { return max_pool2d(x, {1, 2}, Size2(1), {0, 3}, {1, 5}); };
+  Tensor x = tensor<double>({1, 2, 3}, {1, 1, 1, 3}).requires_grad_();
+  Tensor y = pool(x);  // windows at columns {-3, 2}, {-2, 3}, {-1, 4}, {0, 5}
+  const double inf = std::numeric_limits<double>::infinity();
+  KILN_CHECK_CLOSE(y, tensor<double>({3, -inf, -inf, 1}, {1, 1, 1, 4}), 0.0, 0.0);
+  y.backward(tensor<double>({1, 10, 100, 1000}, {1, 1, 1, 4}));
+  KILN_CHECK_CLOSE(x.grad(), tensor<double>({1000, 0, 1}, {1, 1, 1, 3}), 0.0, 0.0);
+
+  KILN_REQUIRE_GPU();
+  for (DType dtype : {DType::f32, DType::f16}) {
+    CAPTURE(dtype);
+    Tensor xg = x.detach().to(Device::cuda(), dtype).requires_grad_();
+    Tensor yg = pool(xg);
+    KILN_CHECK_CLOSE(yg.cpu().to(DType::f64), y.detach(), 0.0, 0.0);
+    yg.backward(tensor<double>({1, 10, 100, 1000}, {1, 1, 1, 4}).to(Device::cuda(), dtype));
+    KILN_CHECK_CLOSE(xg.grad().cpu().to(DType::f64), x.grad(), 0.0, 0.0);
+  }
 }
 
 TEST_CASE("cuDNN benchmark mode: the second call of a shape hits the algorithm cache [gpu]") {
