@@ -299,6 +299,26 @@ void DataLoader::set_epoch(uint64_t epoch) {
   impl_->plan.reset();
 }
 
+void DataLoader::set_batch_size(int64_t batch_size) {
+  Impl& d = *impl_;
+  KILN_CHECK(batch_size >= 1, "DataLoader::set_batch_size: batch_size must be at least 1, got ", batch_size);
+  KILN_CHECK(d.position == 0, "DataLoader::set_batch_size: epoch ", d.epoch, " is being iterated (", d.position,
+             " batches returned); change the batch size before an epoch's first batch (or after set_epoch)");
+  if (batch_size == d.options.batch_size) return;
+  d.stop_threads();  // no worker fills a buffer of the old size any more
+  d.options.batch_size = batch_size;
+  d.plan.reset();
+  if (d.resident) {
+    d.resident.reset();  // free the old upload before making the new one
+    d.resident = std::make_unique<ResidentData>(*d.dataset, d.layout, *d.options.resident_device, batch_size,
+                                                d.options.transforms, d.augment_seed);
+  } else {
+    // Batches already handed out keep the old pool alive until they are gone.
+    d.pool = std::make_shared<BatchBufferPool>(d.layout, batch_size, d.pool->pinned(),
+                                               static_cast<size_t>(d.capacity + 2));
+  }
+}
+
 nlohmann::json DataLoader::state_dict() const {
   const Impl& d = *impl_;
   return nlohmann::json{{"epoch", d.epoch},

@@ -71,6 +71,10 @@ class DataLoader {
   int64_t position() const;  // batches already returned in the current epoch
   // Starts epoch `epoch` from its first batch (drops batches in flight).
   void set_epoch(uint64_t epoch);
+  // Makes the following epochs' batches `batch_size` examples (the trainer's
+  // BatchSizeFinder); stops the workers. Throws kiln::Error for batch_size < 1
+  // or while an epoch is being iterated (position() > 0): call it between epochs.
+  void set_batch_size(int64_t batch_size);
 
   // {"epoch", "position", "seed", "batch_size", "num_samples", "sampler"}.
   nlohmann::json state_dict() const;

@@ -435,3 +435,122 @@ TEST_CASE("lr_find: skipped under fast_dev_run; invalid options are refused") {
   bad.max_lr = 0.5;
   CHECK_THROWS_AS(lr_find(normal, module, loader, bad), Error);
 }
+
+namespace {
+
+// A regression with no host-side state, for the GPU.
+struct DeviceRegression : TrainModule {
+  DeviceRegression() {
+    manual_seed(3);
+    net = std::make_shared<nn::Linear>(4, 1);
+  }
+  nn::Module& model() override { return *net; }
+  Tensor training_step(const Batch& batch, int64_t) override {
+    Tensor difference = sub(net->forward(batch.input), batch.target);  // float32 under autocast (promote)
+    Tensor loss = mean(mul(difference, difference));
+    raw_losses.push_back(loss.item<double>());
+    return loss;
+  }
+  OptimizerConfigs configure_optimizers() override {
+    OptimizerConfig config;
+    optim::SGDOptions sgd;
+    sgd.lr = 0.01;
+    sgd.momentum = 0.9;
+    config.optimizer = std::make_unique<optim::SGD>(net->parameters(), sgd);
+    return config;
+  }
+  std::shared_ptr<nn::Linear> net;
+  std::vector<double> raw_losses;
+};
+
+// PrepareRun on the device: two plain steps give the optimizer momentum buffers
+// and step counts, and the loader a position, before the finder runs.
+struct PrepareDeviceRun : Callback {
+  std::string name() const override { return "PrepareDeviceRun"; }
+  void on_fit_start(Trainer& trainer, TrainModule& module) override {
+    optim::Optimizer& optimizer = trainer.optimizer();
+    for (int64_t i = 0; i < 2; ++i) {
+      const Batch batch = *trainer.train_loader()->next();
+      Batch moved;
+      moved.input = batch.input.to(trainer.device());
+      moved.target = batch.target.to(trainer.device());
+      module.training_step(moved, i).backward();
+      optimizer.step();
+      optimizer.zero_grad();
+    }
+    before = capture(trainer, module);
+    scale = trainer.scaler()->get_scale();
+  }
+  RunState before;
+  double scale = 0;
+};
+
+}  // namespace
+
+TEST_CASE("lr_find under 16-mixed: scaled losses, skipped overflowing steps, everything restored exactly [gpu]") {
+  KILN_REQUIRE_GPU();
+  auto data = regression_data(128);
+  DataLoader loader(data, loader_options());
+  DeviceRegression module;
+  auto prepare = std::make_shared<PrepareDeviceRun>();
+  LRFinderOptions options;
+  options.num_training = 30;
+  options.max_lr = 0.1;  // SGD with momentum 0.9 converges up to lr ~0.2 here
+  options.early_stop_threshold = std::nullopt;
+  options.update_attr = false;
+  auto finder = std::make_shared<LearningRateFinder>(options);
+  auto after = std::make_shared<CaptureAfterFinder>();
+  TrainerOptions trainer_options = quiet_options();
+  trainer_options.accelerator = "gpu";
+  trainer_options.precision = "16-mixed";
+  trainer_options.max_steps = 0;  // only on_fit_start runs
+  trainer_options.callbacks = {prepare, finder, after};
+  Trainer trainer(trainer_options);
+  trainer.fit(module, loader);
+
+  REQUIRE(finder->lr_finder() != nullptr);
+  CHECK(finder->lr_finder()->losses.size() == 30);
+  for (const double loss : finder->lr_finder()->losses) CHECK(std::isfinite(loss));
+  REQUIRE(module.raw_losses.size() == 2 + 30);
+  for (const double loss : module.raw_losses) CHECK(std::isfinite(loss));
+  const RunState& before = prepare->before;
+  check_equal(after->after.model, before.model);
+  CHECK(after->after.loader == before.loader);
+  CHECK(after->after.generator.offset == before.generator.offset);
+  CHECK(after->after.optimizer.meta == before.optimizer.meta);
+  REQUIRE(after->after.optimizer.tensors.size() == before.optimizer.tensors.size());
+  CHECK(before.optimizer.tensors.count("state.0.momentum_buffer") == 1);
+  for (const auto& [name, tensor] : before.optimizer.tensors) {
+    CAPTURE(name);
+    KILN_CHECK_CLOSE(after->after.optimizer.tensors.at(name), tensor, 0.0, 0.0);
+  }
+  // The trainer's own scaler is where fit's first step will find it.
+  CHECK(trainer.scaler()->get_scale() == prepare->scale);
+  const Tensor tracker = trainer.scaler()->growth_tracker();
+  CHECK((!tracker.defined() || tracker.item<double>() == 0));
+
+  // The function form, on one fixed batch so that the loss only changes when a
+  // step is taken. At the initial scale 65536 the float16 weight gradient
+  // (about 2 * 65536 * 9 * |w - w*|) overflows: the first steps are skipped
+  // while the scale backs off, then the sweep trains. Unscaled, none would be.
+  DataLoaderOptions one_batch = loader_options();
+  one_batch.batch_size = 128;
+  one_batch.shuffle = false;
+  DataLoader fixed(data, one_batch);
+  options.min_lr = 1e-3;
+  options.num_training = 20;
+  module.raw_losses.clear();
+  const nn::StateDict weights = cloned(module.model().state_dict());
+  const LRFinder swept = lr_find(trainer, module, fixed, options);
+  REQUIRE(swept.losses.size() == 20);
+  REQUIRE(module.raw_losses.size() == 20);
+  int64_t repeated = 0;
+  for (size_t i = 1; i < module.raw_losses.size(); ++i) {
+    CHECK(std::isfinite(module.raw_losses[i]));
+    if (std::abs(module.raw_losses[i] - module.raw_losses[i - 1]) <= 1e-6 * module.raw_losses[i - 1]) ++repeated;
+  }
+  MESSAGE("sweep steps skipped by the loss scaler: " << repeated);
+  CHECK(repeated >= 1);
+  CHECK(module.raw_losses.back() < 0.5 * module.raw_losses.front());  // then it trained
+  check_equal(module.model().state_dict(), weights);
+}

@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <string>
+#include <utility>
 
 #include "tests/support/run_binary.h"
 
@@ -51,6 +52,20 @@ TEST_CASE("train_fashion refuses bad flags with a one-line reason and touches no
   check_refused("--strategy ddp --devices 2", "kiln-run --nproc-per-node 2");
   check_refused("--find-batch-size --accelerator cpu", "needs a GPU");
   check_refused("--model vgg", "unknown model");
+}
+
+TEST_CASE("train_fashion: a missing --ckpt-path fails before a log folder is made") {
+  for (const auto& [arguments, expected_words] :
+       {std::pair<std::string, std::string>{"--ckpt-path /nonexistent/epoch=0.safetensors", "/nonexistent/epoch=0"},
+        {"--ckpt-path last", "no last.safetensors"}}) {
+    const fs::path root = fresh_root("missing_checkpoint");
+    Run run = run_train_fashion(arguments + " --limit-train-batches 2 --default-root-dir " + root.string());
+    INFO("train_fashion " << arguments << " printed: " << run.output);
+    CHECK(run.exit_code != 0);
+    CHECK(run.output.find(expected_words) != std::string::npos);
+    CHECK_FALSE(fs::exists(root));  // no lightning_logs/version_0
+    fs::remove_all(root);
+  }
 }
 
 TEST_CASE("train_fashion --fast-dev-run trains, validates and tests a few batches") {

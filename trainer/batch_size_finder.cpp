@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <optional>
+#include <utility>
 
 #include "core/allocator.h"
 #include "trainer/finder_support.h"
@@ -116,26 +117,15 @@ std::optional<int64_t> binary_scaling(TrialRunner& runner, int64_t size, int64_t
   return last_fit;
 }
 
-}  // namespace
-
-BatchSizeFinderResult scale_batch_size(Trainer& trainer, TrainModule& module, const DataLoader& train_loader,
-                                       const BatchSizeFinderOptions& options) {
-  check_options(options);
-  BatchSizeFinderResult result;
-  if (trainer.options().fast_dev_run > 0) {
-    result.batch_size = train_loader.options().batch_size;
-    return result;
-  }
-  detail::check_supported(trainer, module, "scale_batch_size");
-  const int64_t samples = train_loader.state_dict().at("num_samples").get<int64_t>();
-  KILN_CHECK(samples > 0, "scale_batch_size: the training loader has no samples");
-  module.model().to(trainer.device());
-  OptimizerConfig config = module.configure_optimizers();
-  KILN_CHECK(config.optimizer != nullptr, "scale_batch_size: configure_optimizers returned no optimizer");
-  optim::Optimizer& optimizer = *config.optimizer;
-
+// Searches with trial loaders like `prototype`, training `optimizer`; everything
+// the trials change is restored before returning or rethrowing.
+BatchSizeFinderResult search(TrainModule& module, optim::Optimizer& optimizer, const DataLoader& prototype,
+                             const detail::StepSettings& settings, const BatchSizeFinderOptions& options,
+                             const char* finder) {
+  const int64_t samples = prototype.state_dict().at("num_samples").get<int64_t>();
+  KILN_CHECK(samples > 0, finder, ": the training loader has no samples");
   detail::TrainingSnapshot snapshot(module.model(), optimizer, nullptr);
-  TrialRunner runner(module, optimizer, train_loader, detail::step_settings(trainer), options.steps_per_trial);
+  TrialRunner runner(module, optimizer, prototype, settings, options.steps_per_trial);
   std::optional<int64_t> found;
   try {
     const int64_t largest = std::min(samples, options.max_val);
@@ -148,14 +138,71 @@ BatchSizeFinderResult scale_batch_size(Trainer& trainer, TrainModule& module, co
   }
   snapshot.restore();
   runner.release_cached_memory();
+  BatchSizeFinderResult result;
   result.trials = std::move(runner.trials);
   if (!found) {
-    throw OutOfMemoryError(detail::concat("scale_batch_size: out of memory at every batch size tried, down to ",
-                                          result.trials.back().batch_size),
-                           __FILE__, __LINE__);
+    throw OutOfMemoryError(
+        detail::concat(finder, ": out of memory at every batch size tried, down to ", result.trials.back().batch_size),
+        __FILE__, __LINE__);
   }
   result.batch_size = *found;
   return result;
+}
+
+}  // namespace
+
+BatchSizeFinderResult scale_batch_size(Trainer& trainer, TrainModule& module, const DataLoader& train_loader,
+                                       const BatchSizeFinderOptions& options) {
+  check_options(options);
+  if (trainer.options().fast_dev_run > 0) {
+    BatchSizeFinderResult result;
+    result.batch_size = train_loader.options().batch_size;
+    return result;
+  }
+  detail::check_supported(trainer, module, "scale_batch_size");
+  module.model().to(trainer.device());
+  OptimizerConfig config = module.configure_optimizers();
+  KILN_CHECK(config.optimizer != nullptr, "scale_batch_size: configure_optimizers returned no optimizer");
+  return search(module, *config.optimizer, train_loader, detail::step_settings(trainer), options, "scale_batch_size");
+}
+
+BatchSizeFinder::BatchSizeFinder(BatchSizeFinderOptions options) : options_(std::move(options)) {
+  check_options(options_);
+}
+
+void BatchSizeFinder::on_fit_start(Trainer& trainer, TrainModule& module) {
+  const bool resumed = std::exchange(resumed_, false);
+  // Lightning skips the search under fast_dev_run. A resumed run keeps the
+  // size its checkpoint was written with (on_load_checkpoint set it): a new
+  // search could change the batches of the epoch in progress.
+  if (trainer.options().fast_dev_run > 0 || resumed) return;
+  detail::check_supported(trainer, module, "BatchSizeFinder");
+  DataLoader* loader = trainer.train_loader();
+  KILN_CHECK(loader != nullptr, "BatchSizeFinder: the trainer has no training loader");
+  KILN_CHECK(loader->position() == 0, "BatchSizeFinder: the training loader is inside an epoch (",
+             loader->position(), " batches read); the search must run before the first batch");
+  result_ = search(module, trainer.optimizer(), *loader, detail::step_settings(trainer), options_, "BatchSizeFinder");
+  trainer.set_train_batch_size(result_->batch_size);
+}
+
+void BatchSizeFinder::on_load_checkpoint(Trainer& trainer, TrainModule&, const nlohmann::json& own_state) {
+  resumed_ = true;
+  load_state_dict(own_state);
+  // Before the checkpoint's loader position loads, which must match the batch size.
+  if (result_) trainer.set_train_batch_size(result_->batch_size);
+}
+
+nlohmann::json BatchSizeFinder::state_dict() const {
+  nlohmann::json state = nlohmann::json::object();
+  if (result_) state["optimal_batch_size"] = result_->batch_size;
+  return state;
+}
+
+void BatchSizeFinder::load_state_dict(const nlohmann::json& state) {
+  if (!state.contains("optimal_batch_size")) return;
+  const int64_t batch_size = state.at("optimal_batch_size").get<int64_t>();
+  KILN_CHECK(batch_size >= 1, "BatchSizeFinder::load_state_dict: invalid optimal_batch_size ", batch_size);
+  result_ = BatchSizeFinderResult{batch_size, {}};
 }
 
 }  // namespace kiln

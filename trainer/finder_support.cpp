@@ -61,6 +61,10 @@ StepSettings step_settings(const Trainer& trainer) {
   settings.gradient_clip_val = options.gradient_clip_val;
   settings.gradient_clip_algorithm = options.gradient_clip_algorithm;
   settings.autocast_dtype = trainer.autocast_dtype();
+  if (const optim::GradScaler* scaler = trainer.scaler()) {
+    settings.loss_scaling = scaler->options();
+    settings.loss_scaling->init_scale = scaler->get_scale();  // a resumed run's scale, not the initial one
+  }
   return settings;
 }
 
@@ -84,6 +88,7 @@ FinderLoop::FinderLoop(TrainModule& module, optim::Optimizer& optimizer, DataLoa
   KILN_CHECK(batches_per_epoch_ > 0, "the training loader has no batches (", loader.size(),
              " per epoch, limit_train_batches leaves ", batches_per_epoch_, ")");
   KILN_CHECK(settings_.accumulate_grad_batches >= 1, "accumulate_grad_batches must be >= 1");
+  if (settings_.loss_scaling) scaler_.emplace(*settings_.loss_scaling);
   for (const Tensor& parameter : module.model().parameters()) {
     if (is_floating(parameter.dtype())) {
       param_dtype_ = parameter.dtype();
@@ -123,9 +128,13 @@ Tensor FinderLoop::step() {
       loss = module_.training_step(moved, batch_idx);
     }
     KILN_CHECK(loss.defined() && loss.numel() == 1, "training_step must return a one-element loss tensor");
-    (accumulate > 1 ? div(loss, static_cast<double>(accumulate)) : loss).backward();
+    // As Trainer::fit: the micro-batch's share of the loss, scaled so that small
+    // float16 gradients survive; unscaled once before clipping sees them.
+    const Tensor micro_batch_loss = accumulate > 1 ? div(loss, static_cast<double>(accumulate)) : loss;
+    (scaler_ ? scaler_->scale(micro_batch_loss) : micro_batch_loss).backward();
     const bool last_batch = batch_in_epoch_ == batches_per_epoch_;
     if ((batch_idx + 1) % accumulate != 0 && !last_batch) continue;
+    if (scaler_) scaler_->unscale_(optimizer_);
     if (settings_.gradient_clip_val > 0) {
       if (settings_.gradient_clip_algorithm == "norm") {
         optimizer_.clip_grad_norm_(settings_.gradient_clip_val);
@@ -133,7 +142,12 @@ Tensor FinderLoop::step() {
         optim::clip_grad_value_(optimizer_.params_with_grad(), settings_.gradient_clip_val);
       }
     }
-    optimizer_.step();
+    if (scaler_) {
+      scaler_->step(optimizer_);  // skipped on the device when the gradients hold inf/NaN
+      scaler_->update();
+    } else {
+      optimizer_.step();
+    }
     optimizer_.zero_grad(/*set_to_none=*/true);
     return loss;
   }

@@ -1,7 +1,8 @@
 // What the learning-rate and batch-size finders share: a snapshot that puts a
 // run back exactly as it was, and a small training loop that takes optimizer
-// steps the way Trainer::fit does (accumulation, clipping) without callbacks,
-// logging or checkpoints, as Lightning's tuners run fit with those disabled.
+// steps the way Trainer::fit does (accumulation, autocast, loss scaling,
+// clipping) without callbacks, logging or checkpoints, as Lightning's tuners
+// run fit with those disabled.
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -11,6 +12,7 @@
 
 #include "core/generator.h"
 #include "data/dataloader.h"
+#include "optim/grad_scaler.h"
 #include "trainer/train_module.h"
 
 namespace kiln {
@@ -51,12 +53,18 @@ struct StepSettings {
   // The mixed precisions' autocast dtype: training_step runs in the same
   // autocast region as in fit (nullopt: none).
   std::optional<DType> autocast_dtype;
+  // "16-mixed": the loop's own GradScaler starts from these options, with the
+  // trainer scaler's current scale as init_scale (nullopt: no loss scaling).
+  // The trainer's scaler is never stepped, so its scale and growth tracker
+  // need no restoring and fit's first step sees them as they were.
+  std::optional<optim::GradScalerOptions> loss_scaling;
 };
 // Throws kiln::Error naming `finder` when it cannot run here: manual optimization
 // (training_step steps through the trainer) or more than one process (the
 // trials would not synchronize gradients; Lightning's tuners do not support DDP either).
 void check_supported(const Trainer& trainer, const TrainModule& module, const char* finder);
-// The settings of `trainer` for its current epoch (accumulation schedule included).
+// The settings of `trainer` for its current epoch (accumulation schedule
+// included). With a loss scaler it reads the scale (synchronizes the device).
 StepSettings step_settings(const Trainer& trainer);
 // Batches per epoch of `loader` under the trainer's limit_train_batches.
 int64_t limited_train_batches(const Trainer& trainer, const DataLoader& loader);
@@ -68,8 +76,10 @@ class FinderLoop {
   FinderLoop(TrainModule& module, optim::Optimizer& optimizer, DataLoader& loader, int64_t batches_per_epoch,
              const StepSettings& settings);
   // Runs training_step and backward on micro-batches until one optimizer
-  // step is taken, and returns the loss of the last micro-batch (on the
-  // device; not synchronized). Exceptions from training_step propagate.
+  // step is taken (with loss scaling: skipped on the device when the
+  // gradients hold inf/NaN, as in fit), and returns the unscaled loss of the
+  // last micro-batch (on the device; not synchronized). Exceptions from
+  // training_step propagate.
   Tensor step();
 
  private:
@@ -84,6 +94,7 @@ class FinderLoop {
   int64_t batch_in_epoch_;
   Device device_;
   DType param_dtype_ = DType::f32;
+  std::optional<optim::GradScaler> scaler_;
 };
 
 }  // namespace detail

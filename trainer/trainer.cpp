@@ -662,6 +662,15 @@ DataLoader& Trainer::prepare_loader(DataLoader& loader, bool overfit, std::uniqu
   return *replacement;
 }
 
+void Trainer::set_train_batch_size(int64_t batch_size) {
+  KILN_CHECK(fitting_ && train_loader_ != nullptr,
+             "Trainer::set_train_batch_size: only during fit (from a callback's on_fit_start or on_load_checkpoint)");
+  train_loader_->set_batch_size(batch_size);  // refuses inside an epoch
+  // Overfitting validates on the very batches it trains on.
+  if (options_.overfit_batches > 0 && fit_val_loader_) fit_val_loader_->set_batch_size(batch_size);
+  train_batches_ = train_limit(train_loader_->size());
+}
+
 void Trainer::fit(TrainModule& module, DataLoader& train_loader, DataLoader* val_loader,
                   const std::string& ckpt_path) {
   start_ = std::chrono::steady_clock::now();
@@ -695,32 +704,19 @@ void Trainer::fit(TrainModule& module, DataLoader& train_loader, DataLoader* val
   if (val_loader != nullptr) {
     // Overfitting validates on the very batches it trains on.
     val = &prepare_loader(overfit ? train_loader : *val_loader, overfit, fit_val_loader_);
+  } else {
+    fit_val_loader_.reset();  // a previous fit's
   }
   train_loader_ = &train;
+  // Read and checked before the logger makes its version folder: a missing,
+  // truncated or mismatched checkpoint fails having touched nothing.
+  std::optional<TrainerCheckpointFile> resumed;
+  if (!ckpt_path.empty()) {
+    resumed = read_trainer_checkpoint(resolve_checkpoint_path(ckpt_path), module.model(), optimizers_.size());
+  }
   share_log_dir();
   ProfilerStage profiled(*profiler_, "fit", log_dir_.empty() ? options_.default_root_dir : log_dir_);
-  if (options_.fast_dev_run == 0 && options_.logger) {
-    std::string optimizer_names, scheduler_names;
-    for (const OptimizerConfig& config : optimizers_) {
-      optimizer_names += (optimizer_names.empty() ? "" : ",") + config.optimizer->name();
-      scheduler_names += (scheduler_names.empty() ? "" : ",") +
-                         (config.scheduler ? config.scheduler->name() : std::string("none"));
-    }
-    for (auto& logger : loggers_) {
-      logger->log_hyperparams({{"max_epochs", std::to_string(options_.max_epochs)},
-                               {"max_steps", std::to_string(options_.max_steps)},
-                               {"accumulate_grad_batches", std::to_string(options_.accumulate_grad_batches)},
-                               {"gradient_clip_val", std::to_string(options_.gradient_clip_val)},
-                               {"precision", options_.precision},
-                               {"accelerator", device_.str()},
-                               {"strategy", strategy_.name()},
-                               {"world_size", std::to_string(strategy_.world_size())},
-                               {"batch_size", std::to_string(train_loader.options().batch_size)},
-                               {"optimizer", optimizer_names},
-                               {"scheduler", scheduler_names}});
-    }
-  }
-  if (!ckpt_path.empty()) load_checkpoint(ckpt_path, module, train);
+  if (resumed) load_checkpoint(*resumed, module, train);
   train_batches_ = train_limit(train.size());
   int64_t max_epochs = options_.max_epochs;
   if (options_.fast_dev_run > 0) max_epochs = 1;
@@ -738,6 +734,28 @@ void Trainer::fit(TrainModule& module, DataLoader& train_loader, DataLoader* val
   {
     auto hook_scope = profiler_->profile(module_action("on_fit_start"));
     module.on_fit_start();
+  }
+  // After on_fit_start, as Lightning: the batch size a BatchSizeFinder chose is the one logged.
+  if (options_.fast_dev_run == 0 && options_.logger) {
+    std::string optimizer_names, scheduler_names;
+    for (const OptimizerConfig& config : optimizers_) {
+      optimizer_names += (optimizer_names.empty() ? "" : ",") + config.optimizer->name();
+      scheduler_names += (scheduler_names.empty() ? "" : ",") +
+                         (config.scheduler ? config.scheduler->name() : std::string("none"));
+    }
+    for (auto& logger : loggers_) {
+      logger->log_hyperparams({{"max_epochs", std::to_string(options_.max_epochs)},
+                               {"max_steps", std::to_string(options_.max_steps)},
+                               {"accumulate_grad_batches", std::to_string(options_.accumulate_grad_batches)},
+                               {"gradient_clip_val", std::to_string(options_.gradient_clip_val)},
+                               {"precision", options_.precision},
+                               {"accelerator", device_.str()},
+                               {"strategy", strategy_.name()},
+                               {"world_size", std::to_string(strategy_.world_size())},
+                               {"batch_size", std::to_string(train.options().batch_size)},
+                               {"optimizer", optimizer_names},
+                               {"scheduler", scheduler_names}});
+    }
   }
   const int64_t sanity_batches =
       val ? std::min(options_.num_sanity_val_steps, limit(options_.limit_val_batches, val->size())) : 0;
@@ -889,7 +907,7 @@ void Trainer::save_checkpoint(const std::string& path) {
   strategy_.barrier();  // durable before any rank goes on (and, say, removes an older checkpoint)
 }
 
-void Trainer::load_checkpoint(const std::string& requested, TrainModule& module, DataLoader& train_loader) {
+std::string Trainer::resolve_checkpoint_path(const std::string& requested) const {
   std::string path = requested;
   if (path == "last") {
     path.clear();
@@ -905,9 +923,12 @@ void Trainer::load_checkpoint(const std::string& requested, TrainModule& module,
     }
     KILN_CHECK(!path.empty(), "fit(ckpt_path=\"last\"): no last.safetensors under '", base.string(), "'");
   }
+  return path;
+}
+
+void Trainer::load_checkpoint(const TrainerCheckpointFile& file, TrainModule& module, DataLoader& train_loader) {
   // Lightning's order: weights, loop progress, callbacks (which may install
   // schedules, e.g. SWALR), then the optimizer and schedule states.
-  const TrainerCheckpointFile file = read_trainer_checkpoint(path, module.model(), optimizers_.size());
   load_checkpoint_model(file, module.model());
   const TrainerCheckpoint& checkpoint = file.progress;
   epoch_ = checkpoint.epoch;

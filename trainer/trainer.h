@@ -156,6 +156,16 @@ class Trainer {
   // user's loader with another sampler.
   DataLoader* train_loader() { return train_loader_; }
   int64_t num_training_batches() const { return train_batches_; }
+  // Makes the loader fit trains on (train_loader(); with overfit_batches also
+  // the copy that validates on the same batches) yield batches of `batch_size`
+  // and recomputes num_training_batches(), which the limits, the validation
+  // cadence and the progress bar follow (BatchSizeFinder). The caller's loader
+  // changes too unless fit trains on a copy (ddp, overfit_batches). Throws
+  // kiln::Error outside fit or once the loader is inside an epoch: call it from
+  // on_fit_start or on_load_checkpoint. Optimizers and schedules that
+  // configure_optimizers built (a OneCycleLR total from estimated_stepping_batches)
+  // are not rebuilt.
+  void set_train_batch_size(int64_t batch_size);
   const std::vector<std::shared_ptr<Callback>>& callbacks() const { return options_.callbacks; }
   // The profiler (PassThroughProfiler when none was asked for); its scopes
   // are NVTX ranges in every case.
@@ -163,6 +173,7 @@ class Trainer {
   // The loss scaler of precision "16-mixed" (null for every other precision),
   // as Lightning's trainer.precision_plugin.scaler.
   optim::GradScaler* scaler() { return scaler_.get(); }
+  const optim::GradScaler* scaler() const { return scaler_.get(); }
   // The autocast dtype of a mixed precision (nullopt otherwise), and its
   // region: the guard that training_step, validation_step, test_step and
   // predict_step run in (the finders' trial steps too); nothing for the other precisions.
@@ -209,7 +220,10 @@ class Trainer {
   void save_loggers();
   void print_progress(bool terminal, std::chrono::steady_clock::time_point epoch_start);
   std::map<std::string, double> collect_epoch_metrics(TrainModule& module, const std::string& prefix);
-  void load_checkpoint(const std::string& path, TrainModule& module, DataLoader& train_loader);
+  // `requested` itself, or for "last" the newest last.safetensors under
+  // default_root_dir/lightning_logs (kiln::Error when there is none).
+  std::string resolve_checkpoint_path(const std::string& requested) const;
+  void load_checkpoint(const TrainerCheckpointFile& file, TrainModule& module, DataLoader& train_loader);
   std::vector<OptimizerSlot> optimizer_slots();
   // callback_metrics and the module's logged values of the epoch so far, exactly
   // (doubles as their bits), for checkpoints; and back.
