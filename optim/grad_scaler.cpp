@@ -133,6 +133,9 @@ StateDict GradScaler::state_dict() const {
   if (scale_.defined()) {
     dict.tensors["scale"] = scale_;
     dict.tensors["growth_tracker"] = growth_tracker_;
+  } else if (scale_loaded_.defined()) {  // loaded, not used yet: saved as loaded (torch keeps them as _init_scale)
+    dict.tensors["scale"] = scale_loaded_;
+    dict.tensors["growth_tracker"] = tracker_loaded_;
   }
   return dict;
 }

@@ -144,6 +144,11 @@ TEST_CASE("GradScaler state_dict round trips, also before first use") {
   Setup b(Device::cpu(), {});
   b.scaler.load_state_dict(dict);  // before first use: kept until the device is known
   CHECK(b.scaler.get_scale() == a.scaler.get_scale());
+  // Saved again before first use (a checkpoint right after a resume): the loaded values, not none.
+  const StateDict resaved = b.scaler.state_dict();
+  REQUIRE(resaved.tensors.count("scale") == 1);
+  CHECK(resaved.tensors.at("scale").item<double>() == a.scaler.get_scale());
+  CHECK(resaved.tensors.at("growth_tracker").item<int32_t>() == a.scaler.growth_tracker().item<int32_t>());
   for (int k = 0; k < 3; ++k) {
     a.train_step(1.0);
     b.train_step(1.0);
