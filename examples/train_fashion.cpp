@@ -16,6 +16,7 @@
 #include "core/serialization.h"
 #include "data/dataloader.h"
 #include "data/fashion_mnist.h"
+#include "examples/trainer_flags.h"
 #include "kernels/cuda/runtime.h"
 #include "nn/checkpoint.h"
 #include "nn/models.h"
@@ -125,22 +126,17 @@ std::shared_ptr<nn::Module> make_model(const std::string& name) {
 
 int main(int argc, char** argv) {
   CLI::App app{"Train a reference model on Fashion-MNIST with kiln"};
-  TrainerOptions trainer_options;
+  examples::TrainerFlags flags;
+  TrainerOptions& trainer_options = flags.trainer;
   trainer_options.max_epochs = 8;
   trainer_options.default_root_dir = "./runs";
-  trainer_options.seed = 42;
   trainer_options.log_every_n_steps = 50;
   Recipe recipe;
-  std::string strategy = "auto", ckpt_path;
-  int num_nodes = 1;
   bool swa = false, find_lr = false, find_batch_size = false;
-  uint64_t seed = 42;
 
   app.add_option("--model", recipe.model, "Model: cnn (FashionCNN), resnet9 or mlp")->capture_default_str();
-  app.add_option("--max-epochs", trainer_options.max_epochs, "Stop after this many epochs")->capture_default_str();
+  examples::add_trainer_flags(app, flags);
   app.add_option("--min-epochs", trainer_options.min_epochs, "Train at least this many epochs")->capture_default_str();
-  app.add_option("--max-steps", trainer_options.max_steps, "Stop after this many optimizer steps (-1: no limit)")
-      ->capture_default_str();
   app.add_option("--max-time", trainer_options.max_time, "Stop after this time (DD:HH:MM:SS or seconds)");
   app.add_option("--accumulate-grad-batches", trainer_options.accumulate_grad_batches,
                  "Accumulate gradients over k batches")
@@ -161,10 +157,6 @@ int main(int argc, char** argv) {
   app.add_option("--check-val-every-n-epoch", trainer_options.check_val_every_n_epoch, "Validate every N epochs")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
-  app.add_option("--limit-train-batches", trainer_options.limit_train_batches,
-                 "Fraction (<= 1) or number of training batches per epoch")
-      ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
   app.add_option("--limit-val-batches", trainer_options.limit_val_batches,
                  "Fraction (<= 1) or number of validation batches")
       ->capture_default_str()
@@ -174,31 +166,12 @@ int main(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber);
   app.add_flag("--deterministic", trainer_options.deterministic, "Deterministic algorithms only");
   app.add_flag("--benchmark", trainer_options.benchmark, "cuDNN autotuning");
-  app.add_option("--accelerator", trainer_options.accelerator, "cpu, gpu or auto")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"cpu", "gpu", "cuda", "auto"}));
-  app.add_option("--devices", trainer_options.devices, "Number of devices")->capture_default_str();
-  app.add_option("--strategy", strategy, "auto or ddp")->capture_default_str()->check(CLI::IsMember({"auto", "ddp"}));
-  app.add_option("--num-nodes", num_nodes, "Number of machines")->capture_default_str();
-  app.add_option("--seed", seed, "Random seed")->capture_default_str();
-  app.add_option("--default-root-dir", trainer_options.default_root_dir, "Folder for logs and checkpoints")
-      ->capture_default_str();
-  app.add_option("--ckpt-path", ckpt_path, "Resume from this checkpoint, or \"last\"");
-  app.add_option("--log-every-n-steps", trainer_options.log_every_n_steps, "Log step metrics every N steps")
-      ->capture_default_str()
-      ->check(CLI::PositiveNumber);
-  app.add_option("--enable-progress-bar", trainer_options.enable_progress_bar, "Show a progress bar (true/false)")
-      ->capture_default_str();
-  app.add_option("--batch-size", recipe.batch_size, "Batch size")->capture_default_str()->check(CLI::PositiveNumber);
+  examples::add_data_flags(app, recipe.batch_size, recipe.num_workers, recipe.data_dir);
   app.add_option("--lr", recipe.lr, "Peak learning rate (OneCycle max_lr)")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
-  app.add_option("--num-workers", recipe.num_workers, "Data-loading worker threads")
-      ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
   app.add_option("--pin-memory", recipe.pin_memory, "Assemble batches in pinned memory (true/false)")
       ->capture_default_str();
-  app.add_option("--data-dir", recipe.data_dir, "Fashion-MNIST folder (default /usr/share/datasets/fashion-mnist)");
   app.add_option("--early-stopping-patience", recipe.early_stopping_patience,
                  "Validation checks without improvement before stopping")
       ->capture_default_str()
@@ -217,12 +190,11 @@ int main(int argc, char** argv) {
     std::cerr << "train_fashion: " << error.what() << " (see --help)\n";
     return 2;
   }
-  trainer_options.seed = seed;
+  const uint64_t seed = flags.seed;
+  const std::string& ckpt_path = flags.ckpt_path;
 
   try {
-    trainer_options.strategy = strategy;
-    trainer_options.num_nodes = num_nodes;
-    Trainer trainer(trainer_options);  // validates precision, accelerator, ...
+    Trainer trainer(flags.options());  // validates precision, accelerator, ...
     // Nothing runs out of memory on the CPU: the search would only stop at max_val (8192).
     KILN_CHECK(!find_batch_size || trainer.device().is_cuda(),
                "--find-batch-size looks for the largest batch that fits in GPU memory; it needs a GPU");

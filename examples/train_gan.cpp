@@ -3,8 +3,15 @@
 // --accumulate batches, and each of the discriminator and generator steps runs
 // inside its optimizer's toggle_model(sync_grad = last batch of the
 // accumulation), so the other network's parameters get no gradient and a DDP
-// run synchronizes only when it steps. At the end it writes an 8x8 grid of
-// generated samples as a PNG.
+// run synchronizes only when it steps.
+// The recipe is DCGAN's on MLPs (a small convolutional pair would cost ~15x
+// the arithmetic per image on the CPU): Adam lr 2e-4, betas (0.5, 0.999);
+// BatchNorm and ReLU in the generator, LeakyReLU(0.2) in the discriminator;
+// tanh output on data scaled to [-1, 1]; one-sided label smoothing. The
+// defaults (5 epochs of batches of 64, stepping every 2) give recognisable
+// garments in about two minutes on 2 CPU cores. A checkpoint is written at
+// the end of every epoch (--ckpt-path last resumes), and at the end an 8x8
+// grid of generated samples as a PNG.
 #include <CLI/CLI.hpp>
 
 #include <chrono>
@@ -18,6 +25,8 @@
 #include "data/dataloader.h"
 #include "data/fashion_mnist.h"
 #include "data/image_io.h"
+#include "examples/trainer_flags.h"
+#include "nn/conv.h"
 #include "nn/layers.h"
 #include "nn/loss.h"
 #include "trainer/trainer.h"
@@ -30,9 +39,10 @@ namespace {
 constexpr int64_t kImageSide = 28;
 constexpr int64_t kImagePixels = kImageSide * kImageSide;
 constexpr int64_t kGridSide = 8;  // the samples image: 8 x 8 generated images
+constexpr double kRealLabelSmoothed = 0.9;
 
 struct GanRecipe {
-  int64_t batch_size = 128;
+  int64_t batch_size = 64;
   int64_t accumulate = 2;
   int64_t latent_dim = 64;
   double lr = 2e-4;
@@ -53,13 +63,38 @@ class LeakyReLU : public nn::Module {
   double negative_slope;
 };
 
-std::shared_ptr<nn::Sequential> mlp(const std::vector<int64_t>& widths, nn::ModulePtr last_activation) {
+// z -> [Linear -> BatchNorm1d -> ReLU] per hidden width -> Linear -> tanh:
+// DCGAN's generator choices for an MLP. BatchNorm keeps every layer's
+// activations spread out early in training, which is what lets the generator
+// leave the noise regime within the first epoch; the Linear before it needs
+// no bias (BatchNorm's shift replaces it).
+std::shared_ptr<nn::Sequential> make_generator(int64_t latent_dim, const std::vector<int64_t>& hidden) {
   auto layers = std::make_shared<nn::Sequential>();
-  for (size_t i = 0; i + 1 < widths.size(); ++i) {
-    layers->push_back(std::make_shared<nn::Linear>(widths[i], widths[i + 1]));
-    if (i + 2 < widths.size()) layers->push_back(std::make_shared<LeakyReLU>(0.2));
+  int64_t width = latent_dim;
+  for (int64_t next : hidden) {
+    layers->push_back(std::make_shared<nn::Linear>(width, next, /*bias=*/false));
+    layers->push_back(std::make_shared<nn::BatchNorm1d>(next));
+    layers->push_back(std::make_shared<nn::ReLU>());
+    width = next;
   }
-  if (last_activation) layers->push_back(std::move(last_activation));
+  layers->push_back(std::make_shared<nn::Linear>(width, kImagePixels));
+  layers->push_back(std::make_shared<nn::Tanh>());  // pixels in [-1, 1], the range of the normalized images
+  return layers;
+}
+
+// pixels -> [Linear -> LeakyReLU(0.2)] per hidden width -> one logit
+// (BCEWithLogitsLoss applies the sigmoid). No BatchNorm: the discriminator
+// sees real and generated batches separately, and batch statistics would let
+// it tell them apart by the batch rather than by the image.
+std::shared_ptr<nn::Sequential> make_discriminator(const std::vector<int64_t>& hidden) {
+  auto layers = std::make_shared<nn::Sequential>();
+  int64_t width = kImagePixels;
+  for (int64_t next : hidden) {
+    layers->push_back(std::make_shared<nn::Linear>(width, next));
+    layers->push_back(std::make_shared<LeakyReLU>(0.2));
+    width = next;
+  }
+  layers->push_back(std::make_shared<nn::Linear>(width, 1));
   return layers;
 }
 
@@ -72,11 +107,8 @@ class SimpleGAN : public TrainModule {
  public:
   explicit SimpleGAN(const GanRecipe& recipe) : recipe_(recipe) {
     automatic_optimization = false;
-    // z -> 256 -> 512 -> 784 pixels in [-1, 1], the range of the normalized images.
-    generator = networks_.register_module(
-        "generator", mlp({recipe.latent_dim, 256, 512, kImagePixels}, std::make_shared<nn::Tanh>()));
-    // 784 pixels -> 512 -> 256 -> one logit (BCEWithLogitsLoss applies the sigmoid).
-    discriminator = networks_.register_module("discriminator", mlp({kImagePixels, 512, 256, 1}, nullptr));
+    generator = networks_.register_module("generator", make_generator(recipe.latent_dim, {256, 512}));
+    discriminator = networks_.register_module("discriminator", make_discriminator({512, 256}));
   }
 
   nn::Module& model() override { return networks_; }
@@ -97,6 +129,10 @@ class SimpleGAN : public TrainModule {
     const Tensor real = batch.input.flatten(1);  // (B, 784)
     const int64_t batch_size = real.size(0);
     const Tensor real_label = ones({batch_size, 1}, {.device = real.device()});
+    // One-sided label smoothing (Salimans et al. 2016): the discriminator aims
+    // at 0.9 for real images, so it cannot grow overconfident and starve the
+    // generator of gradient; the generator still aims at 1.
+    const Tensor smoothed_real_label = full({batch_size, 1}, kRealLabelSmoothed, {.device = real.device()});
     const Tensor fake_label = zeros({batch_size, 1}, {.device = real.device()});
     // Step, and synchronize gradients, at the end of each accumulation or of the epoch.
     const bool is_last_batch_to_accumulate =
@@ -108,7 +144,7 @@ class SimpleGAN : public TrainModule {
     Tensor d_loss;
     {
       auto toggled = d_opt.toggle_model(/*sync_grad=*/is_last_batch_to_accumulate);
-      const Tensor d_real = criterion_(discriminator->forward(real), real_label);
+      const Tensor d_real = criterion_(discriminator->forward(real), smoothed_real_label);
       const Tensor d_fake = criterion_(discriminator->forward(fake.detach()), fake_label);
       d_loss = d_real + d_fake;
       manual_backward(d_loss);
@@ -158,53 +194,33 @@ class SimpleGAN : public TrainModule {
 int main(int argc, char** argv) {
   const auto launch = std::chrono::steady_clock::now();
   CLI::App app{"Train a small GAN on Fashion-MNIST with kiln (two optimizers, manual optimization)"};
-  TrainerOptions trainer_options;
-  trainer_options.max_epochs = 1;
-  trainer_options.default_root_dir = "./runs";
-  trainer_options.log_every_n_steps = 50;
+  examples::TrainerFlags flags;
+  flags.trainer.max_epochs = 5;
+  flags.trainer.default_root_dir = "./runs";
+  flags.trainer.log_every_n_steps = 50;
   GanRecipe recipe;
+  flags.seed = recipe.seed;
 
-  app.add_option("--max-epochs", trainer_options.max_epochs, "Stop after this many epochs")->capture_default_str();
-  app.add_option("--batch-size", recipe.batch_size, "Batch size")->capture_default_str()->check(CLI::PositiveNumber);
+  const examples::TrainerFlagHandles trainer_flags = examples::add_trainer_flags(app, flags);
+  // In train_gan's words: a second device means kiln-run, and with two
+  // optimizers in manual optimization every one of their steps counts.
+  trainer_flags.devices->description("Devices (processes) per node; more than one needs kiln-run")
+      ->check(CLI::PositiveNumber);
+  trainer_flags.num_nodes->check(CLI::PositiveNumber);
+  trainer_flags.log_every_n_steps->description(
+      "Log step metrics every N optimizer steps (each optimizer's step counts)");
+  examples::add_data_flags(app, recipe.batch_size, recipe.num_workers, recipe.data_dir);
   app.add_option("--accumulate", recipe.accumulate,
                  "Accumulate gradients over this many batches before each optimizer step (done in training_step: "
                  "manual optimization)")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
-  app.add_option("--limit-train-batches", trainer_options.limit_train_batches,
-                 "Fraction (<= 1) or number of training batches per epoch")
-      ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
   app.add_option("--lr", recipe.lr, "Adam learning rate of both networks")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
   app.add_option("--latent-dim", recipe.latent_dim, "Size of the generator's noise input")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
-  app.add_option("--accelerator", trainer_options.accelerator, "cpu, gpu or auto")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"cpu", "gpu", "cuda", "auto"}));
-  app.add_option("--devices", trainer_options.devices, "Devices (processes) per node; more than one needs kiln-run")
-      ->capture_default_str()
-      ->check(CLI::PositiveNumber);
-  app.add_option("--strategy", trainer_options.strategy, "auto or ddp")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"auto", "ddp"}));
-  app.add_option("--num-nodes", trainer_options.num_nodes, "Number of machines")
-      ->capture_default_str()
-      ->check(CLI::PositiveNumber);
-  app.add_option("--seed", recipe.seed, "Random seed")->capture_default_str();
-  app.add_option("--default-root-dir", trainer_options.default_root_dir, "Folder for logs")->capture_default_str();
-  app.add_option("--log-every-n-steps", trainer_options.log_every_n_steps,
-                 "Log step metrics every N optimizer steps (each optimizer's step counts)")
-      ->capture_default_str()
-      ->check(CLI::PositiveNumber);
-  app.add_option("--enable-progress-bar", trainer_options.enable_progress_bar, "Show a progress bar (true/false)")
-      ->capture_default_str();
-  app.add_option("--num-workers", recipe.num_workers, "Data-loading worker threads")
-      ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
-  app.add_option("--data-dir", recipe.data_dir, "Fashion-MNIST folder (default /usr/share/datasets/fashion-mnist)");
   app.add_option("--output", recipe.output, "PNG file for the 8x8 grid of generated samples")->capture_default_str();
   try {
     app.parse(argc, argv);
@@ -213,13 +229,19 @@ int main(int argc, char** argv) {
     std::cerr << "train_gan: " << error.what() << " (see --help)\n";
     return 2;
   }
-  trainer_options.seed = recipe.seed;
+  recipe.seed = flags.seed;
 
   try {
     // Refuse a bad output path before training rather than after it.
     const fs::path output_folder = fs::absolute(recipe.output).parent_path();
     KILN_CHECK(!recipe.output.empty() && fs::is_directory(output_folder), "--output: folder '",
                output_folder.string(), "' does not exist");
+    // A checkpoint at the end of every epoch (both optimizers' states, the
+    // loop position, the RNG states), and last.safetensors for --ckpt-path last.
+    ModelCheckpointOptions checkpointing;
+    checkpointing.save_last = true;
+    TrainerOptions trainer_options = flags.options();
+    trainer_options.callbacks = {std::make_shared<ModelCheckpoint>(checkpointing)};
     Trainer trainer(trainer_options);  // validates the accelerator, ...
     MnistOptions data_options;
     data_options.root = recipe.data_dir;
@@ -245,7 +267,7 @@ int main(int argc, char** argv) {
               << train_set->size() << " training images, "
               << std::chrono::duration<double>(std::chrono::steady_clock::now() - launch).count()
               << " s after launch\n";
-    trainer.fit(gan, train_loader);
+    trainer.fit(gan, train_loader, /*val_loader=*/nullptr, flags.ckpt_path);
     if (!trainer.stop_reason.empty()) std::cerr << "train_gan: stopped: " << trainer.stop_reason << "\n";
 
     Tensor samples;

@@ -1,0 +1,85 @@
+// The command-line flags that train_fashion and train_gan share, declared
+// once: Lightning's Trainer flags in kebab-case, bound to a TrainerOptions,
+// and the Fashion-MNIST loading flags. Header-only, for the examples (the
+// library itself has no CLI11 dependency).
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <cstdint>
+#include <string>
+
+#include "trainer/trainer.h"
+
+namespace kiln::examples {
+
+// What the shared Trainer flags set. The values in `trainer` (and `seed`)
+// when add_trainer_flags runs are the defaults that --help shows, so a binary
+// sets its own defaults (e.g. max_epochs) first.
+struct TrainerFlags {
+  TrainerOptions trainer;
+  uint64_t seed = 42;      // --seed: also the binaries' data-loader and weight seed
+  std::string ckpt_path;   // --ckpt-path: a checkpoint file, "last", or empty (start afresh)
+
+  // The options to build the Trainer from: `trainer` with --seed applied.
+  TrainerOptions options() const {
+    TrainerOptions with_seed = trainer;
+    with_seed.seed = seed;
+    return with_seed;
+  }
+};
+
+// The flags add_trainer_flags declared whose text or checks a binary refines
+// (e.g. train_gan, in manual optimization, says that each optimizer's step counts).
+struct TrainerFlagHandles {
+  CLI::Option* devices = nullptr;
+  CLI::Option* num_nodes = nullptr;
+  CLI::Option* log_every_n_steps = nullptr;
+};
+
+// Adds --max-epochs, --max-steps, --limit-train-batches, --accelerator,
+// --devices, --strategy, --num-nodes, --seed, --default-root-dir,
+// --ckpt-path, --log-every-n-steps and --enable-progress-bar, in that order,
+// bound to `flags` (which must outlive app.parse).
+inline TrainerFlagHandles add_trainer_flags(CLI::App& app, TrainerFlags& flags) {
+  TrainerOptions& options = flags.trainer;
+  TrainerFlagHandles handles;
+  app.add_option("--max-epochs", options.max_epochs, "Stop after this many epochs")->capture_default_str();
+  app.add_option("--max-steps", options.max_steps, "Stop after this many optimizer steps (-1: no limit)")
+      ->capture_default_str();
+  app.add_option("--limit-train-batches", options.limit_train_batches,
+                 "Fraction (<= 1) or number of training batches per epoch")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--accelerator", options.accelerator, "cpu, gpu or auto")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"cpu", "gpu", "cuda", "auto"}));
+  handles.devices = app.add_option("--devices", options.devices, "Number of devices")->capture_default_str();
+  app.add_option("--strategy", options.strategy, "auto or ddp")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "ddp"}));
+  handles.num_nodes = app.add_option("--num-nodes", options.num_nodes, "Number of machines")->capture_default_str();
+  app.add_option("--seed", flags.seed, "Random seed")->capture_default_str();
+  app.add_option("--default-root-dir", options.default_root_dir, "Folder for logs and checkpoints")
+      ->capture_default_str();
+  app.add_option("--ckpt-path", flags.ckpt_path, "Resume from this checkpoint, or \"last\"");
+  handles.log_every_n_steps =
+      app.add_option("--log-every-n-steps", options.log_every_n_steps, "Log step metrics every N steps")
+          ->capture_default_str()
+          ->check(CLI::PositiveNumber);
+  app.add_option("--enable-progress-bar", options.enable_progress_bar, "Show a progress bar (true/false)")
+      ->capture_default_str();
+  return handles;
+}
+
+// Adds --batch-size, --num-workers and --data-dir (empty: FashionMNIST's
+// default folder), bound to the given values (which must outlive app.parse).
+inline void add_data_flags(CLI::App& app, int64_t& batch_size, int& num_workers, std::string& data_dir) {
+  app.add_option("--batch-size", batch_size, "Batch size")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--num-workers", num_workers, "Data-loading worker threads")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--data-dir", data_dir, "Fashion-MNIST folder (default /usr/share/datasets/fashion-mnist)");
+}
+
+}  // namespace kiln::examples
