@@ -127,6 +127,17 @@ struct StopOnRank : Callback {
   int rank;
 };
 
+// Writes a checkpoint (on every rank's call: under ddp a collective) once global_step reaches `step`.
+struct SaveAtStep : Callback {
+  SaveAtStep(int64_t step, std::string path) : step(step), path(std::move(path)) {}
+  std::string name() const override { return "SaveAtStep"; }
+  void on_train_batch_end(Trainer& trainer, TrainModule&, int64_t) override {
+    if (trainer.global_step() == step) trainer.save_checkpoint(path);
+  }
+  int64_t step;
+  std::string path;
+};
+
 TrainerOptions base_options(const std::string& root) {
   TrainerOptions options;
   options.accelerator = "cpu";
@@ -188,11 +199,23 @@ std::string train(const std::string& scenario, const Setting& setting, int world
   }
   auto data = regression_data(setting.samples, 11);
   auto val_data = regression_data(16, 12);
+  std::string checkpoint;
+  if (scenario == "resume") {
+    // A checkpoint halfway (mid-epoch, as ModelCheckpoint's every_n_train_steps
+    // writes one), then a new Trainer resumes from it.
+    checkpoint = (fs::path(root) / "halfway.safetensors").string();
+    TrainerOptions first = options;
+    first.callbacks = {std::make_shared<SaveAtStep>(setting.steps / 2, checkpoint)};
+    Mlp module;
+    DataLoader loader(data, loading);
+    DataLoader val(val_data, DataLoaderOptions{.batch_size = 4});
+    Trainer(first).fit(module, loader, &val);
+  }
   Mlp module;
   DataLoader loader(data, loading);
   DataLoader val(val_data, DataLoaderOptions{.batch_size = 4});
   Trainer trainer(options);
-  trainer.fit(module, loader, &val);
+  trainer.fit(module, loader, &val, checkpoint);
   const auto& metrics = trainer.callback_metrics();
   out << "params " << numbers(module.net) << "\nglobal_step " << trainer.global_step() << "\nepoch "
       << trainer.current_epoch() << "\nval_loss " << (metrics.count("val_loss") ? metrics.at("val_loss") : -1.0)
@@ -335,6 +358,20 @@ TEST_CASE("Trainer ddp: 2 processes equal one process on the concatenated batch;
   CHECK(fs::exists(logs / "version_0" / "metrics.csv"));
   CHECK_FALSE(fs::exists(logs / "version_1"));
   CHECK(read_file(logs / "version_0" / "metrics.csv").find("val_loss") != std::string::npos);
+}
+
+TEST_CASE("Trainer ddp: resumed mid-epoch, the epoch's logged means are the uninterrupted run's") {
+  // 4 steps of 2 x 4 rows make epoch 0 (32 samples); the checkpoint is taken
+  // after step 2. The file holds the epoch sums of both ranks, so the resumed
+  // train_loss_epoch averages all 4 batches of both ranks.
+  TempDir dir;
+  Setting setting;
+  setting.steps = 4;
+  const Workers workers = run_workers("resume", setting, dir.path);
+  TempDir reference_dir;
+  const std::string reference = train("parity", setting, 1, reference_dir.path.string());
+  check_matches(workers, reference, {"val_loss", "train_loss_epoch"}, 1e-10);
+  CHECK(fields(workers.results[0]).at("global_step") == "4");
 }
 
 TEST_CASE("Trainer ddp: a launched group of one process trains as plain single-device training") {

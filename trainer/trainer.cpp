@@ -304,7 +304,9 @@ std::map<std::string, double> Trainer::collect_epoch_metrics(TrainModule& module
   std::map<std::string, std::pair<double, double>> sums;  // name -> (weighted sum, count)
   for (const std::string& name : module.order_) {
     LoggedValue& value = module.logged_[name];
-    if (!value.on_epoch || value.count == 0) continue;
+    // Under ddp a value restored with a zero share (load_metrics_state) still
+    // takes part: every rank must sum the same names.
+    if (!value.on_epoch || (value.count == 0 && !strategy_.distributed())) continue;
     const std::string key = prefix + (value.on_step ? name + "_epoch" : name);
     sums[key] = {value.sum.item<double>(), static_cast<double>(value.count)};
   }
@@ -849,16 +851,32 @@ std::vector<Tensor> Trainer::predict(TrainModule& module, DataLoader& loader) {
   return predictions;
 }
 
-nlohmann::json Trainer::metrics_state() const {
+nlohmann::json Trainer::metrics_state() {
   nlohmann::json metrics = nlohmann::json::object();
   for (const auto& [name, value] : callback_metrics_) metrics[name] = std::bit_cast<uint64_t>(value);
-  nlohmann::json logged = nlohmann::json::array();
+  std::vector<std::string> names;
+  std::vector<double> sums, counts;
   for (const std::string& name : module_->order_) {
     const LoggedValue& value = module_->logged_.at(name);
-    if (!value.on_epoch || value.count == 0) continue;  // only epoch values outlive their step
-    logged.push_back({{"name", name},
-                      {"sum", std::bit_cast<uint64_t>(value.sum.item<double>())},
-                      {"count", value.count},
+    if (!value.on_epoch) continue;  // only epoch values outlive their step
+    names.push_back(name);
+    sums.push_back(value.sum.item<double>());
+    counts.push_back(static_cast<double>(value.count));
+  }
+  if (strategy_.distributed()) {  // every rank's share: the file holds the totals (see load_metrics_state)
+    std::vector<double> values = sums;
+    values.insert(values.end(), counts.begin(), counts.end());
+    values = strategy_.sum_over_ranks(names, values);
+    std::copy(values.begin(), values.begin() + static_cast<std::ptrdiff_t>(names.size()), sums.begin());
+    std::copy(values.begin() + static_cast<std::ptrdiff_t>(names.size()), values.end(), counts.begin());
+  }
+  nlohmann::json logged = nlohmann::json::array();
+  for (size_t i = 0; i < names.size(); ++i) {
+    if (counts[i] == 0) continue;
+    const LoggedValue& value = module_->logged_.at(names[i]);
+    logged.push_back({{"name", names[i]},
+                      {"sum", std::bit_cast<uint64_t>(sums[i])},
+                      {"count", static_cast<int64_t>(counts[i])},
                       {"on_step", value.on_step},
                       {"prog_bar", value.prog_bar}});
   }
@@ -872,12 +890,16 @@ void Trainer::load_metrics_state(const nlohmann::json& state, TrainModule& modul
   }
   module.logged_.clear();
   module.order_.clear();
+  // Under ddp the file holds the totals over the ranks: rank 0 carries them
+  // and the others start from zero, so the epoch's mean over the ranks
+  // (collect_epoch_metrics) is the uninterrupted run's.
+  const bool carries_totals = is_global_zero();
   for (const nlohmann::json& entry : state.at("logged")) {
     const std::string name = entry.at("name").get<std::string>();
     LoggedValue& value = module.logged_[name];
-    const double sum = std::bit_cast<double>(entry.at("sum").get<uint64_t>());
+    const double sum = carries_totals ? std::bit_cast<double>(entry.at("sum").get<uint64_t>()) : 0.0;
     value.sum = full({}, sum, {.dtype = DType::f64, .device = device_});
-    value.count = entry.at("count").get<int64_t>();
+    value.count = carries_totals ? entry.at("count").get<int64_t>() : 0;
     value.on_step = entry.at("on_step").get<bool>();
     value.on_epoch = true;
     value.prog_bar = entry.at("prog_bar").get<bool>();
@@ -893,6 +915,7 @@ std::vector<OptimizerSlot> Trainer::optimizer_slots() {
 
 void Trainer::save_checkpoint(const std::string& path) {
   KILN_CHECK(module_ != nullptr && !optimizers_.empty(), "save_checkpoint: nothing to save before fit()");
+  nlohmann::json metrics = metrics_state();  // under ddp a collective: before the rank-0-only part
   if (is_global_zero()) {
     TrainerCheckpoint checkpoint;
     checkpoint.epoch = epoch_;
@@ -900,7 +923,7 @@ void Trainer::save_checkpoint(const std::string& path) {
     checkpoint.batch_in_epoch = batch_in_epoch_;
     checkpoint.epoch_end_hooks_done = epoch_end_hooks_done_;
     checkpoint.loader_state = train_loader_ ? train_loader_->state_dict() : nlohmann::json();
-    checkpoint.metrics = metrics_state();
+    checkpoint.metrics = std::move(metrics);
     for (auto& callback : options_.callbacks) checkpoint.callback_states[callback->name()] = callback->state_dict();
     save_trainer_checkpoint(path, module_->model(), optimizer_slots(), checkpoint, scaler_.get());
   }

@@ -227,7 +227,7 @@ class Trainer {
   std::vector<OptimizerSlot> optimizer_slots();
   // callback_metrics and the module's logged values of the epoch so far, exactly
   // (doubles as their bits), for checkpoints; and back.
-  nlohmann::json metrics_state() const;
+  nlohmann::json metrics_state();  // under ddp a collective (every rank calls it)
   void load_metrics_state(const nlohmann::json& state, TrainModule& module);
   bool time_exceeded() const;
   // Profiler action names, as Lightning's: "[LightningModule]<Module>.<hook>",
