@@ -304,3 +304,46 @@ TEST_CASE("Resume from a checkpoint written at an epoch's end: hooks once, the e
     fs::remove_all(root);
   }
 }
+
+TEST_CASE("Resume from a checkpoint written after a batch whose validation was due: it validates first") {
+  // val_check_interval 0.5 in epochs of 4 batches: validations after batches
+  // 2 and 4. The checkpoint is written in on_train_batch_end of batch 2 (as
+  // ModelCheckpoint's every_n_train_steps does), before that validation runs.
+  struct CountingRegression : Regression {
+    void on_validation_epoch_end() override { ++validations; }
+    int validations = 0;
+  };
+  struct SaveAtStep : Callback {
+    SaveAtStep(int64_t step, std::string path) : step(step), path(std::move(path)) {}
+    std::string name() const override { return "SaveAtStep"; }
+    void on_train_batch_end(Trainer& trainer, TrainModule&, int64_t) override {
+      if (trainer.global_step() == step) trainer.save_checkpoint(path);
+    }
+    int64_t step;
+    std::string path;
+  };
+  fs::path root = fresh_folder("validation_pending");
+  auto data = regression_data(32);
+  auto val_data = regression_data(16);
+  const std::string checkpoint = (root / "step2.safetensors").string();
+  auto run = [&](const std::string& ckpt_path, std::vector<std::shared_ptr<Callback>> callbacks) {
+    TrainerOptions options = quiet_options(root);
+    options.max_epochs = 1;
+    options.val_check_interval = 0.5;
+    options.callbacks = std::move(callbacks);
+    CountingRegression module;
+    DataLoader loader(data, shuffled(8));
+    DataLoader val(val_data, DataLoaderOptions{.batch_size = 8});
+    Trainer trainer(options);
+    trainer.fit(module, loader, &val, ckpt_path);
+    return std::make_pair(module.validations, trainer.callback_metrics().at("val_loss"));
+  };
+  const auto [full_validations, full_val_loss] = run("", {std::make_shared<SaveAtStep>(2, checkpoint)});
+  CHECK(full_validations == 2);
+  REQUIRE(fs::exists(checkpoint));
+  manual_seed(999);
+  const auto [resumed_validations, resumed_val_loss] = run(checkpoint, {});
+  CHECK(resumed_validations == 2);  // the pending one after batch 2, then after batch 4
+  CHECK(resumed_val_loss == full_val_loss);
+  fs::remove_all(root);
+}

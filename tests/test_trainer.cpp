@@ -451,3 +451,33 @@ TEST_CASE("Trainer: values logged by on_fit_start callbacks stay out of the firs
   CHECK(trainer.callback_metrics().at("train_loss_epoch") == doctest::Approx(mean_loss).epsilon(1e-9));
   fs::remove_all(root);
 }
+
+TEST_CASE("Trainer: an integer val_check_interval validates every N batches, the epoch's last included when a multiple") {
+  auto data = regression_data(48);  // 6 batches of 8
+  fs::path root = fresh_folder("val_every_n");
+  for (const auto& [interval, expected] : {std::pair<double, int>{2, 3}, {4, 1}}) {
+    CAPTURE(interval);
+    struct Counting : Regression {
+      using Regression::Regression;
+      void on_validation_epoch_end() override { ++validations; }
+      int validations = 0;
+    } module(0.05);
+    TrainerOptions options = quiet_options(root);
+    options.max_epochs = 1;
+    options.val_check_interval = interval;
+    options.logger = false;
+    DataLoader loader(data, loader_options(8));
+    DataLoader val(regression_data(16), loader_options(8));
+    Trainer(options).fit(module, loader, &val);
+    CHECK(module.validations == expected);  // 2: after batches 2, 4, 6; 4: after batch 4 only (6 % 4 != 0)
+  }
+  TrainerOptions options = quiet_options(root);
+  options.max_epochs = 1;
+  options.val_check_interval = 7;
+  options.logger = false;
+  Regression module(0.05);
+  DataLoader loader(data, loader_options(8));
+  DataLoader val(regression_data(16), loader_options(8));
+  CHECK_THROWS_WITH_AS(Trainer(options).fit(module, loader, &val), doctest::Contains("val_check_interval (7)"), Error);
+  fs::remove_all(root);
+}

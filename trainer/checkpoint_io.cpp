@@ -45,6 +45,7 @@ void save_trainer_checkpoint(const std::string& path, const nn::Module& model,
                          {"global_step", progress.global_step},
                          {"batch_in_epoch", progress.batch_in_epoch},
                          {"epoch_end_hooks_done", progress.epoch_end_hooks_done},
+                         {"validation_pending", progress.validation_pending},
                          {"loader", progress.loader_state},
                          {"metrics", progress.metrics},
                          {"callbacks", progress.callback_states},
@@ -118,6 +119,7 @@ TrainerCheckpointFile read_trainer_checkpoint(const std::string& path, const nn:
     out.progress.global_step = meta.at("global_step").get<int64_t>();
     out.progress.batch_in_epoch = meta.at("batch_in_epoch").get<int64_t>();
     out.progress.epoch_end_hooks_done = meta.value("epoch_end_hooks_done", false);
+    out.progress.validation_pending = meta.value("validation_pending", false);
     out.progress.loader_state = meta.at("loader");
     out.progress.metrics = meta.value("metrics", nlohmann::json());
     out.progress.callback_states = meta.at("callbacks").get<std::map<std::string, nlohmann::json>>();

@@ -30,6 +30,9 @@ struct TrainerCheckpoint {
   // The epoch's on_train_epoch_end hooks had run when it was written (a
   // checkpoint saved from them); its per-epoch schedules had not stepped yet.
   bool epoch_end_hooks_done = false;
+  // Written from on_train_batch_end of a batch after which a validation was
+  // due (it runs after that hook): a resumed run validates before its next batch.
+  bool validation_pending = false;
   nlohmann::json loader_state;
   // The Trainer's callback_metrics and the epoch's logged values so far (its own layout).
   nlohmann::json metrics;

@@ -531,6 +531,9 @@ void Trainer::train_epoch(TrainModule& module, DataLoader& train_loader, DataLoa
   int64_t val_every = train_batches_;
   if (options_.val_check_interval > 1.0) {
     val_every = static_cast<int64_t>(options_.val_check_interval);
+    KILN_CHECK(!validate_this_epoch || val_every <= train_batches_, "Trainer: val_check_interval (", val_every,
+               ") must be less than or equal to the number of the training batches (", train_batches_,
+               "). To disable validation set limit_val_batches to 0");
   } else {
     val_every = std::max<int64_t>(1, static_cast<int64_t>(std::round(options_.val_check_interval * train_batches_)));
   }
@@ -545,6 +548,20 @@ void Trainer::train_epoch(TrainModule& module, DataLoader& train_loader, DataLoa
     module.on_train_epoch_start();
   }
   module.model().train();
+  auto validate = [&] {
+    validation_pending_ = false;
+    call_callbacks("on_validation_start", [&](Callback& c) { c.on_validation_start(*this, module); });
+    evaluate(module, *val_loader, "validate", val_batches, true);
+    call_callbacks("on_validation_end", [&](Callback& c) { c.on_validation_end(*this, module); });
+    {
+      auto hook_scope = profiler_->profile(module_action("on_validation_epoch_end"));
+      module.on_validation_epoch_end();
+    }
+    module.model().train();
+  };
+  // Resumed from a checkpoint written between a batch and the validation due after it.
+  if (validation_pending_ && validate_this_epoch) validate();
+  validation_pending_ = false;
 
   while (batch_in_epoch_ < train_batches_) {
     if (options_.max_steps >= 0 && global_step_ >= options_.max_steps) {
@@ -602,23 +619,18 @@ void Trainer::train_epoch(TrainModule& module, DataLoader& train_loader, DataLoa
     // Every log_every_n_steps optimizer steps (manual optimization may take several per batch).
     const bool stepped = global_step_ != steps_before;
     if (stepped && global_step_ / log_every != steps_before / log_every) log_step_metrics(module);
+    // As Lightning's _should_check_val_fx: every val_every batches of the epoch,
+    // the last batch included when it is a multiple (always, for fractions).
+    const bool validation_due = validate_this_epoch && batch_in_epoch_ % val_every == 0;
+    validation_pending_ = validation_due;  // a checkpoint written by these hooks records it
     call_callbacks("on_train_batch_end", [&](Callback& c) { c.on_train_batch_end(*this, module, batch_idx); });
+    validation_pending_ = false;
     if (show_progress && (terminal || stepped)) {
       const bool refresh = terminal || batch_in_epoch_ % std::max<int64_t>(1, train_batches_ / 10) == 0 ||
                            batch_in_epoch_ == train_batches_;
       if (refresh && pending_progress_) print_progress(terminal, epoch_start);
     }
-    if (validate_this_epoch && batch_in_epoch_ % val_every == 0 &&
-        (batch_in_epoch_ < train_batches_ || options_.val_check_interval <= 1.0)) {
-      call_callbacks("on_validation_start", [&](Callback& c) { c.on_validation_start(*this, module); });
-      evaluate(module, *val_loader, "validate", val_batches, true);
-      call_callbacks("on_validation_end", [&](Callback& c) { c.on_validation_end(*this, module); });
-      {
-        auto hook_scope = profiler_->profile(module_action("on_validation_epoch_end"));
-        module.on_validation_epoch_end();
-      }
-      module.model().train();
-    }
+    if (validation_due) validate();
     if (agree_to_stop()) break;
   }
   if (terminal) std::fprintf(stderr, "\n");
@@ -922,6 +934,7 @@ void Trainer::save_checkpoint(const std::string& path) {
     checkpoint.global_step = global_step_;
     checkpoint.batch_in_epoch = batch_in_epoch_;
     checkpoint.epoch_end_hooks_done = epoch_end_hooks_done_;
+    checkpoint.validation_pending = validation_pending_;
     checkpoint.loader_state = train_loader_ ? train_loader_->state_dict() : nlohmann::json();
     checkpoint.metrics = std::move(metrics);
     for (auto& callback : options_.callbacks) checkpoint.callback_states[callback->name()] = callback->state_dict();
@@ -958,6 +971,7 @@ void Trainer::load_checkpoint(const TrainerCheckpointFile& file, TrainModule& mo
   global_step_ = checkpoint.global_step;
   batch_in_epoch_ = checkpoint.batch_in_epoch;
   epoch_end_hooks_done_ = checkpoint.epoch_end_hooks_done;
+  validation_pending_ = checkpoint.validation_pending;
   if (!checkpoint.metrics.is_null()) load_metrics_state(checkpoint.metrics, module);
   for (auto& callback : options_.callbacks) {
     auto it = checkpoint.callback_states.find(callback->name());

@@ -263,6 +263,9 @@ class Trainer {
   // schedules step next. Checkpoints keep it, so a run resumed from one written
   // at the epoch's end neither repeats those hooks nor skips the step.
   bool epoch_end_hooks_done_ = false;
+  // Set while on_train_batch_end runs for a batch after which a validation is
+  // due (saved in checkpoints); a resumed fit validates first (train_epoch).
+  bool validation_pending_ = false;
   bool fitting_ = false;
   int64_t train_batches_ = 0;
   bool is_last_batch_ = false;
