@@ -55,7 +55,11 @@ cuda::Stream stream_of(const Tensor& tensor) { return cuda::current_stream(tenso
 void check_cuda_indices(const char* op, int64_t dim, const Tensor& like) {
   if (!anomaly_mode_enabled()) return;
   const kernels::IndexError error = kernels::index_error_cuda(like.device().index, stream_of(like));
-  if (error.found) throw_index_error(op, dim, error);
+  // The device's slot holds the first bad index of any gather/scatter since it
+  // was last read, which may be an op that ran before anomaly mode was on.
+  KILN_CHECK(!error.found, op, ": index ", error.value, " is out of range for size ", error.size,
+             " (expected indices in [0, ", error.size, "); the first out-of-range index any CUDA gather/scatter on ",
+             like.device(), " recorded since the last check: this op (dim ", dim, ") or one before it)");
 }
 
 // Kernel arguments over index's shape; data, index and values have its rank.
