@@ -20,43 +20,14 @@
 #include <string>
 #include <vector>
 
+#include "bench/cpu_timing.h"
 #include "kernels/conv.h"
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-double process_cpu_seconds() {
-  timespec now;
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &now);
-  return static_cast<double>(now.tv_sec) + 1e-9 * static_cast<double>(now.tv_nsec);
-}
-
-struct Timing {
-  double wall, cpu;
-};
-Timing median_time(const std::function<void()>& fn, int repeats) {
-  fn();  // warm-up: thread-local workspaces, page faults
-  std::vector<double> walls, cpus;
-  for (int i = 0; i < repeats; ++i) {
-    const double cpu_start = process_cpu_seconds();
-    const auto start = Clock::now();
-    fn();
-    walls.push_back(std::chrono::duration<double>(Clock::now() - start).count());
-    cpus.push_back(process_cpu_seconds() - cpu_start);
-  }
-  std::sort(walls.begin(), walls.end());
-  std::sort(cpus.begin(), cpus.end());
-  return {walls[walls.size() / 2], cpus[cpus.size() / 2]};
-}
-
-std::vector<float> random_floats(size_t count, uint32_t seed) {
-  std::mt19937 engine(seed);
-  std::normal_distribution<float> normal;
-  std::vector<float> values(count);
-  for (float& v : values) v = normal(engine);
-  return values;
-}
+using kiln::bench::median_time;
+using kiln::bench::random_floats;
+using kiln::bench::Timing;
 
 struct Layer {
   const char* name;

@@ -313,15 +313,6 @@ TEST_CASE("Resume from a checkpoint written after a batch whose validation was d
     void on_validation_epoch_end() override { ++validations; }
     int validations = 0;
   };
-  struct SaveAtStep : Callback {
-    SaveAtStep(int64_t step, std::string path) : step(step), path(std::move(path)) {}
-    std::string name() const override { return "SaveAtStep"; }
-    void on_train_batch_end(Trainer& trainer, TrainModule&, int64_t) override {
-      if (trainer.global_step() == step) trainer.save_checkpoint(path);
-    }
-    int64_t step;
-    std::string path;
-  };
   fs::path root = fresh_folder("validation_pending");
   auto data = regression_data(32);
   auto val_data = regression_data(16);
@@ -338,7 +329,7 @@ TEST_CASE("Resume from a checkpoint written after a batch whose validation was d
     trainer.fit(module, loader, &val, ckpt_path);
     return std::make_pair(module.validations, trainer.callback_metrics().at("val_loss"));
   };
-  const auto [full_validations, full_val_loss] = run("", {std::make_shared<SaveAtStep>(2, checkpoint)});
+  const auto [full_validations, full_val_loss] = run("", {std::make_shared<testing::SaveCheckpointAtStep>(2, checkpoint)});
   CHECK(full_validations == 2);
   REQUIRE(fs::exists(checkpoint));
   manual_seed(999);

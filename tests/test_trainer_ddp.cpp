@@ -18,6 +18,7 @@
 #include "core/ops.h"
 #include "data/dataloader.h"
 #include "nn/layers.h"
+#include "tests/support/trainer_fixtures.h"
 #include "tests/test_distributed_util.h"
 #include "trainer/trainer.h"
 
@@ -127,17 +128,6 @@ struct StopOnRank : Callback {
   int rank;
 };
 
-// Writes a checkpoint (on every rank's call: under ddp a collective) once global_step reaches `step`.
-struct SaveAtStep : Callback {
-  SaveAtStep(int64_t step, std::string path) : step(step), path(std::move(path)) {}
-  std::string name() const override { return "SaveAtStep"; }
-  void on_train_batch_end(Trainer& trainer, TrainModule&, int64_t) override {
-    if (trainer.global_step() == step) trainer.save_checkpoint(path);
-  }
-  int64_t step;
-  std::string path;
-};
-
 TrainerOptions base_options(const std::string& root) {
   TrainerOptions options;
   options.accelerator = "cpu";
@@ -205,7 +195,7 @@ std::string train(const std::string& scenario, const Setting& setting, int world
     // writes one), then a new Trainer resumes from it.
     checkpoint = (fs::path(root) / "halfway.safetensors").string();
     TrainerOptions first = options;
-    first.callbacks = {std::make_shared<SaveAtStep>(setting.steps / 2, checkpoint)};
+    first.callbacks = {std::make_shared<testing::SaveCheckpointAtStep>(setting.steps / 2, checkpoint)};
     Mlp module;
     DataLoader loader(data, loading);
     DataLoader val(val_data, DataLoaderOptions{.batch_size = 4});

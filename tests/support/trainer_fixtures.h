@@ -1,11 +1,12 @@
-// Small fixtures shared by the trainer tests: scratch folders and a linear
-// regression data set with a known answer.
+// Small fixtures shared by the trainer tests: scratch folders, a linear
+// regression data set with a known answer, and a mid-epoch checkpoint writer.
 #pragma once
 
 #include <cstdint>
 #include <filesystem>
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "data/dataloader.h"
 #include "data/dataset.h"
@@ -26,5 +27,18 @@ TrainerOptions quiet_trainer_options(const std::filesystem::path& root);
 
 // Batches of `batch_size`, shuffled (or not) with a fixed seed.
 DataLoaderOptions seeded_loader_options(int64_t batch_size, bool shuffle = true);
+
+// Writes a checkpoint to `path` from on_train_batch_end once global_step
+// reaches `step`, as ModelCheckpoint's every_n_train_steps does (under ddp every
+// rank calls save_checkpoint: it is a collective).
+struct SaveCheckpointAtStep : Callback {
+  SaveCheckpointAtStep(int64_t step, std::string path) : step(step), path(std::move(path)) {}
+  std::string name() const override { return "SaveCheckpointAtStep"; }
+  void on_train_batch_end(Trainer& trainer, TrainModule&, int64_t) override {
+    if (trainer.global_step() == step) trainer.save_checkpoint(path);
+  }
+  int64_t step;
+  std::string path;
+};
 
 }  // namespace kiln::testing
