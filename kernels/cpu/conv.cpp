@@ -179,25 +179,6 @@ int64_t samples_per_gemm(const Conv2dParams& p) {
   return ceil_div(per_chunk, ceil_div(per_chunk, cap));  // equal blocks of at most `cap`
 }
 
-// The columns (K, count*P; rows `ld` = count*P apart) of samples
-// first..first+count of one group: im2col's, or the input planes themselves
-// for a pointwise convolution (returned in place when count is 1).
-template <typename T>
-const T* gather_columns(const Conv2dParams& p, const T* x, int64_t first, int64_t count, int64_t group, T* col) {
-  const int64_t Cg = p.in_channels / p.groups, HW = p.in_h * p.in_w, P = p.out_h * p.out_w, ld = count * P;
-  const bool pointwise = is_pointwise(p);
-  for (int64_t s = 0; s < count; ++s) {
-    const T* x_group = x + ((first + s) * p.in_channels + group * Cg) * HW;  // (Cg, H, W)
-    if (pointwise && count == 1) return x_group;
-    if (pointwise) {
-      for (int64_t c = 0; c < Cg; ++c) std::copy(x_group + c * P, x_group + (c + 1) * P, col + c * ld + s * P);
-    } else {
-      im2col(p, Cg, padded_planes(p, Cg, x_group), col + s * P, ld);
-    }
-  }
-  return col;
-}
-
 // Rows (rows, P) of `count` samples, `sample_stride` apart in `planes`, side by
 // side in `block` (rows, count*P): gathered into the block, or scattered back.
 template <typename T>
@@ -217,6 +198,24 @@ void scatter_sample_rows(int64_t rows, int64_t P, int64_t count, int64_t sample_
       std::copy(block_row, block_row + P, planes + s * sample_stride + r * P);
     }
   }
+}
+
+// The columns (K, count*P; rows `ld` = count*P apart) of samples
+// first..first+count of one group: im2col's, or the input planes themselves
+// for a pointwise convolution (returned in place when count is 1).
+template <typename T>
+const T* gather_columns(const Conv2dParams& p, const T* x, int64_t first, int64_t count, int64_t group, T* col) {
+  const int64_t Cg = p.in_channels / p.groups, HW = p.in_h * p.in_w, P = p.out_h * p.out_w, ld = count * P;
+  const T* x_first = x + (first * p.in_channels + group * Cg) * HW;  // the first sample's (Cg, H, W)
+  if (is_pointwise(p)) {
+    if (count == 1) return x_first;
+    gather_sample_rows(Cg, P, count, p.in_channels * HW, x_first, col);
+    return col;
+  }
+  for (int64_t s = 0; s < count; ++s) {
+    im2col(p, Cg, padded_planes(p, Cg, x_first + s * p.in_channels * HW), col + s * P, ld);
+  }
+  return col;
 }
 
 template <typename T>
