@@ -145,4 +145,13 @@ void clip_grad_value_(const std::vector<Tensor>& params, double clip_value) {
   for (const Tensor& g : grads) g.bump_version();
 }
 
+void clip_gradients(Optimizer& optimizer, double clip_val, const std::string& algorithm) {
+  if (clip_val == 0) return;
+  if (algorithm == "norm") {
+    optimizer.clip_grad_norm_(clip_val);
+  } else {
+    clip_grad_value_(optimizer.params_with_grad(), clip_val);
+  }
+}
+
 }  // namespace kiln::optim

@@ -9,6 +9,7 @@
 // acts on unscaled gradients (as in PyTorch's AMP recipe).
 #pragma once
 
+#include <string>
 #include <vector>
 
 #include "core/tensor.h"
@@ -32,5 +33,11 @@ ClipGradNormResult grad_norm(const std::vector<Tensor>& params, double max_norm,
 
 // Clamps every gradient into [-clip_value, clip_value] in place (NaN stays NaN).
 void clip_grad_value_(const std::vector<Tensor>& params, double clip_value);
+
+// Lightning's gradient_clip_val / gradient_clip_algorithm on `optimizer`'s
+// gradients: "norm" through optimizer.clip_grad_norm_ (applied by its next
+// step(), on the device), "value" through clip_grad_value_ now. A clip_val of
+// 0 does nothing. The caller checks the algorithm's name.
+void clip_gradients(Optimizer& optimizer, double clip_val, const std::string& algorithm);
 
 }  // namespace kiln::optim

@@ -135,13 +135,7 @@ Tensor FinderLoop::step() {
     const bool last_batch = batch_in_epoch_ == batches_per_epoch_;
     if ((batch_idx + 1) % accumulate != 0 && !last_batch) continue;
     if (scaler_) scaler_->unscale_(optimizer_);
-    if (settings_.gradient_clip_val > 0) {
-      if (settings_.gradient_clip_algorithm == "norm") {
-        optimizer_.clip_grad_norm_(settings_.gradient_clip_val);
-      } else {
-        optim::clip_grad_value_(optimizer_.params_with_grad(), settings_.gradient_clip_val);
-      }
-    }
+    optim::clip_gradients(optimizer_, settings_.gradient_clip_val, settings_.gradient_clip_algorithm);
     if (scaler_) {
       scaler_->step(optimizer_);  // skipped on the device when the gradients hold inf/NaN
       scaler_->update();

@@ -117,11 +117,7 @@ void TrainModule::clip_gradients(const OptimizerHandle& optimizer, double gradie
   if (gradient_clip_val == 0) return;
   optim::Optimizer& target = optimizer.optimizer();
   trainer.unscale_gradients(target);  // "16-mixed": clip the true gradients, not the scaled ones
-  if (gradient_clip_algorithm == "norm") {
-    target.clip_grad_norm_(gradient_clip_val);  // applied by its next step(), on the device
-  } else {
-    optim::clip_grad_value_(target.params_with_grad(), gradient_clip_val);
-  }
+  optim::clip_gradients(target, gradient_clip_val, gradient_clip_algorithm);
 }
 
 // ---------------------------------------------------------------- OptimizerHandle

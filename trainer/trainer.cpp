@@ -364,13 +364,7 @@ void Trainer::optimizer_step(TrainModule& module) {
   {
     // Unlike Lightning's, whose closure runs training_step and backward inside optimizer_step.
     auto step_scope = profiler_->profile(module_action("optimizer_step"));
-    if (options_.gradient_clip_val > 0) {
-      if (options_.gradient_clip_algorithm == "norm") {
-        optimizer.clip_grad_norm_(options_.gradient_clip_val);  // applied by step(), on the device
-      } else {
-        optim::clip_grad_value_(optimizer.params_with_grad(), options_.gradient_clip_val);
-      }
-    }
+    optim::clip_gradients(optimizer, options_.gradient_clip_val, options_.gradient_clip_algorithm);
     step_optimizer(optimizer);
   }
   {
