@@ -150,17 +150,13 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"norm", "value"}));
   app.add_option("--precision", trainer_options.precision, "32-true, 64-true, bf16-true, bf16-mixed, 16-mixed")
       ->capture_default_str();
-  app.add_option("--val-check-interval", trainer_options.val_check_interval,
-                 "Validate every fraction of an epoch (<= 1) or every N batches")
-      ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+  examples::add_batches_or_fraction_flag(app, "--val-check-interval", trainer_options.val_check_interval,
+                                         "Validate every N batches (4) or every fraction of an epoch (0.25)");
   app.add_option("--check-val-every-n-epoch", trainer_options.check_val_every_n_epoch, "Validate every N epochs")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
-  app.add_option("--limit-val-batches", trainer_options.limit_val_batches,
-                 "Fraction (<= 1) or number of validation batches")
-      ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+  examples::add_batches_or_fraction_flag(app, "--limit-val-batches", trainer_options.limit_val_batches,
+                                         "Validation batches: a number (4) or a fraction (0.25)");
   app.add_option("--fast-dev-run", trainer_options.fast_dev_run, "Run N batches of train/val/test as a smoke test")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);

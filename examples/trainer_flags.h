@@ -7,6 +7,7 @@
 #include <CLI/CLI.hpp>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "trainer/trainer.h"
@@ -37,6 +38,25 @@ struct TrainerFlagHandles {
   CLI::Option* log_every_n_steps = nullptr;
 };
 
+// A Lightning int-or-float flag bound to `target` (trainer/batches_or_fraction.h):
+// "4" is four batches, "0.25" a quarter of an epoch, "1.0" the whole epoch.
+// A value that is neither, or out of range, is refused at parse time.
+inline CLI::Option* add_batches_or_fraction_flag(CLI::App& app, const std::string& name, BatchesOrFraction& target,
+                                                 const std::string& description) {
+  auto check = [](std::string& text) -> std::string {
+    const std::optional<BatchesOrFraction> parsed = BatchesOrFraction::try_parse(text);
+    if (!parsed) return "expected a number of batches (like 4) or a fraction of an epoch (like 0.25), got '" + text + "'";
+    return parsed->problem();
+  };
+  return app
+      .add_option_function<std::string>(
+          name, [&target, name](const std::string& text) { target = BatchesOrFraction::parse(text, name); },
+          description)
+      ->type_name("INT|FLOAT")
+      ->default_str(target.to_string())
+      ->check(CLI::Validator(check, ""));
+}
+
 // Adds --max-epochs, --max-steps, --limit-train-batches, --accelerator,
 // --devices, --strategy, --num-nodes, --seed, --default-root-dir,
 // --ckpt-path, --log-every-n-steps and --enable-progress-bar, in that order,
@@ -47,10 +67,8 @@ inline TrainerFlagHandles add_trainer_flags(CLI::App& app, TrainerFlags& flags) 
   app.add_option("--max-epochs", options.max_epochs, "Stop after this many epochs")->capture_default_str();
   app.add_option("--max-steps", options.max_steps, "Stop after this many optimizer steps (-1: no limit)")
       ->capture_default_str();
-  app.add_option("--limit-train-batches", options.limit_train_batches,
-                 "Fraction (<= 1) or number of training batches per epoch")
-      ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+  add_batches_or_fraction_flag(app, "--limit-train-batches", options.limit_train_batches,
+                               "Training batches per epoch: a number (4) or a fraction (0.25)");
   app.add_option("--accelerator", options.accelerator, "cpu, gpu or auto")
       ->capture_default_str()
       ->check(CLI::IsMember({"cpu", "gpu", "cuda", "auto"}));

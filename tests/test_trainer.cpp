@@ -452,6 +452,39 @@ TEST_CASE("Trainer: values logged by on_fit_start callbacks stay out of the firs
   fs::remove_all(root);
 }
 
+TEST_CASE("Trainer: 1 means one batch and 1.0 the whole epoch, as Lightning's int and float") {
+  fs::path root = fresh_folder("int_or_float");
+  struct Counting : Regression {
+    using Regression::Regression;
+    void on_validation_epoch_end() override { ++validations; }
+    int validations = 0;
+  };
+  auto run = [&](BatchesOrFraction val_check_interval, BatchesOrFraction limit_train_batches, int64_t batches) {
+    Counting module(0.05);
+    TrainerOptions options = quiet_options(root);
+    options.max_epochs = 1;
+    options.num_sanity_val_steps = 0;
+    options.logger = false;
+    options.val_check_interval = val_check_interval;
+    options.limit_train_batches = limit_train_batches;
+    DataLoader loader(regression_data(8 * batches), loader_options(8));
+    DataLoader val(regression_data(16), loader_options(8));
+    Trainer(options).fit(module, loader, &val);
+    return std::make_pair(module.training_steps, module.validations);
+  };
+  CHECK(run(1, 1.0, 6) == std::make_pair(6, 6));    // validation after every batch
+  CHECK(run(1.0, 1.0, 6) == std::make_pair(6, 1));  // once, at the epoch's end
+  CHECK(run(1.0, 1, 6) == std::make_pair(1, 1));    // one training batch
+  CHECK(run(1.0, 0.5, 6) == std::make_pair(3, 1));
+  // A fraction of the epoch's batches is rounded down as Lightning's int(10 * 0.25) = 2:
+  // validations after batches 2, 4, 6, 8 and 10.
+  CHECK(run(0.25, 1.0, 10) == std::make_pair(10, 5));
+  // A fraction that leaves no batch is refused, saying which would give one.
+  CHECK_THROWS_WITH_AS(run(1.0, 0.1, 6), doctest::Contains("try at least limit_train_batches=0.16"), Error);
+  CHECK_THROWS_WITH_AS(run(2.5, 1.0, 6), doctest::Contains("val_check_interval: invalid value 2.5"), Error);
+  fs::remove_all(root);
+}
+
 TEST_CASE("Trainer: an integer val_check_interval validates every N batches, the epoch's last included when a multiple") {
   auto data = regression_data(48);  // 6 batches of 8
   fs::path root = fresh_folder("val_every_n");

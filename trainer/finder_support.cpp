@@ -69,10 +69,7 @@ StepSettings step_settings(const Trainer& trainer) {
 }
 
 int64_t limited_train_batches(const Trainer& trainer, const DataLoader& loader) {
-  const double limit = trainer.options().limit_train_batches;
-  const int64_t available = loader.size();
-  if (limit > 1.0) return std::min<int64_t>(static_cast<int64_t>(limit), available);
-  return static_cast<int64_t>(std::floor(limit * static_cast<double>(available)));
+  return trainer.options().limit_train_batches.of(loader.size(), "limit_train_batches");
 }
 
 FinderLoop::FinderLoop(TrainModule& module, optim::Optimizer& optimizer, DataLoader& loader, int64_t batches_per_epoch,

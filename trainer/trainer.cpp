@@ -92,12 +92,15 @@ Trainer::Trainer(TrainerOptions options)
   KILN_CHECK(o.gradient_clip_val >= 0, "Trainer: gradient_clip_val must be >= 0, got ", o.gradient_clip_val);
   KILN_CHECK(o.gradient_clip_algorithm == "norm" || o.gradient_clip_algorithm == "value",
              "Trainer: gradient_clip_algorithm must be \"norm\" or \"value\", got '", o.gradient_clip_algorithm, "'");
-  KILN_CHECK(o.val_check_interval > 0, "Trainer: val_check_interval must be positive, got ", o.val_check_interval);
+  o.val_check_interval.check("val_check_interval");
+  KILN_CHECK(o.val_check_interval.positive(), "Trainer: val_check_interval must be positive, got ",
+             o.val_check_interval.to_string());
   KILN_CHECK(o.check_val_every_n_epoch >= 1, "Trainer: check_val_every_n_epoch must be >= 1");
   KILN_CHECK(o.log_every_n_steps >= 1, "Trainer: log_every_n_steps must be >= 1");
-  KILN_CHECK(o.limit_train_batches >= 0 && o.limit_val_batches >= 0 && o.limit_test_batches >= 0,
-             "Trainer: limit_*_batches must be >= 0");
-  KILN_CHECK(o.overfit_batches >= 0, "Trainer: overfit_batches must be >= 0, got ", o.overfit_batches);
+  o.limit_train_batches.check("limit_train_batches");
+  o.limit_val_batches.check("limit_val_batches");
+  o.limit_test_batches.check("limit_test_batches");
+  o.overfit_batches.check("overfit_batches");
   for (const auto& [epoch, k] : o.accumulation_schedule) {
     KILN_CHECK(epoch >= 0 && k >= 1, "Trainer: accumulation_schedule: invalid entry {", epoch, ": ", k, "}");
   }
@@ -190,17 +193,16 @@ void Trainer::share_log_dir() {
   log_dir_ = strategy_.broadcast_string(dir);
 }
 
-int64_t Trainer::limit(double value, int64_t available) const {
+int64_t Trainer::limit(const BatchesOrFraction& value, int64_t available, std::string_view name) const {
   if (options_.fast_dev_run > 0) return std::min<int64_t>(options_.fast_dev_run, available);
-  if (value > 1.0) return std::min<int64_t>(static_cast<int64_t>(value), available);
-  return static_cast<int64_t>(std::floor(value * static_cast<double>(available)));
+  return value.of(available, name);
 }
 
 int64_t Trainer::train_limit(int64_t available) const {
-  const double overfit = options_.overfit_batches;
-  if (overfit <= 0 || options_.fast_dev_run > 0) return limit(options_.limit_train_batches, available);
-  if (overfit >= 1) return std::min<int64_t>(static_cast<int64_t>(std::llround(overfit)), available);
-  return std::min<int64_t>(available, std::max<int64_t>(1, static_cast<int64_t>(overfit * available)));
+  if (options_.overfit_batches.positive() && options_.fast_dev_run == 0) {
+    return limit(options_.overfit_batches, available, "overfit_batches");
+  }
+  return limit(options_.limit_train_batches, available, "limit_train_batches");
 }
 
 int64_t Trainer::accumulation_for_epoch(int64_t epoch) const {
@@ -213,7 +215,7 @@ int64_t Trainer::accumulation_for_epoch(int64_t epoch) const {
 
 int64_t Trainer::estimated_stepping_batches(const DataLoader& train_loader) const {
   int64_t available = train_loader.size();
-  if (strategy_.distributed() && (train_loader.options().sampler == nullptr || options_.overfit_batches > 0)) {
+  if (strategy_.distributed() && (train_loader.options().sampler == nullptr || options_.overfit_batches.positive())) {
     // The batches of this rank's DistributedSampler share (fit inserts one).
     const int64_t world = strategy_.world_size(), batch = train_loader.options().batch_size;
     const int64_t samples = (train_loader.dataset().size() + world - 1) / world;
@@ -516,20 +518,24 @@ void Trainer::train_epoch(TrainModule& module, DataLoader& train_loader, DataLoa
   const int64_t accumulate = manual_ ? 1 : accumulation_for_epoch(epoch_);
   int64_t val_batches = 0;
   if (val_loader) {
-    val_batches = options_.overfit_batches > 0 ? train_limit(val_loader->size())
-                                               : limit(options_.limit_val_batches, val_loader->size());
+    val_batches = options_.overfit_batches.positive()
+                      ? train_limit(val_loader->size())
+                      : limit(options_.limit_val_batches, val_loader->size(), "limit_val_batches");
   }
   // As Lightning: limit_val_batches=0 turns validation (and its callbacks) off.
   const bool validate_this_epoch =
       val_batches > 0 && (epoch_ + 1) % options_.check_val_every_n_epoch == 0;
-  int64_t val_every = train_batches_;
-  if (options_.val_check_interval > 1.0) {
-    val_every = static_cast<int64_t>(options_.val_check_interval);
+  // As Lightning's val_check_batch: a count as given, a fraction of the
+  // epoch's batches rounded down (at least 1).
+  int64_t val_every = 0;
+  if (options_.val_check_interval.is_count()) {
+    val_every = static_cast<int64_t>(options_.val_check_interval.value());
     KILN_CHECK(!validate_this_epoch || val_every <= train_batches_, "Trainer: val_check_interval (", val_every,
                ") must be less than or equal to the number of the training batches (", train_batches_,
                "). To disable validation set limit_val_batches to 0");
   } else {
-    val_every = std::max<int64_t>(1, static_cast<int64_t>(std::round(options_.val_check_interval * train_batches_)));
+    val_every = std::max<int64_t>(
+        1, static_cast<int64_t>(options_.val_check_interval.value() * static_cast<double>(train_batches_)));
   }
   const bool show_progress = options_.enable_progress_bar && is_global_zero();
   const bool terminal = show_progress && ::isatty(STDERR_FILENO);
@@ -675,7 +681,7 @@ void Trainer::set_train_batch_size(int64_t batch_size) {
              "Trainer::set_train_batch_size: only during fit (from a callback's on_fit_start or on_load_checkpoint)");
   train_loader_->set_batch_size(batch_size);  // refuses inside an epoch
   // Overfitting validates on the very batches it trains on.
-  if (options_.overfit_batches > 0 && fit_val_loader_) fit_val_loader_->set_batch_size(batch_size);
+  if (options_.overfit_batches.positive() && fit_val_loader_) fit_val_loader_->set_batch_size(batch_size);
   train_batches_ = train_limit(train_loader_->size());
 }
 
@@ -706,7 +712,7 @@ void Trainer::fit(TrainModule& module, DataLoader& train_loader, DataLoader* val
   // so those may go without a gradient in a step.
   strategy_.wrap_model(module.model(), /*find_unused_parameters=*/manual_);
   configure_optimizers(module);
-  const bool overfit = options_.overfit_batches > 0;
+  const bool overfit = options_.overfit_batches.positive();
   DataLoader& train = prepare_loader(train_loader, overfit, fit_train_loader_);
   DataLoader* val = nullptr;
   if (val_loader != nullptr) {
@@ -766,7 +772,7 @@ void Trainer::fit(TrainModule& module, DataLoader& train_loader, DataLoader* val
     }
   }
   const int64_t sanity_batches =
-      val ? std::min(options_.num_sanity_val_steps, limit(options_.limit_val_batches, val->size())) : 0;
+      val ? std::min(options_.num_sanity_val_steps, limit(options_.limit_val_batches, val->size(), "limit_val_batches")) : 0;
   if (sanity_batches > 0 && ckpt_path.empty() && options_.fast_dev_run == 0) {
     evaluate(module, *val, "validate", sanity_batches, false);
     callback_metrics_.clear();
@@ -816,7 +822,7 @@ std::map<std::string, double> Trainer::validate(TrainModule& module, DataLoader&
   ProfilerStage profiled(*profiler_, "validate", log_dir_.empty() ? options_.default_root_dir : log_dir_);
   call_callbacks("on_validation_start", [&](Callback& c) { c.on_validation_start(*this, module); });
   std::map<std::string, double> metrics =
-      evaluate(module, eval, "validate", limit(options_.limit_val_batches, eval.size()), true);
+      evaluate(module, eval, "validate", limit(options_.limit_val_batches, eval.size(), "limit_val_batches"), true);
   call_callbacks("on_validation_end", [&](Callback& c) { c.on_validation_end(*this, module); });
   profiled.finish(/*report=*/is_global_zero());
   return metrics;
@@ -829,7 +835,7 @@ std::map<std::string, double> Trainer::test(TrainModule& module, DataLoader& loa
   ProfilerStage profiled(*profiler_, "test", log_dir_.empty() ? options_.default_root_dir : log_dir_);
   call_callbacks("on_test_start", [&](Callback& c) { c.on_test_start(*this, module); });
   std::map<std::string, double> metrics =
-      evaluate(module, eval, "test", limit(options_.limit_test_batches, eval.size()), true);
+      evaluate(module, eval, "test", limit(options_.limit_test_batches, eval.size(), "limit_test_batches"), true);
   call_callbacks("on_test_end", [&](Callback& c) { c.on_test_end(*this, module); });
   profiled.finish(/*report=*/is_global_zero());
   return metrics;

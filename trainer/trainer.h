@@ -17,6 +17,7 @@
 #include "core/autocast.h"
 #include "data/dataloader.h"
 #include "optim/grad_scaler.h"
+#include "trainer/batches_or_fraction.h"
 #include "trainer/callbacks.h"
 #include "trainer/checkpoint_io.h"
 #include "trainer/csv_logger.h"
@@ -43,18 +44,21 @@ struct TrainerOptions {
   // parameters and run the steps under autocast (core/autocast.h);
   // "16-mixed" adds a GradScaler.
   std::string precision = "32-true";
-  double val_check_interval = 1.0;  // <= 1: fraction of an epoch; > 1: every that many batches
+  // Integers are numbers of batches, floating-point values fractions of an
+  // epoch, as Lightning's int/float (batches_or_fraction.h): 1 validates
+  // after every batch, 1.0 once per epoch.
+  BatchesOrFraction val_check_interval = 1.0;
   int64_t check_val_every_n_epoch = 1;
-  double limit_train_batches = 1.0;  // <= 1: fraction; > 1: number of batches
-  double limit_val_batches = 1.0;
-  double limit_test_batches = 1.0;
+  BatchesOrFraction limit_train_batches = 1.0;  // 1.0: the whole epoch; 1: one batch
+  BatchesOrFraction limit_val_batches = 1.0;
+  BatchesOrFraction limit_test_batches = 1.0;
   int64_t num_sanity_val_steps = 2;
   int64_t log_every_n_steps = 50;
   int64_t fast_dev_run = 0;  // n > 0: n batches of train, val and test, no checkpoints or logs
   // > 0: train on the first batches only, the same ones every epoch (no
-  // shuffling), and validate on those same training batches. < 1: a fraction
-  // of the batches; >= 1: that many batches (so 1 is one batch, unlike limit_*).
-  double overfit_batches = 0;
+  // shuffling), and validate on those same training batches; a number of
+  // batches or a fraction, as limit_*.
+  BatchesOrFraction overfit_batches = 0.0;
   bool deterministic = false;
   bool benchmark = false;
   std::string accelerator = "auto";  // "cpu", "gpu", "auto"
@@ -212,7 +216,7 @@ class Trainer {
   // Agrees the stop decisions of all ranks; returns whether the epoch must end now.
   bool agree_to_stop();
   Batch to_device(const Batch& batch) const;
-  int64_t limit(double value, int64_t available) const;
+  int64_t limit(const BatchesOrFraction& value, int64_t available, std::string_view name) const;
   int64_t train_limit(int64_t available) const;
   int64_t accumulation_for_epoch(int64_t epoch) const;
   void log_step_metrics(TrainModule& module);
