@@ -281,6 +281,21 @@ TEST_CASE("allocator: without a GPU the CUDA allocator and runtime fail clearly"
   CHECK_THROWS_AS(allocate_pinned(16), Error);
   CHECK_THROWS_AS(empty({2}, {.pinned = true}), Error);
   CHECK_NOTHROW((void)cuda::sync_counters());
+  CHECK_THROWS_WITH_AS(cuda::DeviceGuard(0, "test guard"), Contains("test guard"), Error);
+}
+
+TEST_CASE("allocator: DeviceGuard switches to a device and back, and refuses a missing one [gpu]") {
+  KILN_REQUIRE_GPU();
+  const int count = cuda::device_count();
+  CHECK_THROWS_WITH_AS(cuda::DeviceGuard(count, "test guard"), Contains("does not exist"), Error);
+  const int before = cuda::current_device();
+  for (int device = 0; device < count; ++device) {
+    {
+      cuda::DeviceGuard guard(device, "test guard");
+      CHECK(cuda::current_device() == device);
+    }
+    CHECK(cuda::current_device() == before);
+  }
 }
 
 TEST_CASE("allocator: the CUDA caching allocator reuses memory and keeps statistics [gpu]") {

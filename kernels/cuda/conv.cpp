@@ -60,13 +60,11 @@ class HandlePool {
         return handle;
       }
     }
-    int previous = 0;
-    KILN_CUDA_CHECK(cudaGetDevice(&previous));
-    if (previous != device) KILN_CUDA_CHECK(cudaSetDevice(device));
     cudnnHandle_t handle = nullptr;
-    const cudnnStatus_t status = cudnnCreate(&handle);
-    if (previous != device) KILN_CUDA_CHECK(cudaSetDevice(previous));
-    KILN_CUDNN_CHECK(status);
+    {
+      cuda::DeviceGuard guard(device, "cudnnCreate");  // the handle belongs to the current device
+      KILN_CUDNN_CHECK(cudnnCreate(&handle));
+    }
     return handle;
   }
   void release(int device, cudnnHandle_t handle) {

@@ -356,12 +356,11 @@ void index_add_sorted_cuda(const IndexAddArgs& args, void* workspace, size_t wor
 }
 
 IndexError index_error_cuda(int device, cuda::Stream stream) {
-  const int previous = cuda::current_device();
-  if (previous != device) cuda::set_device(device);
   void* slot = nullptr;
-  const cudaError_t status = cudaGetSymbolAddress(&slot, g_index_error);
-  if (previous != device) cuda::set_device(previous);
-  KILN_CUDA_CHECK(status);
+  {
+    cuda::DeviceGuard guard(device, "index_error_cuda");  // a __device__ symbol has one address per device
+    KILN_CUDA_CHECK(cudaGetSymbolAddress(&slot, g_index_error));
+  }
   DeviceIndexError host{};
   cuda::memcpy_async(&host, slot, sizeof(host), cuda::CopyKind::device_to_host, stream);
   cuda::stream_synchronize(stream);

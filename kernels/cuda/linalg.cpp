@@ -32,23 +32,6 @@ namespace kiln::kernels {
 
 namespace {
 
-class DeviceGuard {
- public:
-  explicit DeviceGuard(int device) {
-    KILN_CUDA_CHECK(cudaGetDevice(&previous_));
-    if (previous_ != device) KILN_CUDA_CHECK(cudaSetDevice(device));
-    device_ = device;
-  }
-  ~DeviceGuard() {
-    if (previous_ != device_ && cudaSetDevice(previous_) != cudaSuccess) (void)cudaGetLastError();
-  }
-  DeviceGuard(const DeviceGuard&) = delete;
-  DeviceGuard& operator=(const DeviceGuard&) = delete;
-
- private:
-  int previous_ = 0, device_ = 0;
-};
-
 cublasLtHandle_t lt_handle(int device) {
   static std::mutex mutex;
   static auto* handles = new std::vector<cublasLtHandle_t>();  // never destroyed, see above
@@ -251,7 +234,7 @@ void gemm_cuda(const GemmProblem& p, bool allow_tf32, void* workspace, size_t wo
   KILN_ASSERT(!p.c.transposed, "gemm_cuda: C must not be transposed");
   if (p.batch == 0 || p.m == 0 || p.n == 0) return;
   KILN_CHECK(p.batch <= INT32_MAX, "matmul on CUDA: batch ", p.batch, " exceeds cuBLASLt's limit of ", INT32_MAX);
-  DeviceGuard guard(device);
+  cuda::DeviceGuard guard(device, "cuBLAS");
   if (p.k == 0) {  // cuBLASLt rejects k = 0: C is the bias, or 0 (read from a zeroed workspace element)
     if (p.bias != nullptr) {
       broadcast_into_c(p, p.bias, 1, stream);

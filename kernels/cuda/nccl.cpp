@@ -42,24 +42,6 @@ ncclRedOp_t nccl_op(RedOp op) {
   KILN_THROW("nccl: unknown reduction");
 }
 
-// Makes `device` current for the scope (NCCL enqueues on the current device).
-class DeviceGuard {
- public:
-  explicit DeviceGuard(int device) {
-    KILN_CUDA_CHECK(cudaGetDevice(&previous_));
-    if (previous_ != device) KILN_CUDA_CHECK(cudaSetDevice(device));
-    device_ = device;
-  }
-  ~DeviceGuard() {
-    if (previous_ != device_) cudaSetDevice(previous_);
-  }
-  DeviceGuard(const DeviceGuard&) = delete;
-  DeviceGuard& operator=(const DeviceGuard&) = delete;
-
- private:
-  int previous_ = 0, device_ = 0;
-};
-
 int comm_device(ncclComm_t comm) {
   int device = 0;
   KILN_NCCL_CHECK(ncclCommCuDevice(comm, &device));
@@ -108,7 +90,7 @@ UniqueId get_unique_id() {
 }
 
 Comm comm_init_rank(const UniqueId& id, int nranks, int rank, int device, int64_t timeout_ms) {
-  DeviceGuard guard(device);
+  cuda::DeviceGuard guard(device, "nccl");
   ncclUniqueId nccl_id;
   std::memcpy(nccl_id.internal, id.bytes, sizeof(id.bytes));
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
@@ -156,7 +138,7 @@ std::string comm_async_error(Comm comm) {
 void all_reduce(const void* send, void* recv, size_t count, DType dtype, RedOp op, Comm comm, cuda::Stream stream,
                 int64_t timeout_ms) {
   ncclComm_t c = as_comm(comm);
-  DeviceGuard guard(comm_device(c));
+  cuda::DeviceGuard guard(comm_device(c), "nccl");
   finish_call(ncclAllReduce(send, recv, count, nccl_dtype(dtype), nccl_op(op), c, static_cast<cudaStream_t>(stream)),
               c, "all_reduce", timeout_ms);
 }
@@ -164,7 +146,7 @@ void all_reduce(const void* send, void* recv, size_t count, DType dtype, RedOp o
 void broadcast(const void* send, void* recv, size_t count, DType dtype, int root, Comm comm, cuda::Stream stream,
                int64_t timeout_ms) {
   ncclComm_t c = as_comm(comm);
-  DeviceGuard guard(comm_device(c));
+  cuda::DeviceGuard guard(comm_device(c), "nccl");
   finish_call(ncclBroadcast(send, recv, count, nccl_dtype(dtype), root, c, static_cast<cudaStream_t>(stream)), c,
               "broadcast", timeout_ms);
 }
@@ -172,7 +154,7 @@ void broadcast(const void* send, void* recv, size_t count, DType dtype, int root
 void all_gather(const void* send, void* recv, size_t send_count, DType dtype, Comm comm, cuda::Stream stream,
                 int64_t timeout_ms) {
   ncclComm_t c = as_comm(comm);
-  DeviceGuard guard(comm_device(c));
+  cuda::DeviceGuard guard(comm_device(c), "nccl");
   finish_call(ncclAllGather(send, recv, send_count, nccl_dtype(dtype), c, static_cast<cudaStream_t>(stream)), c,
               "all_gather", timeout_ms);
 }
@@ -180,7 +162,7 @@ void all_gather(const void* send, void* recv, size_t send_count, DType dtype, Co
 void reduce_scatter(const void* send, void* recv, size_t recv_count, DType dtype, RedOp op, Comm comm,
                     cuda::Stream stream, int64_t timeout_ms) {
   ncclComm_t c = as_comm(comm);
-  DeviceGuard guard(comm_device(c));
+  cuda::DeviceGuard guard(comm_device(c), "nccl");
   finish_call(ncclReduceScatter(send, recv, recv_count, nccl_dtype(dtype), nccl_op(op), c,
                                 static_cast<cudaStream_t>(stream)),
               c, "reduce_scatter", timeout_ms);

@@ -33,28 +33,6 @@ void check_device(int device, const char* what) {
              " does not exist (", count, " CUDA device", count == 1 ? "" : "s", " visible)");
 }
 
-// Makes `device` current for the guard's lifetime (no call when it already is).
-class DeviceGuard {
- public:
-  DeviceGuard(int device, const char* what) {
-    check_device(device, what);
-    KILN_CUDA_CHECK(cudaGetDevice(&previous_));
-    if (previous_ != device) KILN_CUDA_CHECK(cudaSetDevice(device));
-    device_ = device;
-  }
-  ~DeviceGuard() {
-    // A destructor must not throw; failing to switch back leaves the device
-    // current, which the next kiln call sets explicitly anyway.
-    if (previous_ != device_ && cudaSetDevice(previous_) != cudaSuccess) (void)cudaGetLastError();
-  }
-  DeviceGuard(const DeviceGuard&) = delete;
-  DeviceGuard& operator=(const DeviceGuard&) = delete;
-
- private:
-  int previous_ = 0;
-  int device_ = 0;
-};
-
 // The default stream of each device: one non-blocking stream created on first
 // use and kept for the life of the process (destroying it at exit could run
 // after the driver has shut down).
@@ -108,6 +86,19 @@ cudaStream_t as_stream(Stream stream) { return static_cast<cudaStream_t>(stream)
 cudaEvent_t as_event(Event event) { return static_cast<cudaEvent_t>(event); }
 
 }  // namespace
+
+DeviceGuard::DeviceGuard(int device, const char* what) {
+  check_device(device, what);
+  KILN_CUDA_CHECK(cudaGetDevice(&previous_));
+  if (previous_ != device) KILN_CUDA_CHECK(cudaSetDevice(device));
+  device_ = device;
+}
+
+DeviceGuard::~DeviceGuard() {
+  // A destructor must not throw; failing to switch back leaves the device
+  // current, which the next kiln call sets explicitly anyway.
+  if (previous_ != device_ && cudaSetDevice(previous_) != cudaSuccess) (void)cudaGetLastError();
+}
 
 int device_count() {
   static const int count = [] {

@@ -20,6 +20,21 @@ bool compiled_with_cuda();
 void set_device(int device);
 int current_device();
 
+// Makes `device` current for the guard's lifetime and restores the caller's
+// device afterwards (no CUDA call when it already is current). Throws
+// kiln::Error naming `what` when the device does not exist.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device, const char* what = "DeviceGuard");
+  ~DeviceGuard();
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int previous_ = 0;
+  int device_ = 0;
+};
+
 // Raw device memory. raw_malloc returns nullptr when the device is out of memory
 // (the caching allocator then frees its cache and retries); other failures throw.
 void* raw_malloc(size_t bytes, int device);

@@ -16,6 +16,8 @@ int device_count() { return 0; }
 bool compiled_with_cuda() { return false; }
 void set_device(int) { no_cuda("set_device"); }
 int current_device() { return 0; }
+DeviceGuard::DeviceGuard(int, const char* what) { no_cuda(what); }
+DeviceGuard::~DeviceGuard() = default;
 void* raw_malloc(size_t, int) { no_cuda("cudaMalloc"); }
 void raw_free(void*, int) { no_cuda("cudaFree"); }
 size_t device_total_memory(int) { no_cuda("device_total_memory"); }
