@@ -59,7 +59,7 @@ inline CLI::Option* add_batches_or_fraction_flag(CLI::App& app, const std::strin
 
 // Adds --max-epochs, --max-steps, --limit-train-batches, --accelerator,
 // --devices, --strategy, --num-nodes, --seed, --default-root-dir,
-// --ckpt-path, --log-every-n-steps and --enable-progress-bar, in that order,
+// --ckpt-path, --log-every-n-steps, --enable-progress-bar and --profiler, in that order,
 // bound to `flags` (which must outlive app.parse).
 inline TrainerFlagHandles add_trainer_flags(CLI::App& app, TrainerFlags& flags) {
   TrainerOptions& options = flags.trainer;
@@ -87,6 +87,9 @@ inline TrainerFlagHandles add_trainer_flags(CLI::App& app, TrainerFlags& flags) 
           ->check(CLI::PositiveNumber);
   app.add_option("--enable-progress-bar", options.enable_progress_bar, "Show a progress bar (true/false)")
       ->capture_default_str();
+  app.add_option("--profiler", options.profiler,
+                 "simple (time per Trainer action) or pytorch (time per op); the report prints when a stage ends")
+      ->check(CLI::IsMember({"", "simple", "pytorch"}));
   return handles;
 }
 

@@ -54,6 +54,7 @@ TEST_CASE("train_fashion refuses bad flags with a one-line reason and touches no
   check_refused("--model vgg", "unknown model");
   check_refused("--val-check-interval 2.5", "[0.0, 1.0] or an int");
   check_refused("--limit-train-batches quarter", "fraction of an epoch");
+  check_refused("--profiler advanced", "--profiler");
 }
 
 TEST_CASE("train_fashion: a missing --ckpt-path fails before a log folder is made") {
@@ -76,6 +77,23 @@ TEST_CASE("train_fashion --fast-dev-run trains, validates and tests a few batche
   INFO(run.output);
   CHECK(run.exit_code == 0);
   CHECK(run.output.find("test_acc") != std::string::npos);
+  fs::remove_all(root);
+}
+
+TEST_CASE("train_fashion --profiler prints Lightning's action table or the op table") {
+  for (const auto& [profiler, expected_words] : {std::pair<std::string, std::string>{"simple", "run_training_batch"},
+                                                 {"pytorch", "Backward CPU total"}}) {
+    const fs::path root = fresh_root("profiler");
+    Run run = run_train_fashion("--fast-dev-run 1 --num-workers 0 --profiler " + profiler + " --default-root-dir " +
+                                root.string());
+    INFO(run.output);
+    CHECK(run.exit_code == 0);
+    CHECK(run.output.find(expected_words) != std::string::npos);
+    fs::remove_all(root);
+  }
+  const fs::path root = fresh_root("no_profiler");
+  Run run = run_train_fashion("--fast-dev-run 1 --num-workers 0 --default-root-dir " + root.string());
+  CHECK(run.output.find("Profiler Report") == std::string::npos);
   fs::remove_all(root);
 }
 
