@@ -7,8 +7,8 @@
 #include "core/allocator.h"
 #include "core/generator.h"
 #include "data/dataloader.h"
-#include "nn/layers.h"
 #include "tests/support/test_util.h"
+#include "tests/support/trainer_fixtures.h"
 #include "trainer/batch_size_finder.h"
 #include "trainer/trainer.h"
 
@@ -23,32 +23,19 @@ std::shared_ptr<TensorDataset> regression_data(int64_t count) {
   return std::make_shared<TensorDataset>(x, y);
 }
 
-// Runs out of "memory" above a batch size, as a model on a small GPU would.
-struct MemoryHungry : TrainModule {
-  explicit MemoryHungry(int64_t fits_up_to) : fits_up_to(fits_up_to) {
-    manual_seed(3);
-    net = std::make_shared<nn::Linear>(4, 1);
-  }
-  nn::Module& model() override { return *net; }
-  Tensor training_step(const Batch& batch, int64_t) override {
+// testing::Regression, logging nothing, that runs out of "memory" above a
+// batch size, as a model on a small GPU would.
+struct MemoryHungry : testing::Regression {
+  explicit MemoryHungry(int64_t fits_up_to) : testing::Regression({.log_losses = false}), fits_up_to(fits_up_to) {}
+  Tensor training_step(const Batch& batch, int64_t batch_idx) override {
     randn({1});  // consumes the default generator, as dropout would
     ++steps[batch.size()];
     if (training) fit_batch_sizes.push_back(batch.size());
     if (batch.size() > fails_otherwise_above) KILN_THROW("not a memory problem: batch of ", batch.size());
     if (batch.size() > fits_up_to) throw OutOfMemoryError("out of memory (simulated)", __FILE__, __LINE__);
-    Tensor difference = sub(net->forward(batch.input), batch.target);
-    return mean(mul(difference, difference));
-  }
-  OptimizerConfigs configure_optimizers() override {
-    OptimizerConfig config;
-    optim::SGDOptions sgd;
-    sgd.lr = 0.05;
-    sgd.momentum = 0.9;
-    config.optimizer = std::make_unique<optim::SGD>(net->parameters(), sgd);
-    return config;
+    return testing::Regression::training_step(batch, batch_idx);
   }
   void validation_step(const Batch& batch, int64_t) override { val_batch_sizes.push_back(batch.size()); }
-  std::shared_ptr<nn::Linear> net;
   int64_t fits_up_to;
   int64_t fails_otherwise_above = 1 << 30;
   std::map<int64_t, int> steps;  // training_step calls per batch size

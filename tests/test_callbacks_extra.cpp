@@ -32,41 +32,25 @@ namespace {
 // y = x w + noise (noisy enough that SGD's weights keep moving between epochs).
 std::shared_ptr<TensorDataset> regression_data(int64_t count) { return testing::regression_data(count, 0.5); }
 
-using SchedulerFactory = std::function<std::unique_ptr<optim::LRScheduler>(optim::Optimizer&)>;
+// testing::Regression logging nothing: these tests read the callbacks' own metrics.
+struct UnloggedRegression : testing::Regression {
+  UnloggedRegression() : testing::Regression({.log_losses = false}) {}
+};
 
-struct Regression : TrainModule {
-  explicit Regression(bool batch_norm = false) {
+// UnloggedRegression whose model is Linear(4, 8), BatchNorm1d(8), Linear(8, 1)
+// instead of Linear(4, 1).
+struct BatchNormRegression : UnloggedRegression {
+  BatchNormRegression() {
+    // Seeded again: the layers take the draws that follow manual_seed(3), as
+    // the fixture's Linear(4, 1), unused here, did.
     manual_seed(3);
-    if (batch_norm) {
-      bn = std::make_shared<nn::BatchNorm1d>(8);
-      net = std::make_shared<nn::Sequential>(
-          std::vector<nn::ModulePtr>{std::make_shared<nn::Linear>(4, 8), bn, std::make_shared<nn::Linear>(8, 1)});
-    } else {
-      net = std::make_shared<nn::Sequential>(std::vector<nn::ModulePtr>{std::make_shared<nn::Linear>(4, 1)});
-    }
+    bn = std::make_shared<nn::BatchNorm1d>(8);
+    layers = std::make_shared<nn::Sequential>(
+        std::vector<nn::ModulePtr>{std::make_shared<nn::Linear>(4, 8), bn, std::make_shared<nn::Linear>(8, 1)});
   }
-  nn::Module& model() override { return *net; }
-  Tensor training_step(const Batch& batch, int64_t) override {
-    Tensor difference = sub(net->forward(batch.input), batch.target);
-    ++training_steps;
-    return mean(mul(difference, difference));
-  }
-  OptimizerConfigs configure_optimizers() override {
-    OptimizerConfig config;
-    optim::SGDOptions sgd;
-    sgd.lr = lr;
-    sgd.momentum = 0.9;
-    config.optimizer = std::make_unique<optim::SGD>(net->parameters(), sgd);
-    if (make_scheduler) config.scheduler = make_scheduler(*config.optimizer);
-    config.interval = interval;
-    return config;
-  }
-  std::shared_ptr<nn::Sequential> net;
+  nn::Module& model() override { return *layers; }
+  std::shared_ptr<nn::Sequential> layers;
   std::shared_ptr<nn::BatchNorm1d> bn;
-  double lr = 0.05;
-  SchedulerFactory make_scheduler;
-  std::string interval = "step";
-  int64_t training_steps = 0;
 };
 
 // Keeps every logged row.
@@ -110,23 +94,13 @@ struct Probe : Callback {
 fs::path fresh_folder(const std::string& name) { return testing::fresh_folder("callbacks", name); }
 
 TrainerOptions quiet_options() {
-  TrainerOptions options;
-  options.accelerator = "cpu";
-  options.enable_progress_bar = false;
-  options.num_sanity_val_steps = 0;
-  options.deterministic = true;
+  TrainerOptions options = testing::quiet_trainer_options();
   options.logger = false;
   options.enable_checkpointing = false;
   return options;
 }
 
-DataLoaderOptions loader_options(int64_t batch_size) {
-  DataLoaderOptions options;
-  options.batch_size = batch_size;
-  options.shuffle = true;
-  options.seed = 5;
-  return options;
-}
+DataLoaderOptions loader_options(int64_t batch_size) { return testing::seeded_loader_options(batch_size); }
 
 double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -139,8 +113,8 @@ TEST_CASE("LearningRateMonitor logs lr-<Optimizer> and its momentum every log_ev
   auto data = regression_data(64);
   fs::path root = fresh_folder("lr_step");
   for (int64_t every : {1, 2}) {
-    Regression module;
-    module.make_scheduler = [](optim::Optimizer& o) { return std::make_unique<optim::StepLR>(o, 3, 0.5); };
+    UnloggedRegression module;
+    module.options.make_scheduler = testing::step_lr(3, 0.5);
     auto logger = std::make_shared<RecordingLogger>(root.string());
     auto monitor = std::make_shared<LearningRateMonitor>(LearningRateMonitorOptions{"step", true, true});
     TrainerOptions options = quiet_options();
@@ -169,9 +143,9 @@ TEST_CASE("LearningRateMonitor logs lr-<Optimizer> and its momentum every log_ev
 TEST_CASE("LearningRateMonitor with logging_interval epoch logs once per epoch; it needs a logger") {
   auto data = regression_data(64);
   fs::path root = fresh_folder("lr_epoch");
-  Regression module;
-  module.make_scheduler = [](optim::Optimizer& o) { return std::make_unique<optim::StepLR>(o, 1, 0.5); };
-  module.interval = "epoch";
+  UnloggedRegression module;
+  module.options.make_scheduler = testing::step_lr(1, 0.5);
+  module.options.interval = "epoch";
   auto logger = std::make_shared<RecordingLogger>(root.string());
   TrainerOptions options = quiet_options();
   options.logger = true;
@@ -190,7 +164,7 @@ TEST_CASE("LearningRateMonitor with logging_interval epoch logs once per epoch; 
   CHECK(logger->series("lr-SGD-momentum").empty());
 
   CHECK_THROWS_AS(LearningRateMonitor(LearningRateMonitorOptions{"batch", false, false}), Error);
-  Regression silent;
+  UnloggedRegression silent;
   TrainerOptions no_logger = quiet_options();
   no_logger.max_steps = 1;
   no_logger.callbacks = {std::make_shared<LearningRateMonitor>()};
@@ -202,9 +176,9 @@ TEST_CASE("LearningRateMonitor with logging_interval epoch logs once per epoch; 
 TEST_CASE("LearningRateMonitor without logging_interval logs a schedule at its own interval, into callback_metrics") {
   auto data = regression_data(64);  // 16 batches per epoch
   fs::path root = fresh_folder("lr_auto");
-  Regression module;
-  module.make_scheduler = [](optim::Optimizer& o) { return std::make_unique<optim::StepLR>(o, 1, 0.5); };
-  module.interval = "epoch";
+  UnloggedRegression module;
+  module.options.make_scheduler = testing::step_lr(1, 0.5);
+  module.options.interval = "epoch";
   auto logger = std::make_shared<RecordingLogger>(root.string());
   TrainerOptions options = quiet_options();
   options.logger = true;
@@ -261,7 +235,7 @@ TEST_CASE("LearningRateMonitor under ddp: a rank other than 0 has no logger of i
   Trainer rank1(options);
   REQUIRE_FALSE(rank1.is_global_zero());
   CHECK(rank1.loggers().empty());
-  Regression module;
+  UnloggedRegression module;
   LearningRateMonitor monitor;
   CHECK_NOTHROW(monitor.on_train_start(rank1, module));
   // Without loggers on rank 0 (logger=false), every rank refuses alike.
@@ -273,7 +247,7 @@ TEST_CASE("LearningRateMonitor under ddp: a rank other than 0 has no logger of i
 // ---------------------------------------------------------------- Timer
 TEST_CASE("Timer: a 1-second duration stops a long run on time") {
   auto data = regression_data(32);
-  Regression module;
+  UnloggedRegression module;
   auto timer = std::make_shared<Timer>("00:00:00:01", TimerOptions{"step", false});
   TrainerOptions options = quiet_options();
   options.max_epochs = 10'000'000;
@@ -314,7 +288,7 @@ TEST_CASE("Timer: durations, and the elapsed time carried by state_dict") {
   auto resumed = std::make_shared<Timer>("00:00:00:02", TimerOptions{"epoch", false});
   resumed->load_state_dict(previous.state_dict());
   auto data = regression_data(32);
-  Regression module;
+  UnloggedRegression module;
   TrainerOptions options = quiet_options();
   options.max_epochs = 50;
   options.callbacks = {resumed};
@@ -328,12 +302,12 @@ TEST_CASE("Timer: durations, and the elapsed time carried by state_dict") {
 }
 
 TEST_CASE("Timer: Trainer::validate, test and predict time their stages; validate does not checkpoint") {
-  struct SlowEval : Regression {
+  struct SlowEval : UnloggedRegression {
     void validation_step(const Batch&, int64_t) override { std::this_thread::sleep_for(std::chrono::milliseconds(10)); }
     void test_step(const Batch&, int64_t) override { std::this_thread::sleep_for(std::chrono::milliseconds(20)); }
     Tensor predict_step(const Batch& batch, int64_t index) override {
       std::this_thread::sleep_for(std::chrono::milliseconds(30));
-      return Regression::predict_step(batch, index);
+      return UnloggedRegression::predict_step(batch, index);
     }
   } module;
   auto data = regression_data(8);  // 2 batches of 4
@@ -386,7 +360,7 @@ TEST_CASE("GradientAccumulationScheduler: Lightning's schedule semantics and che
     // The callback alone schedules: epoch 0 steps 8 times, epoch 1 twice (the
     // same schedule given as the Trainer's option too is accepted).
     CAPTURE(also_as_option);
-    Regression module;
+    UnloggedRegression module;
     TrainerOptions options = quiet_options();
     options.max_epochs = 2;
     if (also_as_option) options.accumulation_schedule = {{1, 4}};
@@ -413,9 +387,9 @@ TEST_CASE("GradientAccumulationScheduler: Lightning's schedule semantics and che
 // ---------------------------------------------------------------- StochasticWeightAveraging
 TEST_CASE("StochasticWeightAveraging: the final weights are the mean of the SWA epochs' weights; lr follows SWALR") {
   auto data = regression_data(64);  // 16 batches of 4 per epoch
-  Regression module(/*batch_norm=*/true);
+  BatchNormRegression module;
   // StepLR per step until SWA swaps it out: 0.05 halves every 20 steps.
-  module.make_scheduler = [](optim::Optimizer& o) { return std::make_unique<optim::StepLR>(o, 20, 0.5); };
+  module.options.make_scheduler = testing::step_lr(20, 0.5);
   StochasticWeightAveragingOptions swa_options;
   swa_options.swa_lrs = {0.002};
   swa_options.swa_epoch_start = int64_t{4};  // 1-based: epochs 3, 4, 5 (0-based) of 6
@@ -460,7 +434,7 @@ TEST_CASE("StochasticWeightAveraging: the final weights are the mean of the SWA 
   }
   // The model holds the mean of the weights after epochs 3, 4 and 5.
   bool differs_from_last = false;
-  const nn::NamedTensors final_params = module.net->named_parameters();
+  const nn::NamedTensors final_params = module.layers->named_parameters();
   for (size_t i = 0; i < final_params.size(); ++i) {
     Tensor sum = zeros(final_params[i].second.shape(), {.dtype = DType::f64});
     for (int64_t epoch = 3; epoch <= 5; ++epoch) sum = add(sum, weights[epoch][i].second.to(DType::f64));
@@ -471,7 +445,7 @@ TEST_CASE("StochasticWeightAveraging: the final weights are the mean of the SWA 
   // BatchNorm statistics were recomputed for the averaged weights: the mean of
   // the per-batch means of the first layer's output over one epoch.
   NoGradGuard no_grad;
-  auto first = (*module.net)[0];
+  auto first = (*module.layers)[0];
   DataLoader pass(data, loader_options(4));
   Tensor mean_sum = zeros({8}, {.dtype = DType::f64});
   int64_t batches = 0;
@@ -497,7 +471,7 @@ TEST_CASE("StochasticWeightAveraging: Lightning's arguments, and its state round
   // swa_epoch_start 0.8 of 10 epochs: from epoch int(8) (1-based), 7 (0-based).
   StochasticWeightAveragingOptions options;
   options.swa_lrs = {0.01};
-  Regression fraction_module;
+  UnloggedRegression fraction_module;
   TrainerOptions ten = quiet_options();
   ten.max_epochs = 10;
   Trainer ten_trainer(ten);
@@ -507,7 +481,7 @@ TEST_CASE("StochasticWeightAveraging: Lightning's arguments, and its state round
   CHECK(fraction.swa_end() == 9);
 
   auto data = regression_data(32);
-  Regression module;
+  UnloggedRegression module;
   options.swa_epoch_start = int64_t{2};
   auto swa = std::make_shared<StochasticWeightAveraging>(options);
   TrainerOptions trainer_options = quiet_options();
@@ -523,7 +497,7 @@ TEST_CASE("StochasticWeightAveraging: Lightning's arguments, and its state round
   CHECK(state["latest_update_epoch"] == 2);
   auto restored = std::make_shared<StochasticWeightAveraging>(options);
   restored->load_state_dict(state);
-  Regression other;
+  UnloggedRegression other;
   restored->on_fit_start(trainer, other);
   REQUIRE(restored->averaged_model() != nullptr);
   CHECK(restored->n_averaged() == 2);
@@ -542,8 +516,8 @@ TEST_CASE("StochasticWeightAveraging: resumed from a checkpoint taken after SWA 
   swa_options.annealing_epochs = 3;          // still annealing when the checkpoint is taken
   // Every epoch's end writes "epoch=<e>.safetensors" into `folder`; returns the final state.
   auto run = [&](const fs::path& folder, const std::string& ckpt_path) {
-    Regression module(/*batch_norm=*/true);
-    module.make_scheduler = [](optim::Optimizer& o) { return std::make_unique<optim::StepLR>(o, 5, 0.5); };
+    BatchNormRegression module;
+    module.options.make_scheduler = testing::step_lr(5, 0.5);
     ModelCheckpointOptions checkpointing;
     checkpointing.dirpath = folder.string();
     checkpointing.filename = "epoch={epoch}";
@@ -559,7 +533,7 @@ TEST_CASE("StochasticWeightAveraging: resumed from a checkpoint taken after SWA 
     CHECK(swa->n_averaged() == 4);
     CHECK(trainer.lr_scheduler()->name() == "SWALR");
     std::vector<float> state;
-    for (const auto& [name, tensor] : module.net->state_dict()) {
+    for (const auto& [name, tensor] : module.layers->state_dict()) {
       for (float v : tensor.to(DType::f32).to_vector<float>()) state.push_back(v);
     }
     state.push_back(static_cast<float>(trainer.optimizer().lr(0).item<double>()));

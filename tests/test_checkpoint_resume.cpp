@@ -94,36 +94,11 @@ std::shared_ptr<TensorDataset> gan_data() {
 
 DataLoaderOptions shuffled(int64_t batch_size) { return {.batch_size = batch_size, .shuffle = true, .seed = 9}; }
 
-// Regression with a per-epoch StepLR, counting its epoch hooks and logging a
-// per-epoch training loss (for EarlyStopping) and a validation loss.
-struct Regression : TrainModule {
-  Regression() {
-    manual_seed(3);
-    net = std::make_shared<nn::Linear>(4, 1);
-  }
-  nn::Module& model() override { return *net; }
-  Tensor training_step(const Batch& batch, int64_t) override {
-    Tensor difference = sub(net->forward(batch.input), batch.target);
-    Tensor loss = mean(mul(difference, difference));
-    log("train_loss", loss, false, true);
-    return loss;
-  }
-  void validation_step(const Batch& batch, int64_t) override {
-    Tensor difference = sub(net->forward(batch.input), batch.target);
-    log("val_loss", mean(mul(difference, difference)));
-  }
-  OptimizerConfigs configure_optimizers() override {
-    OptimizerConfig config{
-        std::make_unique<optim::SGD>(net->parameters(), optim::SGDOptions{.lr = 0.05, .momentum = 0.9})};
-    config.scheduler = std::make_unique<optim::StepLR>(*config.optimizer, 1, 0.5);
-    config.interval = "epoch";
-    return config;
-  }
-  void on_train_epoch_start() override { ++epoch_starts; }
-  void on_train_epoch_end() override { ++epoch_ends; }
-  std::shared_ptr<nn::Linear> net;
-  int epoch_starts = 0, epoch_ends = 0;
-};
+// testing::Regression with a per-epoch StepLR, logging a per-epoch training
+// loss (for EarlyStopping) and a validation loss.
+const testing::RegressionOptions epoch_schedule{
+    .make_scheduler = testing::step_lr(1, 0.5), .interval = "epoch", .train_loss_on_step = false,
+    .train_loss_on_epoch = true, .val_loss_weighted = false};
 
 std::shared_ptr<TensorDataset> regression_data(int64_t count) { return testing::regression_data(count, 0.5); }
 
@@ -197,7 +172,7 @@ TEST_CASE("Checkpoint of two optimizers (manual optimization): resume mid-epoch 
 TEST_CASE("Checkpoint: a file in the single-optimizer layout written before several optimizers still resumes") {
   auto data = regression_data(48);  // 6 batches of 8
   fs::path root = fresh_folder("old_layout");
-  Regression full;
+  testing::Regression full(epoch_schedule);
   {
     TrainerOptions options = quiet_options(root);
     options.max_epochs = 2;
@@ -206,7 +181,7 @@ TEST_CASE("Checkpoint: a file in the single-optimizer layout written before seve
   }
   const std::string checkpoint = (root / "old.safetensors").string();
   {
-    Regression first;
+    testing::Regression first(epoch_schedule);
     TrainerOptions options = quiet_options(root);
     options.max_steps = 4;
     DataLoader loader(data, DataLoaderOptions{.batch_size = 8, .shuffle = true, .seed = 5});
@@ -225,7 +200,7 @@ TEST_CASE("Checkpoint: a file in the single-optimizer layout written before seve
   }
   save_safetensors(checkpoint, file.tensors, {{"kiln", meta.dump()}});
 
-  Regression resumed;
+  testing::Regression resumed(epoch_schedule);
   TrainerOptions options = quiet_options(root);
   options.max_epochs = 2;
   DataLoader loader(data, DataLoaderOptions{.batch_size = 8, .shuffle = true, .seed = 5});
@@ -251,7 +226,7 @@ struct EpochEndRun {
 // when given.
 EpochEndRun run_epochs(const fs::path& root, const fs::path& checkpoints, bool validate, const std::string& ckpt_path) {
   auto data = regression_data(48);
-  Regression module;
+  testing::Regression module(epoch_schedule);
   TrainerOptions options = quiet_options(root);
   options.max_epochs = 4;
   ModelCheckpointOptions checkpointing;
@@ -309,10 +284,6 @@ TEST_CASE("Resume from a checkpoint written after a batch whose validation was d
   // val_check_interval 0.5 in epochs of 4 batches: validations after batches
   // 2 and 4. The checkpoint is written in on_train_batch_end of batch 2 (as
   // ModelCheckpoint's every_n_train_steps does), before that validation runs.
-  struct CountingRegression : Regression {
-    void on_validation_epoch_end() override { ++validations; }
-    int validations = 0;
-  };
   fs::path root = fresh_folder("validation_pending");
   auto data = regression_data(32);
   auto val_data = regression_data(16);
@@ -322,7 +293,7 @@ TEST_CASE("Resume from a checkpoint written after a batch whose validation was d
     options.max_epochs = 1;
     options.val_check_interval = 0.5;
     options.callbacks = std::move(callbacks);
-    CountingRegression module;
+    testing::Regression module(epoch_schedule);
     DataLoader loader(data, shuffled(8));
     DataLoader val(val_data, DataLoaderOptions{.batch_size = 8});
     Trainer trainer(options);

@@ -13,6 +13,7 @@
 #include "data/dataloader.h"
 #include "nn/layers.h"
 #include "tests/support/test_util.h"
+#include "tests/support/trainer_fixtures.h"
 #include "trainer/lr_finder.h"
 #include "trainer/trainer.h"
 
@@ -31,41 +32,34 @@ std::shared_ptr<TensorDataset> regression_data(int64_t count) {
   return std::make_shared<TensorDataset>(x, y);
 }
 
-struct Regression : TrainModule {
-  explicit Regression(double momentum = 0) : momentum(momentum) {
-    manual_seed(3);
-    net = std::make_shared<nn::Linear>(4, 1);
-    // A buffer that training changes (as BatchNorm's running statistics).
+// testing::Regression trained by SGD at lr 0.01 (no momentum unless given),
+// keeping every loss, with what the finder must put back: a buffer that
+// training changes (as BatchNorm's running statistics) and, with draw_random,
+// the default generator's state. used_lrs holds the lr of every step.
+struct WatchedRegression : testing::Regression {
+  explicit WatchedRegression(double momentum = 0)
+      : testing::Regression({.lr = 0.01, .momentum = momentum, .log_losses = false, .record_losses = true}) {
     samples_seen = net->register_buffer("samples_seen", zeros({1}, {.dtype = DType::f64}));
   }
-  nn::Module& model() override { return *net; }
-  Tensor training_step(const Batch& batch, int64_t) override {
+  Tensor training_step(const Batch& batch, int64_t batch_idx) override {
     if (draw_random) randn({1});  // consumes the default generator, as dropout would
     {
       NoGradGuard no_grad;
       samples_seen.add_(full({1}, static_cast<double>(batch.size()), {.dtype = DType::f64}));
     }
-    Tensor difference = sub(net->forward(batch.input), batch.target);
-    Tensor loss = mean(mul(difference, difference));
-    raw_losses.push_back(loss.item<double>());
+    Tensor loss = testing::Regression::training_step(batch, batch_idx);
     if (optimizer != nullptr) used_lrs.push_back(optimizer->lr(0).item<double>());
     return loss;
   }
   OptimizerConfigs configure_optimizers() override {
-    OptimizerConfig config;
-    optim::SGDOptions sgd;
-    sgd.lr = 0.01;
-    sgd.momentum = momentum;
-    config.optimizer = std::make_unique<optim::SGD>(net->parameters(), sgd);
-    optimizer = config.optimizer.get();
-    return config;
+    OptimizerConfigs configs = testing::Regression::configure_optimizers();
+    optimizer = configs.configs.front().optimizer.get();
+    return configs;
   }
-  std::shared_ptr<nn::Linear> net;
   Tensor samples_seen;
-  double momentum;
   bool draw_random = false;
   optim::Optimizer* optimizer = nullptr;  // the last one configure_optimizers made
-  std::vector<double> raw_losses, used_lrs;
+  std::vector<double> used_lrs;
 };
 
 TrainerOptions quiet_options() {
@@ -78,13 +72,7 @@ TrainerOptions quiet_options() {
   return options;
 }
 
-DataLoaderOptions loader_options() {
-  DataLoaderOptions options;
-  options.batch_size = 16;
-  options.shuffle = true;
-  options.seed = 5;
-  return options;
-}
+DataLoaderOptions loader_options() { return testing::seeded_loader_options(16); }
 
 nn::StateDict cloned(const nn::StateDict& state) {
   nn::StateDict copy;
@@ -136,7 +124,7 @@ TEST_CASE("lr_find: a bias-corrected average of the loss that diverges at high l
   DataLoaderOptions full = loader_options();
   full.batch_size = 64;
   DataLoader loader(data, full);
-  Regression module;
+  WatchedRegression module;
   const nn::StateDict initial = cloned(module.net->state_dict());
   std::optional<double> written;
   LRFinderOptions options;
@@ -166,11 +154,11 @@ TEST_CASE("lr_find: a bias-corrected average of the loss that diverges at high l
   for (size_t k = 0; k < n; ++k) CHECK(module.used_lrs[k] == doctest::Approx(finder.lrs[k]).epsilon(1e-12));
 
   // Smoothing: avg = 0.98 avg + 0.02 loss, divided by 1 - 0.98^steps (bias correction).
-  REQUIRE(module.raw_losses.size() == n);
-  CHECK(finder.losses[0] == doctest::Approx(module.raw_losses[0]).epsilon(1e-12));
+  REQUIRE(module.losses.size() == n);
+  CHECK(finder.losses[0] == doctest::Approx(module.losses[0]).epsilon(1e-12));
   double average = 0;
   for (size_t k = 0; k < n; ++k) {
-    average = 0.98 * average + 0.02 * module.raw_losses[k];
+    average = 0.98 * average + 0.02 * module.losses[k];
     CHECK(finder.losses[k] == doctest::Approx(average / (1 - std::pow(0.98, k + 1))).epsilon(1e-12));
   }
 
@@ -203,7 +191,7 @@ TEST_CASE("lr_find: linear and exponential sweeps follow Lightning's formulas") 
   for (const std::string mode : {"linear", "exponential"}) {
     CAPTURE(mode);
     DataLoader loader(data, loader_options());
-    Regression module;
+    WatchedRegression module;
     LRFinderOptions options;
     options.mode = mode;
     options.min_lr = 1e-5;
@@ -366,7 +354,7 @@ TEST_CASE("LearningRateFinder callback: model, buffers, gradients, optimizer, lo
   for (const bool update_attr : {false, true}) {
     CAPTURE(update_attr);
     DataLoader loader(data, loader_options());
-    Regression module(/*momentum=*/0.9);
+    WatchedRegression module(/*momentum=*/0.9);
     module.draw_random = true;
     auto prepare = std::make_shared<PrepareRun>();
     LRFinderOptions options;
@@ -416,13 +404,13 @@ TEST_CASE("LearningRateFinder callback: model, buffers, gradients, optimizer, lo
 TEST_CASE("lr_find: skipped under fast_dev_run; invalid options are refused") {
   auto data = regression_data(64);
   DataLoader loader(data, loader_options());
-  Regression module;
+  WatchedRegression module;
   TrainerOptions trainer_options = quiet_options();
   trainer_options.fast_dev_run = 1;
   Trainer trainer(trainer_options);
   const LRFinder finder = lr_find(trainer, module, loader);
   CHECK(finder.lrs.empty());
-  CHECK(module.raw_losses.empty());
+  CHECK(module.losses.empty());
   CHECK_FALSE(finder.suggestion().has_value());
 
   Trainer normal(quiet_options());
@@ -438,29 +426,10 @@ TEST_CASE("lr_find: skipped under fast_dev_run; invalid options are refused") {
 
 namespace {
 
-// A regression with no host-side state, for the GPU.
-struct DeviceRegression : TrainModule {
-  DeviceRegression() {
-    manual_seed(3);
-    net = std::make_shared<nn::Linear>(4, 1);
-  }
-  nn::Module& model() override { return *net; }
-  Tensor training_step(const Batch& batch, int64_t) override {
-    Tensor difference = sub(net->forward(batch.input), batch.target);  // float32 under autocast (promote)
-    Tensor loss = mean(mul(difference, difference));
-    raw_losses.push_back(loss.item<double>());
-    return loss;
-  }
-  OptimizerConfigs configure_optimizers() override {
-    OptimizerConfig config;
-    optim::SGDOptions sgd;
-    sgd.lr = 0.01;
-    sgd.momentum = 0.9;
-    config.optimizer = std::make_unique<optim::SGD>(net->parameters(), sgd);
-    return config;
-  }
-  std::shared_ptr<nn::Linear> net;
-  std::vector<double> raw_losses;
+// A regression with no host-side state, for the GPU; its loss is float32 under
+// autocast (sub promotes).
+struct DeviceRegression : testing::Regression {
+  DeviceRegression() : testing::Regression({.lr = 0.01, .log_losses = false, .record_losses = true}) {}
 };
 
 // PrepareRun on the device: two plain steps give the optimizer momentum buffers
@@ -511,8 +480,8 @@ TEST_CASE("lr_find under 16-mixed: scaled losses, skipped overflowing steps, eve
   REQUIRE(finder->lr_finder() != nullptr);
   CHECK(finder->lr_finder()->losses.size() == 30);
   for (const double loss : finder->lr_finder()->losses) CHECK(std::isfinite(loss));
-  REQUIRE(module.raw_losses.size() == 2 + 30);
-  for (const double loss : module.raw_losses) CHECK(std::isfinite(loss));
+  REQUIRE(module.losses.size() == 2 + 30);
+  for (const double loss : module.losses) CHECK(std::isfinite(loss));
   const RunState& before = prepare->before;
   check_equal(after->after.model, before.model);
   CHECK(after->after.loader == before.loader);
@@ -539,18 +508,18 @@ TEST_CASE("lr_find under 16-mixed: scaled losses, skipped overflowing steps, eve
   DataLoader fixed(data, one_batch);
   options.min_lr = 1e-3;
   options.num_training = 20;
-  module.raw_losses.clear();
+  module.losses.clear();
   const nn::StateDict weights = cloned(module.model().state_dict());
   const LRFinder swept = lr_find(trainer, module, fixed, options);
   REQUIRE(swept.losses.size() == 20);
-  REQUIRE(module.raw_losses.size() == 20);
+  REQUIRE(module.losses.size() == 20);
   int64_t repeated = 0;
-  for (size_t i = 1; i < module.raw_losses.size(); ++i) {
-    CHECK(std::isfinite(module.raw_losses[i]));
-    if (std::abs(module.raw_losses[i] - module.raw_losses[i - 1]) <= 1e-6 * module.raw_losses[i - 1]) ++repeated;
+  for (size_t i = 1; i < module.losses.size(); ++i) {
+    CHECK(std::isfinite(module.losses[i]));
+    if (std::abs(module.losses[i] - module.losses[i - 1]) <= 1e-6 * module.losses[i - 1]) ++repeated;
   }
   MESSAGE("sweep steps skipped by the loss scaler: " << repeated);
   CHECK(repeated >= 1);
-  CHECK(module.raw_losses.back() < 0.5 * module.raw_losses.front());  // then it trained
+  CHECK(module.losses.back() < 0.5 * module.losses.front());  // then it trained
   check_equal(module.model().state_dict(), weights);
 }

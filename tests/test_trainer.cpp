@@ -9,7 +9,6 @@
 #include "core/generator.h"
 #include "data/dataloader.h"
 #include "nn/layers.h"
-#include "optim/lr_scheduler.h"
 #include "tests/support/test_util.h"
 #include "tests/support/trainer_fixtures.h"
 #include "trainer/trainer.h"
@@ -23,38 +22,7 @@ fs::path fresh_folder(const std::string& name) { return testing::fresh_folder("t
 
 std::shared_ptr<TensorDataset> regression_data(int64_t count) { return testing::regression_data(count, 0.01); }
 
-struct Regression : TrainModule {
-  explicit Regression(double lr = 0.05, bool with_schedule = false) : lr(lr), with_schedule(with_schedule) {
-    manual_seed(3);
-    net = std::make_shared<nn::Linear>(4, 1);
-  }
-  nn::Module& model() override { return *net; }
-  Tensor training_step(const Batch& batch, int64_t) override {
-    Tensor difference = sub(net->forward(batch.input), batch.target);
-    Tensor loss = mean(mul(difference, difference));
-    log("train_loss", loss);
-    ++training_steps;
-    return loss;
-  }
-  void validation_step(const Batch& batch, int64_t) override {
-    Tensor difference = sub(net->forward(batch.input), batch.target);
-    log("val_loss", mean(mul(difference, difference)), std::nullopt, std::nullopt, false, batch.size());
-    ++validation_steps;
-  }
-  OptimizerConfigs configure_optimizers() override {
-    OptimizerConfig config;
-    optim::SGDOptions sgd;
-    sgd.lr = lr;
-    sgd.momentum = 0.9;
-    config.optimizer = std::make_unique<optim::SGD>(net->parameters(), sgd);
-    if (with_schedule) config.scheduler = std::make_unique<optim::StepLR>(*config.optimizer, 3, 0.5);
-    return config;
-  }
-  std::shared_ptr<nn::Linear> net;
-  double lr;
-  bool with_schedule;
-  int training_steps = 0, validation_steps = 0;
-};
+using testing::Regression;
 
 TrainerOptions quiet_options(const fs::path& root) { return testing::quiet_trainer_options(root); }
 
@@ -210,8 +178,9 @@ TEST_CASE("EarlyStopping follows Lightning's sequences") {
 TEST_CASE("Trainer: resume mid-epoch is bit-identical to an uninterrupted run") {
   auto data = regression_data(48);
   fs::path root = fresh_folder("resume");
+  const testing::RegressionOptions with_schedule{.make_scheduler = testing::step_lr(3, 0.5)};
   // Uninterrupted: 10 steps (an epoch is 6 batches, so the stop at 4 is mid-epoch).
-  Regression full(0.05, /*with_schedule=*/true);
+  Regression full(with_schedule);
   {
     TrainerOptions options = quiet_options(root);
     options.max_steps = 10;
@@ -222,7 +191,7 @@ TEST_CASE("Trainer: resume mid-epoch is bit-identical to an uninterrupted run") 
   // 4 steps, checkpoint, then a new process-like run resumes for 6 more.
   const std::string checkpoint = (root / "mid.safetensors").string();
   {
-    Regression first(0.05, true);
+    Regression first(with_schedule);
     TrainerOptions options = quiet_options(root);
     options.max_steps = 4;
     options.logger = false;
@@ -231,7 +200,7 @@ TEST_CASE("Trainer: resume mid-epoch is bit-identical to an uninterrupted run") 
     trainer.fit(first, loader);
     trainer.save_checkpoint(checkpoint);
   }
-  Regression resumed(0.05, true);
+  Regression resumed(with_schedule);
   {
     manual_seed(999);  // the checkpoint restores the generators
     TrainerOptions options = quiet_options(root);
@@ -247,8 +216,10 @@ TEST_CASE("Trainer: resume mid-epoch is bit-identical to an uninterrupted run") 
 
   // A checkpoint of another model is refused with a clear error, and nothing changes.
   struct Other : Regression {
-    Other() : Regression(0.05, /*with_schedule=*/true) { net = std::make_shared<nn::Linear>(4, 2); }
-  } other;
+    explicit Other(const testing::RegressionOptions& options) : Regression(options) {
+      net = std::make_shared<nn::Linear>(4, 2);
+    }
+  } other(with_schedule);
   std::vector<float> before = other.net->weight.to_vector<float>();
   TrainerOptions options = quiet_options(root);
   options.max_steps = 12;
@@ -390,13 +361,12 @@ TEST_CASE("Trainer: overfit_batches trains and validates on the same first batch
 TEST_CASE("Trainer: a validation inside an epoch neither reports nor resets the training epoch's logged values") {
   struct EpochLogging : Regression {
     Tensor training_step(const Batch& batch, int64_t) override {
-      Tensor difference = sub(net->forward(batch.input), batch.target);
-      Tensor loss = mean(mul(difference, difference));
+      Tensor loss = mean_squared_error(batch);
       log("epoch_loss", loss, false, true);
-      losses[trainer()->current_epoch()].push_back(loss.item<double>());
+      epoch_losses[trainer()->current_epoch()].push_back(loss.item<double>());
       return loss;
     }
-    std::map<int64_t, std::vector<double>> losses;
+    std::map<int64_t, std::vector<double>> epoch_losses;
   } module;
   auto data = regression_data(64);
   fs::path root = fresh_folder("val_inside_epoch");
@@ -408,9 +378,9 @@ TEST_CASE("Trainer: a validation inside an epoch neither reports nor resets the 
   DataLoader val(data, loader_options(32, false));
   Trainer trainer(options);
   trainer.fit(module, train, &val);
-  REQUIRE(module.losses[1].size() == 16);
+  REQUIRE(module.epoch_losses[1].size() == 16);
   double sum = 0;
-  for (double loss : module.losses[1]) sum += loss;
+  for (double loss : module.epoch_losses[1]) sum += loss;
   // The mean over all 16 batches of the last epoch, not over those after the mid-epoch validation.
   CHECK(trainer.callback_metrics().at("epoch_loss") == doctest::Approx(sum / 16).epsilon(1e-12));
   CHECK(trainer.callback_metrics().count("val_loss") == 1);
@@ -426,16 +396,7 @@ TEST_CASE("Trainer: values logged by on_fit_start callbacks stay out of the firs
       module.log("train_loss", full({}, 1000.0), /*on_step=*/true, /*on_epoch=*/true);
     }
   };
-  struct EpochLogged : Regression {
-    Tensor training_step(const Batch& batch, int64_t) override {
-      Tensor difference = sub(net->forward(batch.input), batch.target);
-      Tensor loss = mean(mul(difference, difference));
-      log("train_loss", loss, /*on_step=*/true, /*on_epoch=*/true);
-      values.push_back(loss.item<double>());
-      return loss;
-    }
-    std::vector<double> values;
-  } module;
+  Regression module({.train_loss_on_step = true, .train_loss_on_epoch = true, .record_losses = true});
   auto data = regression_data(32);
   fs::path root = fresh_folder("fit_start_logs");
   TrainerOptions options = quiet_options(root);
@@ -445,22 +406,17 @@ TEST_CASE("Trainer: values logged by on_fit_start callbacks stay out of the firs
   DataLoader loader(data, loader_options(8));
   Trainer trainer(options);
   trainer.fit(module, loader);
-  REQUIRE(module.values.size() == 4);
+  REQUIRE(module.losses.size() == 4);
   double mean_loss = 0;
-  for (double value : module.values) mean_loss += value / 4;
+  for (double value : module.losses) mean_loss += value / 4;
   CHECK(trainer.callback_metrics().at("train_loss_epoch") == doctest::Approx(mean_loss).epsilon(1e-9));
   fs::remove_all(root);
 }
 
 TEST_CASE("Trainer: 1 means one batch and 1.0 the whole epoch, as Lightning's int and float") {
   fs::path root = fresh_folder("int_or_float");
-  struct Counting : Regression {
-    using Regression::Regression;
-    void on_validation_epoch_end() override { ++validations; }
-    int validations = 0;
-  };
   auto run = [&](BatchesOrFraction val_check_interval, BatchesOrFraction limit_train_batches, int64_t batches) {
-    Counting module(0.05);
+    Regression module;
     TrainerOptions options = quiet_options(root);
     options.max_epochs = 1;
     options.num_sanity_val_steps = 0;
@@ -490,11 +446,7 @@ TEST_CASE("Trainer: an integer val_check_interval validates every N batches, the
   fs::path root = fresh_folder("val_every_n");
   for (const auto& [interval, expected] : {std::pair<double, int>{2, 3}, {4, 1}}) {
     CAPTURE(interval);
-    struct Counting : Regression {
-      using Regression::Regression;
-      void on_validation_epoch_end() override { ++validations; }
-      int validations = 0;
-    } module(0.05);
+    Regression module;
     TrainerOptions options = quiet_options(root);
     options.max_epochs = 1;
     options.val_check_interval = interval;
@@ -508,7 +460,7 @@ TEST_CASE("Trainer: an integer val_check_interval validates every N batches, the
   options.max_epochs = 1;
   options.val_check_interval = 7;
   options.logger = false;
-  Regression module(0.05);
+  Regression module;
   DataLoader loader(data, loader_options(8));
   DataLoader val(regression_data(16), loader_options(8));
   CHECK_THROWS_WITH_AS(Trainer(options).fit(module, loader, &val), doctest::Contains("val_check_interval (7)"), Error);

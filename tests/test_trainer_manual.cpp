@@ -11,6 +11,7 @@
 #include "nn/layers.h"
 #include "optim/lr_scheduler.h"
 #include "tests/support/test_util.h"
+#include "tests/support/trainer_fixtures.h"
 #include "trainer/trainer.h"
 
 using namespace kiln;
@@ -19,12 +20,8 @@ namespace fs = std::filesystem;
 namespace {
 
 TrainerOptions quiet_options() {
-  TrainerOptions options;
-  options.accelerator = "cpu";
-  options.default_root_dir = (fs::temp_directory_path() / ("kiln_manual_" + std::to_string(::getpid()))).string();
-  options.enable_progress_bar = false;
-  options.num_sanity_val_steps = 0;
-  options.deterministic = true;
+  TrainerOptions options =
+      testing::quiet_trainer_options(fs::temp_directory_path() / ("kiln_manual_" + std::to_string(::getpid())));
   options.logger = false;
   options.enable_checkpointing = false;
   return options;

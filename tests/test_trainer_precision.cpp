@@ -15,6 +15,7 @@
 #include "nn/layers.h"
 #include "optim/lr_scheduler.h"
 #include "tests/support/test_util.h"
+#include "tests/support/trainer_fixtures.h"
 #include "trainer/checkpoint_io.h"
 #include "trainer/finder_support.h"
 #include "trainer/trainer.h"
@@ -94,26 +95,17 @@ struct RunResult {
 };
 
 TrainerOptions run_options(const std::string& precision, const std::string& accelerator) {
-  TrainerOptions options;
+  TrainerOptions options = testing::quiet_trainer_options();
   options.accelerator = accelerator;
   options.precision = precision;
   options.max_steps = 40;
   options.log_every_n_steps = 10;
   options.logger = false;
   options.enable_checkpointing = false;
-  options.enable_progress_bar = false;
-  options.num_sanity_val_steps = 0;
-  options.deterministic = true;
   return options;
 }
 
-DataLoaderOptions loader_options() {
-  DataLoaderOptions options;
-  options.batch_size = 32;
-  options.shuffle = true;
-  options.seed = 5;
-  return options;
-}
+DataLoaderOptions loader_options() { return testing::seeded_loader_options(32); }
 
 RunResult train(const std::string& precision, Classifier& module, const std::string& accelerator = "cpu") {
   auto data = classification_data(256);  // 8 batches per epoch

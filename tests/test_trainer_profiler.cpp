@@ -6,9 +6,7 @@
 #include <fstream>
 #include <sstream>
 
-#include "core/generator.h"
 #include "data/dataloader.h"
-#include "nn/layers.h"
 #include "tests/support/test_util.h"
 #include "tests/support/trainer_fixtures.h"
 #include "trainer/trainer.h"
@@ -18,41 +16,8 @@ namespace fs = std::filesystem;
 
 namespace {
 
-fs::path fresh_folder(const std::string& name) { return testing::fresh_folder("trainer", name); }
-
-std::shared_ptr<TensorDataset> regression_data(int64_t count) { return testing::regression_data(count, 0.01); }
-
-struct Regression : TrainModule {
-  Regression() {
-    manual_seed(3);
-    net = std::make_shared<nn::Linear>(4, 1);
-  }
-  nn::Module& model() override { return *net; }
-  Tensor training_step(const Batch& batch, int64_t) override {
-    Tensor difference = sub(net->forward(batch.input), batch.target);
-    Tensor loss = mean(mul(difference, difference));
-    log("train_loss", loss);
-    return loss;
-  }
-  void validation_step(const Batch& batch, int64_t) override {
-    Tensor difference = sub(net->forward(batch.input), batch.target);
-    log("val_loss", mean(mul(difference, difference)));
-  }
-  OptimizerConfigs configure_optimizers() override {
-    OptimizerConfig config;
-    optim::SGDOptions sgd;
-    sgd.lr = 0.05;
-    config.optimizer = std::make_unique<optim::SGD>(net->parameters(), sgd);
-    return config;
-  }
-  std::shared_ptr<nn::Linear> net;
-};
-
-TrainerOptions quiet_options(const fs::path& root) { return testing::quiet_trainer_options(root); }
-
-DataLoaderOptions loader_options(int64_t batch_size, bool shuffle = true) {
-  return testing::seeded_loader_options(batch_size, shuffle);
-}
+// SGD without momentum; val_loss logged with log()'s default batch_size, 1.
+const testing::RegressionOptions plain_sgd{.momentum = 0, .val_loss_weighted = false};
 
 int64_t calls(const std::vector<ActionStats>& stats, const std::string& name) {
   for (const ActionStats& action : stats) {
@@ -64,15 +29,15 @@ int64_t calls(const std::vector<ActionStats>& stats, const std::string& name) {
 }  // namespace
 
 TEST_CASE("Trainer: profiler \"simple\" times Lightning's actions and writes the report") {
-  auto data = regression_data(32);
-  fs::path root = fresh_folder("simple_profiler");
-  Regression module;
-  TrainerOptions options = quiet_options(root);
+  auto data = testing::regression_data(32, 0.01);
+  fs::path root = testing::fresh_folder("trainer", "simple_profiler");
+  testing::Regression module(plain_sgd);
+  TrainerOptions options = testing::quiet_trainer_options(root);
   options.max_epochs = 2;
   auto profiler = std::make_shared<SimpleProfiler>("", "perf");
   options.profiler_instance = profiler;
-  DataLoader train(data, loader_options(8));       // 4 batches
-  DataLoader val(data, loader_options(16, false));  // 2 batches
+  DataLoader train(data, testing::seeded_loader_options(8));       // 4 batches
+  DataLoader val(data, testing::seeded_loader_options(16, false));  // 2 batches
   Trainer trainer(options);
   trainer.fit(module, train, &val);
   const std::vector<ActionStats> stats = profiler->stats();
@@ -98,15 +63,15 @@ TEST_CASE("Trainer: profiler \"simple\" times Lightning's actions and writes the
 }
 
 TEST_CASE("Trainer: profiler \"pytorch\" counts the ops of training, and \"advanced\" is refused") {
-  auto data = regression_data(32);
-  fs::path root = fresh_folder("op_profiler");
-  Regression module;
-  TrainerOptions options = quiet_options(root);
+  auto data = testing::regression_data(32, 0.01);
+  fs::path root = testing::fresh_folder("trainer", "op_profiler");
+  testing::Regression module(plain_sgd);
+  TrainerOptions options = testing::quiet_trainer_options(root);
   options.max_epochs = 1;
   options.logger = false;
   options.profiler = "pytorch";
-  DataLoader train(data, loader_options(8));
-  DataLoader val(data, loader_options(16, false));
+  DataLoader train(data, testing::seeded_loader_options(8));
+  DataLoader val(data, testing::seeded_loader_options(16, false));
   Trainer trainer(options);
   trainer.fit(module, train, &val);
   auto& profiler = dynamic_cast<PyTorchProfiler&>(trainer.profiler());
@@ -127,33 +92,34 @@ TEST_CASE("Trainer: profiler \"pytorch\" counts the ops of training, and \"advan
   }
   CHECK(training_step_range);
 
-  TrainerOptions advanced = quiet_options(root);
+  TrainerOptions advanced = testing::quiet_trainer_options(root);
   advanced.profiler = "advanced";
   CHECK_THROWS_WITH(Trainer{advanced}, doctest::Contains("cProfile"));
   fs::remove_all(root);
 }
 
 TEST_CASE("Trainer: a fit left by an exception tears the profiler down") {
-  struct Failing : Regression {
+  struct Failing : testing::Regression {
+    using testing::Regression::Regression;
     Tensor training_step(const Batch& batch, int64_t index) override {
       if (index == 2) KILN_THROW("training_step failed on purpose");
-      return Regression::training_step(batch, index);
+      return testing::Regression::training_step(batch, index);
     }
-  } module;
-  auto data = regression_data(32);
-  fs::path root = fresh_folder("profiler_exception");
-  TrainerOptions options = quiet_options(root);
+  } module(plain_sgd);
+  auto data = testing::regression_data(32, 0.01);
+  fs::path root = testing::fresh_folder("trainer", "profiler_exception");
+  TrainerOptions options = testing::quiet_trainer_options(root);
   options.max_epochs = 1;
   options.logger = false;
   options.profiler = "pytorch";
-  DataLoader train(data, loader_options(8));
+  DataLoader train(data, testing::seeded_loader_options(8));
   Trainer trainer(options);
   CHECK_THROWS_WITH_AS(trainer.fit(module, train), doctest::Contains("on purpose"), Error);
   auto& profiler = dynamic_cast<PyTorchProfiler&>(trainer.profiler());
   CHECK_FALSE(profiler.op_profiler().active());  // the op profiler does not stay on for the thread
   // And the next stage profiles afresh.
-  Regression healthy;
-  DataLoader val(data, loader_options(16, false));
+  testing::Regression healthy(plain_sgd);
+  DataLoader val(data, testing::seeded_loader_options(16, false));
   trainer.validate(healthy, val);
   CHECK_FALSE(profiler.op_profiler().active());
   fs::remove_all(root);

@@ -4,6 +4,7 @@
 
 #include "core/generator.h"
 #include "core/ops.h"
+#include "optim/lr_scheduler.h"
 
 namespace kiln::testing {
 
@@ -39,6 +40,49 @@ DataLoaderOptions seeded_loader_options(int64_t batch_size, bool shuffle) {
   options.shuffle = shuffle;
   options.seed = 5;
   return options;
+}
+
+SchedulerFactory step_lr(int64_t step_size, double gamma) {
+  return [step_size, gamma](optim::Optimizer& optimizer) {
+    return std::make_unique<optim::StepLR>(optimizer, step_size, gamma);
+  };
+}
+
+Regression::Regression(RegressionOptions options) : options(std::move(options)) {
+  manual_seed(3);
+  net = std::make_shared<nn::Linear>(4, 1);
+}
+
+Tensor Regression::mean_squared_error(const Batch& batch) {
+  Tensor difference = sub(model().forward(batch.input), batch.target);
+  return mean(mul(difference, difference));
+}
+
+Tensor Regression::training_step(const Batch& batch, int64_t) {
+  Tensor loss = mean_squared_error(batch);
+  if (options.log_losses) log("train_loss", loss, options.train_loss_on_step, options.train_loss_on_epoch);
+  ++training_steps;
+  if (options.record_losses) losses.push_back(loss.item<double>());
+  return loss;
+}
+
+void Regression::validation_step(const Batch& batch, int64_t) {
+  Tensor loss = mean_squared_error(batch);
+  if (options.log_losses) {
+    log("val_loss", loss, std::nullopt, std::nullopt, false, options.val_loss_weighted ? batch.size() : 1);
+  }
+  ++validation_steps;
+}
+
+OptimizerConfigs Regression::configure_optimizers() {
+  OptimizerConfig config;
+  optim::SGDOptions sgd;
+  sgd.lr = options.lr;
+  sgd.momentum = options.momentum;
+  config.optimizer = std::make_unique<optim::SGD>(model().parameters(), sgd);
+  if (options.make_scheduler) config.scheduler = options.make_scheduler(*config.optimizer);
+  config.interval = options.interval;
+  return config;
 }
 
 }  // namespace kiln::testing
