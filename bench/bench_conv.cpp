@@ -5,7 +5,10 @@
 // preallocated buffers, then the same stack through the autograd front end.
 // Prints median wall and CPU time, and the floor: FLOPs at Eigen's ~100
 // GFLOP/s per core (conv) or bytes at a measured memcpy bandwidth
-// (memory-bound ops); "of floor" = floor / (cpu time / threads).
+// (memory-bound ops); "of floor" = floor / (cpu time / threads). Conv FLOPs
+// are the direct convolution's: conv2 takes the Winograd path
+// (kernels/cpu/conv_winograd.cpp, 2.25x fewer multiply-adds), so its "of
+// floor" is an effective figure and may exceed 100%.
 //
 //   bench_conv [--batch 128] [--repeats 30]
 #include <omp.h>
@@ -153,7 +156,8 @@ int main(int argc, char** argv) {
 
   std::printf("bench_conv: FashionCNN conv stack, batch %lld, float32, %d threads, median of %d\n",
               static_cast<long long>(N), omp_get_max_threads(), repeats);
-  std::printf("reference memcpy bandwidth: %.1f GB/s per core (read + write)\n\n", copy_gbs);
+  std::printf("reference memcpy bandwidth: %.1f GB/s per core (read + write)\n", copy_gbs);
+  std::printf("conv FLOPs are the direct convolution's; a Winograd layer's rate is effective\n\n");
   const int threads = omp_get_max_threads();
   std::printf("%-28s %9s %9s %9s %12s %11s %9s\n", "op", "wall ms", "cpu ms", "floor ms", "GFLOP/s/core",
               "GB/s/core", "of floor");

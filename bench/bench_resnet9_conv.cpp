@@ -1,12 +1,16 @@
 // CPU time of each of ResNet-9's convolutions (the shapes of nn/models.cpp on
 // 28x28 Fashion-MNIST, 3x3, pad 1, no bias) through kernels/conv.h on
 // preallocated buffers: forward, and backward (input + weight gradient; the
-// first layer's input gradient is not needed and not timed). Prints median
-// wall and process CPU time, GFLOP/s per busy core, and "of floor": the
-// FLOPs at Eigen's ~100 GFLOP/s per core against the CPU time, which on a busy
-// machine is steadier than wall time.
+// first layer's input gradient is not needed and not timed). Prints the path
+// each layer takes (Winograd F(2x2, 3x3) or im2col + GEMM), median wall and
+// process CPU time, GFLOP/s per busy core, and "of floor": the FLOPs at
+// Eigen's ~100 GFLOP/s per core against the CPU time, which on a busy machine
+// is steadier than wall time. FLOPs are always the direct convolution's, so on
+// Winograd rows both figures are effective ones (above 100% when the path
+// saves more multiply-adds than it loses to its transforms). --path im2col or
+// winograd forces a path (winograd where supported), to compare them.
 //
-//   bench_resnet9_conv [--batch 128] [--repeats 10]
+//   bench_resnet9_conv [--batch 128] [--repeats 10] [--path auto|im2col|winograd]
 #include <omp.h>
 
 #include <algorithm>
@@ -22,6 +26,7 @@
 
 #include "bench/cpu_timing.h"
 #include "kernels/conv.h"
+#include "kernels/cpu/conv_winograd.h"
 
 namespace {
 
@@ -41,10 +46,19 @@ int main(int argc, char** argv) {
   using namespace kiln;
   int64_t batch = 128;
   int repeats = 10;
+  std::string path = "auto";
   for (int i = 1; i + 1 < argc; i += 2) {
     if (std::strcmp(argv[i], "--batch") == 0) batch = std::atoll(argv[i + 1]);
     if (std::strcmp(argv[i], "--repeats") == 0) repeats = std::atoi(argv[i + 1]);
+    if (std::strcmp(argv[i], "--path") == 0) path = argv[i + 1];
   }
+  if (path != "auto" && path != "im2col" && path != "winograd") {
+    std::fprintf(stderr, "bench_resnet9_conv: --path must be auto, im2col or winograd, got %s\n", path.c_str());
+    return 2;
+  }
+  kernels::conv2d_winograd_set_policy(path == "auto"     ? kernels::WinogradPolicy::kWhenFaster
+                                      : path == "im2col" ? kernels::WinogradPolicy::kNever
+                                                         : kernels::WinogradPolicy::kAlways);
   const Layer layers[] = {
       {"prep 1->64 28x28", 1, 64, 28, false},        {"layer1 64->128 28x28", 64, 128, 28, true},
       {"residual1 128->128 14x14", 128, 128, 14, true}, {"layer2 128->256 14x14", 128, 256, 14, true},
@@ -54,10 +68,11 @@ int main(int argc, char** argv) {
   const int uses[] = {1, 1, 2, 1, 1, 2};
 
   const int threads = omp_get_max_threads();
-  std::printf("bench_resnet9_conv: batch %lld, float32, %d threads, median of %d\n\n",
-              static_cast<long long>(batch), threads, repeats);
-  std::printf("%-26s %-8s %9s %9s %9s %12s %9s\n", "layer", "pass", "wall ms", "cpu ms", "floor ms", "GFLOP/s/core",
-              "of floor");
+  std::printf("bench_resnet9_conv: batch %lld, float32, %d threads, median of %d, path %s\n",
+              static_cast<long long>(batch), threads, repeats, path.c_str());
+  std::printf("(FLOPs and floor are the direct convolution's: effective figures on winograd rows)\n\n");
+  std::printf("%-26s %-8s %-8s %9s %9s %9s %12s %9s\n", "layer", "pass", "path", "wall ms", "cpu ms", "floor ms",
+              "GFLOP/s/core", "of floor");
   double step_wall = 0, step_cpu = 0, step_floor = 0;
   for (size_t l = 0; l < std::size(layers); ++l) {
     const Layer& layer = layers[l];
@@ -75,10 +90,11 @@ int main(int argc, char** argv) {
     std::vector<float> y(y_count), dx(x_count), dw(w_count);
     const double flops = 2 * kernels::conv2d_macs(p);
 
+    const char* layer_path = kernels::conv2d_winograd_selected(p) ? "winograd" : "im2col";
     auto report = [&](const char* pass, double pass_flops, const Timing& t) {
       const double floor_s = pass_flops / (100e9 * threads);
-      std::printf("%-26s %-8s %9.2f %9.2f %9.2f %12.1f %8.0f%%\n", layer.name, pass, 1e3 * t.wall, 1e3 * t.cpu,
-                  1e3 * floor_s, pass_flops / t.cpu / 1e9, 100 * floor_s / (t.cpu / threads));
+      std::printf("%-26s %-8s %-8s %9.2f %9.2f %9.2f %12.1f %8.0f%%\n", layer.name, pass, layer_path, 1e3 * t.wall,
+                  1e3 * t.cpu, 1e3 * floor_s, pass_flops / t.cpu / 1e9, 100 * floor_s / (t.cpu / threads));
       step_wall += uses[l] * t.wall;
       step_cpu += uses[l] * t.cpu;
       step_floor += uses[l] * floor_s;

@@ -1,0 +1,542 @@
+// CPU 3x3 convolution by Winograd's minimal filtering F(2x2, 3x3) (Lavin &
+// Gray 2015, "Fast Algorithms for Convolutional Neural Networks").
+//
+// Each 2x2 output tile comes from the 4x4 input window d at (2*ty - pad_h,
+// 2*tx - pad_w): Y = A^T [(G g G^T) . (B^T d B)] A. Summed over the input
+// channels, the elementwise product becomes, for each of the 16 positions xi
+// of the 4x4 tile, one GEMM M[xi] (O, tiles) = V[xi] (O, C) * U[xi] (C, tiles)
+// with V = G g G^T and U = B^T d B: 16 multiply-adds per tile and channel pair
+// instead of 36 for four outputs, 2.25x fewer (fewer on planes of odd size,
+// whose last tile row and column are half used).
+//
+// The backward is the exact adjoint of that linear map:
+//   dM = A dY A^T per tile; dU[xi] = V[xi]^T dM[xi]; dx = B dU B^T summed
+//   over the overlapping windows (only inside the real plane);
+//   dV[xi] = sum over tiles dM[xi] U[xi]^T; dweight = G^T dV G.
+//
+// Invariants, as in conv.cpp: contiguous NCHW; outputs written (=). The tiles
+// of whole samples go side by side into one block (16 matrices (C, tiles) U,
+// (O, tiles) M); blocks are spread over the threads and each runs Eigen
+// single-threaded. The parallel loops have no `if` clause: inside any team
+// Eigen stays single-threaded, so a GEMM's blocking (and rounding) never
+// depends on the thread count. Scratch is thread-local and only grows, so
+// steady training allocates nothing here. The weight gradient is summed per
+// fixed chunk of samples (dV in the chunk's thread's scratch, transformed to a
+// (9, O, C) partial), and the partials are added in chunk order: results do
+// not depend on the thread count.
+//
+// The transforms run on whole planes: B^T d B is split into a pass along each
+// padded input row (shared by the two tile rows that overlap on it) and a pass
+// down the columns that is one flat loop over the plane's tiles (tile t =
+// ty * tiles_w + tx, so the row below is t + tiles_w); the other three
+// transforms are split the same way. The flat loops vectorize on 7x7 planes
+// (16 tiles) where per-row loops of 4 would not. Each flat loop writes one
+// array: GCC 12 left the loops that wrote four unvectorized (it gives up on
+// the aliasing checks).
+#include "kernels/cpu/conv_winograd.h"
+
+#include <Eigen/Core>
+#include <algorithm>
+#include <atomic>
+#include <vector>
+
+#include "kernels/error.h"
+
+namespace kiln::kernels {
+
+namespace {
+
+template <typename T>
+using MatrixRM = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+template <typename T>
+using MapRM = Eigen::Map<MatrixRM<T>>;
+template <typename T>
+using ConstMapRM = Eigen::Map<const MatrixRM<T>>;
+
+constexpr int64_t kPositions = 16;  // the 4x4 transformed tile
+
+// A per-thread scratch buffer of T that only grows.
+enum BufferSlot { kInputTiles, kProductTiles, kPlane, kWeights, kWeightTiles, kPartials, kSlots };
+template <typename T>
+T* thread_buffer(size_t count, BufferSlot slot) {
+  thread_local std::vector<T> buffers[kSlots];
+  std::vector<T>& buffer = buffers[slot];
+  if (buffer.size() < count) buffer.resize(count);
+  return buffer.data();
+}
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// The tiles of one plane and the zero-bordered input plane that holds every
+// tile's 4x4 window: padded row r is input row r - pad_h.
+struct Tiling {
+  int64_t H, W, OH, OW, pad_h, pad_w;
+  int64_t tiles_h, tiles_w, tiles;  // tiles = tiles_h * tiles_w
+  int64_t padded_h, padded_w;       // 2 * tiles + 2
+  explicit Tiling(const Conv2dParams& p)
+      : H(p.in_h), W(p.in_w), OH(p.out_h), OW(p.out_w), pad_h(p.pad_h), pad_w(p.pad_w),
+        tiles_h(ceil_div(p.out_h, 2)), tiles_w(ceil_div(p.out_w, 2)), tiles(tiles_h * tiles_w),
+        padded_h(2 * tiles_h + 2), padded_w(2 * tiles_w + 2) {}
+  // Scratch of one plane transform (the largest of the four).
+  int64_t plane_scratch() const { return padded_h * padded_w + 8 * (tiles_h + 1) * tiles_w + 4 * tiles_w; }
+};
+
+// Samples per block and per weight-gradient chunk, fixed by the shape alone.
+// Blocks: whole samples, equal parts of a chunk, each at most kMaxBlockTiles
+// tiles wide. Measured on one core, batch 128, cpu ms forward/backward for
+// blocks of at most 49/64/100/128/256 tiles: 128->256 14x14 86.6/86.5/84.4/
+// 84.3/94.3 and 177/175/167/170/185; 256->512 7x7 129/128/125/123/127 and
+// 268/258/243/233/251 (U and M of a wider block spill out of L2; a narrower
+// one packs the weights for fewer columns). A 28x28 sample (196 tiles) is one block.
+// Chunks: a power of two (even work for 2^k threads), at most kMaxWeightChunks,
+// the batch, and one per kMinChunkTiles tiles. Each chunk costs a transform of
+// its (16, O, C) weight-gradient tiles plus its share of the final sum: the
+// 256->512 7x7 backward measured 256/246/238/232 ms with 16/8/4/2 chunks. 8
+// keeps up to 8 threads busy for ~4% over 2.
+constexpr int64_t kMaxBlockTiles = 128;
+constexpr int64_t kMaxWeightChunks = 8;
+constexpr int64_t kMinChunkTiles = 128;
+
+struct Blocking {
+  int64_t chunks, per_chunk, per_block;
+};
+Blocking blocking(const Conv2dParams& p, const Tiling& tiling) {
+  const int64_t limit =
+      std::min({p.batch, kMaxWeightChunks, std::max<int64_t>(1, p.batch * tiling.tiles / kMinChunkTiles)});
+  int64_t chunks = 1;
+  while (chunks * 2 <= limit) chunks *= 2;
+  const int64_t per_chunk = ceil_div(p.batch, chunks);
+  const int64_t cap = std::max<int64_t>(1, kMaxBlockTiles / tiling.tiles);
+  return {ceil_div(p.batch, per_chunk), per_chunk, ceil_div(per_chunk, ceil_div(per_chunk, cap))};
+}
+
+// Filters per step of the weight transforms: their intermediate rows stay in
+// L1, and the loops over them vectorize.
+constexpr int64_t kFilterBlock = 128;
+
+// V (16, O, C) = G g G^T of every 3x3 filter g of weight (O, C, 3, 3), with
+// G = [1 0 0; 1/2 1/2 1/2; 1/2 -1/2 1/2; 0 0 1].
+template <typename T>
+void transform_weights(int64_t O, int64_t C, const T* weight, T* V) {
+  const int64_t filters = O * C;
+  T taps[9][kFilterBlock], rows[4][3][kFilterBlock];  // g (3, 3) and G g (4, 3), filter-minor
+  for (int64_t first = 0; first < filters; first += kFilterBlock) {
+    const int64_t count = std::min(kFilterBlock, filters - first);
+    for (int64_t i = 0; i < count; ++i) {
+      for (int64_t k = 0; k < 9; ++k) taps[k][i] = weight[(first + i) * 9 + k];
+    }
+    for (int64_t j = 0; j < 3; ++j) {
+      for (int64_t i = 0; i < count; ++i) {
+        const T g0 = taps[j][i], g1 = taps[3 + j][i], g2 = taps[6 + j][i];
+        rows[0][j][i] = g0;
+        rows[1][j][i] = T(0.5) * (g0 + g1 + g2);
+        rows[2][j][i] = T(0.5) * (g0 - g1 + g2);
+        rows[3][j][i] = g2;
+      }
+    }
+    for (int64_t r = 0; r < 4; ++r) {  // (G g) G^T
+      const T* r0 = rows[r][0];
+      const T* r1 = rows[r][1];
+      const T* r2 = rows[r][2];
+      T* v = V + 4 * r * filters + first;
+      for (int64_t i = 0; i < count; ++i) v[i] = r0[i];
+      for (int64_t i = 0; i < count; ++i) v[filters + i] = T(0.5) * (r0[i] + r1[i] + r2[i]);
+      for (int64_t i = 0; i < count; ++i) v[2 * filters + i] = T(0.5) * (r0[i] - r1[i] + r2[i]);
+      for (int64_t i = 0; i < count; ++i) v[3 * filters + i] = r2[i];
+    }
+  }
+}
+
+// dw (9, O, C) = G^T dv G for the tiles dV (16, O, C): the adjoint of
+// transform_weights, tap-major so the loops vectorize (backward interleaves the
+// taps into (O, C, 3, 3) when it sums the chunks).
+template <typename T>
+void transform_weight_gradient(int64_t O, int64_t C, const T* dV, T* dw) {
+  const int64_t filters = O * C;
+  T rows[3][4][kFilterBlock];  // G^T dv (3, 4), filter-minor
+  for (int64_t first = 0; first < filters; first += kFilterBlock) {
+    const int64_t count = std::min(kFilterBlock, filters - first);
+    for (int64_t j = 0; j < 4; ++j) {
+      const T* d0 = dV + j * filters + first;
+      const T* d1 = dV + (4 + j) * filters + first;
+      const T* d2 = dV + (8 + j) * filters + first;
+      const T* d3 = dV + (12 + j) * filters + first;
+      for (int64_t i = 0; i < count; ++i) rows[0][j][i] = d0[i] + T(0.5) * (d1[i] + d2[i]);
+      for (int64_t i = 0; i < count; ++i) rows[1][j][i] = T(0.5) * (d1[i] - d2[i]);
+      for (int64_t i = 0; i < count; ++i) rows[2][j][i] = T(0.5) * (d1[i] + d2[i]) + d3[i];
+    }
+    for (int64_t r = 0; r < 3; ++r) {  // (G^T dv) G
+      const T* r0 = rows[r][0];
+      const T* r1 = rows[r][1];
+      const T* r2 = rows[r][2];
+      const T* r3 = rows[r][3];
+      T* w = dw + 3 * r * filters + first;
+      for (int64_t i = 0; i < count; ++i) w[i] = r0[i] + T(0.5) * (r1[i] + r2[i]);
+      for (int64_t i = 0; i < count; ++i) w[filters + i] = T(0.5) * (r1[i] - r2[i]);
+      for (int64_t i = 0; i < count; ++i) w[2 * filters + i] = T(0.5) * (r1[i] + r2[i]) + r3[i];
+    }
+  }
+}
+
+// u[xi * stride + t] = (B^T d B)[xi] for every tile t of one input plane (H, W),
+// with B^T = [1 0 -1 0; 0 1 1 0; 0 -1 1 0; 0 1 0 -1].
+template <typename T>
+void transform_input_plane(const Tiling& g, const T* plane, T* u, int64_t stride, T* scratch) {
+  const int64_t tw = g.tiles_w, Wp = g.padded_w, rows = g.tiles_h + 1;
+  T* padded = scratch;                   // (Hp, Wp)
+  T* across = padded + g.padded_h * Wp;  // (2 parities, 4, tiles_h + 1, tiles_w): d B of each padded row
+  std::fill(padded, padded + g.padded_h * Wp, T(0));
+  for (int64_t h = 0; h < g.H; ++h) {
+    std::copy(plane + h * g.W, plane + (h + 1) * g.W, padded + (h + g.pad_h) * Wp + g.pad_w);
+  }
+  for (int64_t r = 0; r < g.padded_h; ++r) {
+    const T* d = padded + r * Wp;
+    T* out = across + (r % 2) * 4 * rows * tw + (r / 2) * tw;
+    for (int64_t tx = 0; tx < tw; ++tx) {
+      const T d0 = d[2 * tx], d1 = d[2 * tx + 1], d2 = d[2 * tx + 2], d3 = d[2 * tx + 3];
+      out[tx] = d0 - d2;
+      out[rows * tw + tx] = d1 + d2;
+      out[2 * rows * tw + tx] = d2 - d1;
+      out[3 * rows * tw + tx] = d1 - d3;
+    }
+  }
+  // Window rows 0..3 of tile t are padded rows 2ty..2ty+3: even[t], odd[t], even[t + tw], odd[t + tw].
+  for (int64_t l = 0; l < 4; ++l) {
+    const T* even = across + l * rows * tw;
+    const T* odd = across + (4 + l) * rows * tw;
+    T* u0 = u + l * stride;
+    T* u1 = u + (4 + l) * stride;
+    T* u2 = u + (8 + l) * stride;
+    T* u3 = u + (12 + l) * stride;
+    const int64_t n = g.tiles;
+    for (int64_t t = 0; t < n; ++t) u0[t] = even[t] - even[t + tw];
+    for (int64_t t = 0; t < n; ++t) u1[t] = odd[t] + even[t + tw];
+    for (int64_t t = 0; t < n; ++t) u2[t] = even[t + tw] - odd[t];
+    for (int64_t t = 0; t < n; ++t) u3[t] = odd[t] - odd[t + tw];
+  }
+}
+
+// y (OH, OW) = A^T m A (+ bias) of every tile's m[xi * stride + t], clipped at
+// the plane's edge, with A^T = [1 1 1 0; 0 1 -1 -1].
+template <typename T>
+void transform_output_plane(const Tiling& g, const T* m, int64_t stride, T bias, T* y, T* scratch) {
+  const int64_t tw = g.tiles_w, n = g.tiles;
+  T* down = scratch;  // (2 output rows, 4, tiles): A^T m
+  for (int64_t l = 0; l < 4; ++l) {
+    const T* m0 = m + l * stride;
+    const T* m1 = m + (4 + l) * stride;
+    const T* m2 = m + (8 + l) * stride;
+    const T* m3 = m + (12 + l) * stride;
+    T* s0 = down + l * n;
+    T* s1 = down + (4 + l) * n;
+    for (int64_t t = 0; t < n; ++t) s0[t] = m0[t] + m1[t] + m2[t];
+    for (int64_t t = 0; t < n; ++t) s1[t] = m1[t] - m2[t] - m3[t];
+  }
+  const int64_t pairs = g.OW / 2;
+  for (int64_t oh = 0; oh < g.OH; ++oh) {
+    const T* s = down + (oh % 2) * 4 * n + (oh / 2) * tw;
+    T* row = y + oh * g.OW;
+    for (int64_t tx = 0; tx < pairs; ++tx) {
+      row[2 * tx] = s[tx] + s[n + tx] + s[2 * n + tx] + bias;
+      row[2 * tx + 1] = s[n + tx] - s[2 * n + tx] - s[3 * n + tx] + bias;
+    }
+    if (g.OW % 2 != 0) row[2 * pairs] = s[pairs] + s[n + pairs] + s[2 * n + pairs] + bias;
+  }
+}
+
+// dm[xi * stride + t] = (A dY A^T)[xi] for every tile of one output-gradient
+// plane dy (OH, OW), zero beyond the plane's edge: the adjoint of transform_output_plane.
+template <typename T>
+void transform_output_gradient_plane(const Tiling& g, const T* dy, T* dm, int64_t stride, T* scratch) {
+  const int64_t tw = g.tiles_w, n = g.tiles;
+  T* across = scratch;  // (2 rows of the tile, 4, tiles): dY A^T
+  const int64_t pairs = g.OW / 2;
+  for (int64_t r = 0; r < 2 * g.tiles_h; ++r) {
+    T* out = across + (r % 2) * 4 * n + (r / 2) * tw;
+    if (r >= g.OH) {
+      for (int64_t l = 0; l < 4; ++l) std::fill(out + l * n, out + l * n + tw, T(0));
+      continue;
+    }
+    const T* row = dy + r * g.OW;
+    for (int64_t tx = 0; tx < pairs; ++tx) {
+      const T y0 = row[2 * tx], y1 = row[2 * tx + 1];
+      out[tx] = y0;
+      out[n + tx] = y0 + y1;
+      out[2 * n + tx] = y0 - y1;
+      out[3 * n + tx] = -y1;
+    }
+    if (g.OW % 2 != 0) {
+      const T y0 = row[2 * pairs];
+      out[pairs] = y0;
+      out[n + pairs] = y0;
+      out[2 * n + pairs] = y0;
+      out[3 * n + pairs] = T(0);
+    }
+  }
+  for (int64_t l = 0; l < 4; ++l) {
+    const T* q0 = across + l * n;
+    const T* q1 = across + (4 + l) * n;
+    T* d0 = dm + l * stride;
+    T* d1 = dm + (4 + l) * stride;
+    T* d2 = dm + (8 + l) * stride;
+    T* d3 = dm + (12 + l) * stride;
+    std::copy(q0, q0 + n, d0);
+    for (int64_t t = 0; t < n; ++t) d1[t] = q0[t] + q1[t];
+    for (int64_t t = 0; t < n; ++t) d2[t] = q0[t] - q1[t];
+    for (int64_t t = 0; t < n; ++t) d3[t] = -q1[t];
+  }
+}
+
+// dx (H, W) = sum over tiles of B du B^T placed at each tile's window, for
+// du[xi * stride + t]: the adjoint of transform_input_plane. Each padded row
+// and column gathers the two windows that overlap on it, so nothing is summed
+// into memory twice.
+template <typename T>
+void transform_input_gradient_plane(const Tiling& g, const T* du, int64_t stride, T* dx, T* scratch) {
+  const int64_t tw = g.tiles_w, n = g.tiles, rows = g.tiles_h + 1;
+  T* down = scratch;  // (2 parities, 4, tiles_h + 1, tiles_w): B du, gathered per padded row
+  for (int64_t l = 0; l < 4; ++l) {
+    const T* u0 = du + l * stride;
+    const T* u1 = du + (4 + l) * stride;
+    const T* u2 = du + (8 + l) * stride;
+    const T* u3 = du + (12 + l) * stride;
+    T* even = down + l * rows * tw;
+    T* odd = down + (4 + l) * rows * tw;
+    // Padded row 2ry is window row 0 of tile row ry and row 2 of ry - 1;
+    // row 2ry + 1 is row 1 of ry and row 3 of ry - 1. B's rows: u0;
+    // u1 - u2 + u3; -u0 + u1 + u2; -u3.
+    for (int64_t t = 0; t < tw; ++t) {
+      even[t] = u0[t];
+      odd[t] = u1[t] - u2[t] + u3[t];
+    }
+    for (int64_t t = tw; t < n; ++t) even[t] = u0[t] + (u1[t - tw] + u2[t - tw] - u0[t - tw]);
+    for (int64_t t = tw; t < n; ++t) odd[t] = (u1[t] - u2[t] + u3[t]) - u3[t - tw];
+    for (int64_t t = n; t < n + tw; ++t) {
+      even[t] = u1[t - tw] + u2[t - tw] - u0[t - tw];
+      odd[t] = -u3[t - tw];
+    }
+  }
+  T* row = down + 8 * rows * tw;  // (padded_w) one padded row of dx
+  for (int64_t h = 0; h < g.H; ++h) {
+    const int64_t r = h + g.pad_h;
+    const T* v = down + (r % 2) * 4 * rows * tw + (r / 2) * tw;
+    const T* v0 = v;
+    const T* v1 = v + rows * tw;
+    const T* v2 = v + 2 * rows * tw;
+    const T* v3 = v + 3 * rows * tw;
+    // Padded column 2cx is window column 0 of tile cx and 2 of cx - 1; 2cx + 1
+    // is column 1 of cx and 3 of cx - 1.
+    row[0] = v0[0];
+    row[1] = v1[0] - v2[0] + v3[0];
+    for (int64_t cx = 1; cx < tw; ++cx) {
+      row[2 * cx] = v0[cx] + (v1[cx - 1] + v2[cx - 1] - v0[cx - 1]);
+      row[2 * cx + 1] = (v1[cx] - v2[cx] + v3[cx]) - v3[cx - 1];
+    }
+    row[2 * tw] = v1[tw - 1] + v2[tw - 1] - v0[tw - 1];
+    row[2 * tw + 1] = -v3[tw - 1];
+    std::copy(row + g.pad_w, row + g.pad_w + g.W, dx + h * g.W);
+  }
+}
+
+template <typename T>
+void forward(const Conv2dParams& p, const T* x, const T* weight, const T* bias, T* y) {
+  const Tiling g(p);
+  const Blocking b = blocking(p, g);
+  const int64_t C = p.in_channels, O = p.out_channels, HW = p.in_h * p.in_w, P = p.out_h * p.out_w;
+  const int64_t blocks_per_chunk = ceil_div(b.per_chunk, b.per_block);
+  T* V = thread_buffer<T>(static_cast<size_t>(kPositions * O * C), kWeights);  // (16, O, C)
+  transform_weights(O, C, weight, V);
+#pragma omp parallel for schedule(static)
+  for (int64_t block = 0; block < b.chunks * blocks_per_chunk; ++block) {
+    const int64_t chunk = block / blocks_per_chunk, chunk_end = std::min(p.batch, (chunk + 1) * b.per_chunk);
+    const int64_t first = chunk * b.per_chunk + (block % blocks_per_chunk) * b.per_block;
+    const int64_t count = std::min(b.per_block, chunk_end - first);
+    if (count <= 0) continue;
+    const int64_t columns = count * g.tiles;
+    T* U = thread_buffer<T>(static_cast<size_t>(kPositions * C * columns), kInputTiles);  // (16, C, columns)
+    T* M = thread_buffer<T>(static_cast<size_t>(kPositions * O * columns), kProductTiles);  // (16, O, columns)
+    T* scratch = thread_buffer<T>(static_cast<size_t>(g.plane_scratch()), kPlane);
+    for (int64_t s = 0; s < count; ++s) {
+      for (int64_t c = 0; c < C; ++c) {
+        transform_input_plane(g, x + ((first + s) * C + c) * HW, U + c * columns + s * g.tiles, C * columns, scratch);
+      }
+    }
+    for (int64_t xi = 0; xi < kPositions; ++xi) {
+      MapRM<T>(M + xi * O * columns, O, columns).noalias() =
+          ConstMapRM<T>(V + xi * O * C, O, C) * ConstMapRM<T>(U + xi * C * columns, C, columns);
+    }
+    for (int64_t s = 0; s < count; ++s) {
+      for (int64_t o = 0; o < O; ++o) {
+        transform_output_plane(g, M + o * columns + s * g.tiles, O * columns, bias != nullptr ? bias[o] : T(0),
+                               y + ((first + s) * O + o) * P, scratch);
+      }
+    }
+  }
+}
+
+template <typename T>
+void backward(const Conv2dParams& p, const T* x, const T* weight, const T* dy, T* dx, T* dweight) {
+  if (dx == nullptr && dweight == nullptr) return;
+  const Tiling g(p);
+  const Blocking b = blocking(p, g);
+  const int64_t C = p.in_channels, O = p.out_channels, HW = p.in_h * p.in_w, P = p.out_h * p.out_w;
+  const int64_t weight_numel = O * C * 9;
+  T* V = nullptr;  // (16, O, C)
+  if (dx != nullptr) {
+    V = thread_buffer<T>(static_cast<size_t>(kPositions * O * C), kWeights);
+    transform_weights(O, C, weight, V);
+  }
+  // (chunks, 9, O, C) weight gradients of each chunk, tap-major.
+  T* partials = dweight != nullptr ? thread_buffer<T>(static_cast<size_t>(b.chunks * weight_numel), kPartials)
+                                   : nullptr;
+#pragma omp parallel for schedule(static)
+  for (int64_t chunk = 0; chunk < b.chunks; ++chunk) {
+    const int64_t chunk_end = std::min(p.batch, (chunk + 1) * b.per_chunk);
+    T* dV = dweight != nullptr ? thread_buffer<T>(static_cast<size_t>(kPositions * O * C), kWeightTiles) : nullptr;
+    for (int64_t first = chunk * b.per_chunk; first < chunk_end; first += b.per_block) {
+      const int64_t count = std::min(b.per_block, chunk_end - first), columns = count * g.tiles;
+      T* U = thread_buffer<T>(static_cast<size_t>(kPositions * C * columns), kInputTiles);    // (16, C, columns)
+      T* dM = thread_buffer<T>(static_cast<size_t>(kPositions * O * columns), kProductTiles);  // (16, O, columns)
+      T* scratch = thread_buffer<T>(static_cast<size_t>(g.plane_scratch()), kPlane);
+      for (int64_t s = 0; s < count; ++s) {
+        for (int64_t o = 0; o < O; ++o) {
+          transform_output_gradient_plane(g, dy + ((first + s) * O + o) * P, dM + o * columns + s * g.tiles,
+                                          O * columns, scratch);
+        }
+      }
+      if (dV != nullptr) {
+        for (int64_t s = 0; s < count; ++s) {
+          for (int64_t c = 0; c < C; ++c) {
+            transform_input_plane(g, x + ((first + s) * C + c) * HW, U + c * columns + s * g.tiles, C * columns,
+                                  scratch);
+          }
+        }
+        const bool first_block = first == chunk * b.per_chunk;
+        for (int64_t xi = 0; xi < kPositions; ++xi) {
+          MapRM<T> dv(dV + xi * O * C, O, C);
+          ConstMapRM<T> dm(dM + xi * O * columns, O, columns);
+          ConstMapRM<T> u(U + xi * C * columns, C, columns);
+          if (first_block) {
+            dv.noalias() = dm * u.transpose();
+          } else {
+            dv.noalias() += dm * u.transpose();
+          }
+        }
+      }
+      if (dx != nullptr) {
+        T* dU = U;  // U is no longer needed
+        for (int64_t xi = 0; xi < kPositions; ++xi) {
+          MapRM<T>(dU + xi * C * columns, C, columns).noalias() =
+              ConstMapRM<T>(V + xi * O * C, O, C).transpose() * ConstMapRM<T>(dM + xi * O * columns, O, columns);
+        }
+        for (int64_t s = 0; s < count; ++s) {
+          for (int64_t c = 0; c < C; ++c) {
+            transform_input_gradient_plane(g, dU + c * columns + s * g.tiles, C * columns,
+                                           dx + ((first + s) * C + c) * HW, scratch);
+          }
+        }
+      }
+    }
+    if (dV != nullptr) transform_weight_gradient(O, C, dV, partials + chunk * weight_numel);
+  }
+  if (dweight == nullptr) return;
+  // dweight (O, C, 3, 3) = the partials (9, O, C) summed in chunk order.
+  const int64_t filters = O * C;
+#pragma omp parallel for schedule(static)
+  for (int64_t first = 0; first < filters; first += kFilterBlock) {
+    const int64_t count = std::min(kFilterBlock, filters - first);
+    T taps[9][kFilterBlock];
+    for (int64_t k = 0; k < 9; ++k) {
+      std::copy(partials + k * filters + first, partials + k * filters + first + count, taps[k]);
+      for (int64_t chunk = 1; chunk < b.chunks; ++chunk) {
+        const T* partial = partials + chunk * weight_numel + k * filters + first;
+        for (int64_t i = 0; i < count; ++i) taps[k][i] += partial[i];
+      }
+    }
+    for (int64_t i = 0; i < count; ++i) {
+      for (int64_t k = 0; k < 9; ++k) dweight[(first + i) * 9 + k] = taps[k][i];
+    }
+  }
+}
+
+}  // namespace
+
+bool conv2d_winograd_supports(const Conv2dParams& p) {
+  return p.kernel_h == 3 && p.kernel_w == 3 && p.stride_h == 1 && p.stride_w == 1 && p.dilation_h == 1 &&
+         p.dilation_w == 1 && p.groups == 1 && p.out_h > 0 && p.out_w > 0;
+}
+
+// Where the path pays, measured on one core (x86-64-v3 build on an AMD EPYC
+// with 1 MB of L2 per core), batch 128 unless said, cpu ms forward/backward,
+// im2col + GEMM -> Winograd:
+//   ResNet-9: 64->128 28x28 151/309 -> 87/168; 128->128 14x14 81/165 -> 45/87;
+//     128->256 14x14 151/315 -> 83/170; 256->512 7x7 166/390 -> 123/240;
+//     512->512 3x3 66/141 -> 73/164 (9 outputs in 16 tile positions: only
+//     1.27x fewer multiply-adds). FashionCNN's 32->64 14x14 11.6/23.6 -> 8.2/15.1.
+//   Input channels (the GEMMs' depth): 16->8 28x28 6.0/12.0 -> 4.2/8.3;
+//     12->32 28x28 9.6/20.2 -> 8.5/16.6; 8->32 28x28 6.3/13.2 -> 6.6/11.7;
+//     8->64 14x14 3.1/6.4 -> 3.9/6.5; 3->64 28x28 4.9/11.6 -> 9.4/18.7.
+//   Plane: 128->128 5x5 12.6/26.9 -> 9.3/19.9 (1.56x fewer multiply-adds);
+//     256->256 2x2 9.0/18.2 -> 7.5/20.1; 64->64 1x1 0.5/0.8 -> 1.0/2.1.
+//   Tiles in the batch (the weight transforms cost O*C*16 per call and per
+//     chunk, whatever the batch): 512->512 4x4 with batch 4 (16 tiles)
+//     4.3/8.4 -> 6.5/13.3, batch 8 (32) 8.0/16.1 -> 8.3/16.5, batch 16 (64)
+//     14.8/32.0 -> 13.0/24.5; 256->512 7x7 batch 4 (64) 5.3/10.7 -> 5.3/10.0.
+// Hence: at least 16 input channels, at least 16 outputs per plane of which
+// the tiles use at least 2/3 (1.5x fewer multiply-adds), and 64 tiles.
+bool conv2d_winograd_pays(const Conv2dParams& p) {
+  if (!conv2d_winograd_supports(p)) return false;
+  const Tiling tiling(p);
+  const int64_t outputs = p.out_h * p.out_w;
+  return p.in_channels >= 16 && outputs >= 16 && 3 * outputs >= 2 * 4 * tiling.tiles && p.batch * tiling.tiles >= 64;
+}
+
+namespace {
+std::atomic<WinogradPolicy> winograd_policy{WinogradPolicy::kWhenFaster};
+}  // namespace
+
+void conv2d_winograd_set_policy(WinogradPolicy policy) { winograd_policy.store(policy); }
+
+bool conv2d_winograd_selected(const Conv2dParams& p) {
+  switch (winograd_policy.load()) {
+    case WinogradPolicy::kWhenFaster: return conv2d_winograd_pays(p);
+    case WinogradPolicy::kAlways: return conv2d_winograd_supports(p);
+    case WinogradPolicy::kNever: return false;
+  }
+  return false;
+}
+
+void conv2d_winograd_forward_cpu(DType dtype, const Conv2dParams& p, const void* x, const void* weight,
+                                 const void* bias, void* y) {
+  KILN_CHECK(conv2d_winograd_supports(p), "conv2d winograd (cpu kernel): needs a 3x3 kernel, stride 1, dilation 1, "
+             "groups 1, got kernel ", p.kernel_h, "x", p.kernel_w, ", stride ", p.stride_h, "x", p.stride_w,
+             ", dilation ", p.dilation_h, "x", p.dilation_w, ", groups ", p.groups);
+  switch (dtype) {
+    case DType::f32:
+      return forward(p, static_cast<const float*>(x), static_cast<const float*>(weight),
+                     static_cast<const float*>(bias), static_cast<float*>(y));
+    case DType::f64:
+      return forward(p, static_cast<const double*>(x), static_cast<const double*>(weight),
+                     static_cast<const double*>(bias), static_cast<double*>(y));
+    default: KILN_THROW("conv2d winograd (cpu kernel): expected float32 or float64, got ", dtype_name(dtype));
+  }
+}
+
+void conv2d_winograd_backward_cpu(DType dtype, const Conv2dParams& p, const void* x, const void* weight,
+                                  const void* dy, void* dx, void* dweight) {
+  KILN_CHECK(conv2d_winograd_supports(p), "conv2d winograd backward (cpu kernel): needs a 3x3 kernel, stride 1, "
+             "dilation 1, groups 1, got kernel ", p.kernel_h, "x", p.kernel_w, ", stride ", p.stride_h, "x",
+             p.stride_w, ", dilation ", p.dilation_h, "x", p.dilation_w, ", groups ", p.groups);
+  switch (dtype) {
+    case DType::f32:
+      return backward(p, static_cast<const float*>(x), static_cast<const float*>(weight),
+                      static_cast<const float*>(dy), static_cast<float*>(dx), static_cast<float*>(dweight));
+    case DType::f64:
+      return backward(p, static_cast<const double*>(x), static_cast<const double*>(weight),
+                      static_cast<const double*>(dy), static_cast<double*>(dx), static_cast<double*>(dweight));
+    default: KILN_THROW("conv2d winograd backward (cpu kernel): expected float32 or float64, got ",
+                        dtype_name(dtype));
+  }
+}
+
+}  // namespace kiln::kernels
