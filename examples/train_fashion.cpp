@@ -128,7 +128,7 @@ int main(int argc, char** argv) {
   CLI::App app{"Train a reference model on Fashion-MNIST with kiln"};
   examples::TrainerFlags flags;
   TrainerOptions& trainer_options = flags.trainer;
-  trainer_options.max_epochs = 8;
+  trainer_options.max_epochs = 10;
   trainer_options.default_root_dir = "./runs";
   trainer_options.log_every_n_steps = 50;
   Recipe recipe;
