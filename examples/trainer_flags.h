@@ -38,6 +38,9 @@ struct TrainerFlagHandles {
   CLI::Option* log_every_n_steps = nullptr;
 };
 
+// Lightning's CLI spelling of None for an optional flag ("None", "none" or "null").
+inline bool is_none(const std::string& text) { return text == "None" || text == "none" || text == "null"; }
+
 // A Lightning int-or-float flag bound to `target` (trainer/batches_or_fraction.h):
 // "4" is four batches, "0.25" a quarter of an epoch, "1.0" the whole epoch.
 // A value that is neither, or out of range, is refused at parse time.

@@ -55,6 +55,8 @@ TEST_CASE("train_fashion refuses bad flags with a one-line reason and touches no
   check_refused("--val-check-interval 2.5", "[0.0, 1.0] or an int");
   check_refused("--limit-train-batches quarter", "fraction of an epoch");
   check_refused("--profiler advanced", "--profiler");
+  check_refused("--check-val-every-n-epoch 0", "positive number of epochs or None");
+  check_refused("--check-val-every-n-epoch None --val-check-interval 0.5", "must be a number of batches");
 }
 
 TEST_CASE("train_fashion: a missing --ckpt-path fails before a log folder is made") {

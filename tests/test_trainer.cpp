@@ -441,6 +441,42 @@ TEST_CASE("Trainer: 1 means one batch and 1.0 the whole epoch, as Lightning's in
   fs::remove_all(root);
 }
 
+TEST_CASE("Trainer: check_val_every_n_epoch None counts val_check_interval batches across epochs, resume included") {
+  // 6 batches of 8 per epoch, 3 epochs: validation after every 4th batch of
+  // the run (global steps 4, 8, 12, 16), not after batch 4 of each epoch.
+  fs::path root = fresh_folder("val_across_epochs");
+  struct StepsAtValidation : Callback {
+    std::string name() const override { return "StepsAtValidation"; }
+    void on_validation_end(Trainer& trainer, TrainModule&) override { steps.push_back(trainer.global_step()); }
+    std::vector<int64_t> steps;
+  };
+  auto run = [&](BatchesOrFraction interval, std::vector<std::shared_ptr<Callback>> callbacks = {},
+                 const std::string& ckpt_path = "") {
+    auto recorder = std::make_shared<StepsAtValidation>();
+    callbacks.push_back(recorder);
+    TrainerOptions options = quiet_options(root);
+    options.max_epochs = 3;
+    options.check_val_every_n_epoch = std::nullopt;
+    options.val_check_interval = interval;
+    options.logger = false;
+    options.callbacks = std::move(callbacks);
+    Regression module;
+    DataLoader loader(regression_data(48), loader_options(8));
+    DataLoader val(regression_data(16), loader_options(8));
+    Trainer(options).fit(module, loader, &val, ckpt_path);
+    return recorder->steps;
+  };
+  CHECK(run(4) == std::vector<int64_t>{4, 8, 12, 16});
+  CHECK(run(7) == std::vector<int64_t>{7, 14});  // more than an epoch's batches is fine here
+  // Resumed from step 9 (inside the second epoch), the count goes on from 9.
+  const std::string checkpoint = (root / "step9.safetensors").string();
+  run(4, {std::make_shared<testing::SaveCheckpointAtStep>(9, checkpoint)});
+  CHECK(run(4, {}, checkpoint) == std::vector<int64_t>{12, 16});
+  CHECK_THROWS_WITH_AS(run(0.5), doctest::Contains("must be a number of batches when check_val_every_n_epoch is None"),
+                       Error);
+  fs::remove_all(root);
+}
+
 TEST_CASE("Trainer: an integer val_check_interval validates every N batches, the epoch's last included when a multiple") {
   auto data = regression_data(48);  // 6 batches of 8
   fs::path root = fresh_folder("val_every_n");

@@ -44,6 +44,7 @@ void save_trainer_checkpoint(const std::string& path, const nn::Module& model,
                          {"epoch", progress.epoch},
                          {"global_step", progress.global_step},
                          {"batch_in_epoch", progress.batch_in_epoch},
+                         {"total_batches", progress.total_batches},
                          {"epoch_end_hooks_done", progress.epoch_end_hooks_done},
                          {"validation_pending", progress.validation_pending},
                          {"loader", progress.loader_state},
@@ -118,6 +119,7 @@ TrainerCheckpointFile read_trainer_checkpoint(const std::string& path, const nn:
     out.progress.epoch = meta.at("epoch").get<int64_t>();
     out.progress.global_step = meta.at("global_step").get<int64_t>();
     out.progress.batch_in_epoch = meta.at("batch_in_epoch").get<int64_t>();
+    out.progress.total_batches = meta.value("total_batches", int64_t{-1});
     out.progress.epoch_end_hooks_done = meta.value("epoch_end_hooks_done", false);
     out.progress.validation_pending = meta.value("validation_pending", false);
     out.progress.loader_state = meta.at("loader");

@@ -27,6 +27,7 @@ struct TrainerCheckpoint {
   int64_t epoch = 0;
   int64_t global_step = 0;
   int64_t batch_in_epoch = 0;
+  int64_t total_batches = -1;  // over all epochs; -1: a file from before it was saved
   // The epoch's on_train_epoch_end hooks had run when it was written (a
   // checkpoint saved from them); its per-epoch schedules had not stepped yet.
   bool epoch_end_hooks_done = false;

@@ -95,7 +95,11 @@ Trainer::Trainer(TrainerOptions options)
   o.val_check_interval.check("val_check_interval");
   KILN_CHECK(o.val_check_interval.positive(), "Trainer: val_check_interval must be positive, got ",
              o.val_check_interval.to_string());
-  KILN_CHECK(o.check_val_every_n_epoch >= 1, "Trainer: check_val_every_n_epoch must be >= 1");
+  KILN_CHECK(!o.check_val_every_n_epoch || *o.check_val_every_n_epoch >= 1,
+             "Trainer: check_val_every_n_epoch must be >= 1 or None (nullopt), got ",
+             o.check_val_every_n_epoch.value_or(0));
+  KILN_CHECK(o.check_val_every_n_epoch || o.val_check_interval.is_count(), "Trainer: val_check_interval (",
+             o.val_check_interval.to_string(), ") must be a number of batches when check_val_every_n_epoch is None");
   KILN_CHECK(o.log_every_n_steps >= 1, "Trainer: log_every_n_steps must be >= 1");
   o.limit_train_batches.check("limit_train_batches");
   o.limit_val_batches.check("limit_val_batches");
@@ -524,13 +528,15 @@ void Trainer::train_epoch(TrainModule& module, DataLoader& train_loader, DataLoa
   }
   // As Lightning: limit_val_batches=0 turns validation (and its callbacks) off.
   const bool validate_this_epoch =
-      val_batches > 0 && (epoch_ + 1) % options_.check_val_every_n_epoch == 0;
+      val_batches > 0 &&
+      (!options_.check_val_every_n_epoch || (epoch_ + 1) % *options_.check_val_every_n_epoch == 0);
   // As Lightning's val_check_batch: a count as given, a fraction of the
   // epoch's batches rounded down (at least 1).
   int64_t val_every = 0;
   if (options_.val_check_interval.is_count()) {
     val_every = static_cast<int64_t>(options_.val_check_interval.value());
-    KILN_CHECK(!validate_this_epoch || val_every <= train_batches_, "Trainer: val_check_interval (", val_every,
+    KILN_CHECK(!validate_this_epoch || !options_.check_val_every_n_epoch || val_every <= train_batches_,
+               "Trainer: val_check_interval (", val_every,
                ") must be less than or equal to the number of the training batches (", train_batches_,
                "). To disable validation set limit_val_batches to 0");
   } else {
@@ -613,6 +619,7 @@ void Trainer::train_epoch(TrainModule& module, DataLoader& train_loader, DataLoa
       (scaler_ ? scaler_->scale(micro_batch_loss) : micro_batch_loss).backward();
     }
     ++batch_in_epoch_;
+    ++total_batches_;
     if (!manual_ && step_now) optimizer_step(module);
     batch_scope.reset();
     is_last_batch_ = false;
@@ -620,8 +627,10 @@ void Trainer::train_epoch(TrainModule& module, DataLoader& train_loader, DataLoa
     const bool stepped = global_step_ != steps_before;
     if (stepped && global_step_ / log_every != steps_before / log_every) log_step_metrics(module);
     // As Lightning's _should_check_val_fx: every val_every batches of the epoch,
-    // the last batch included when it is a multiple (always, for fractions).
-    const bool validation_due = validate_this_epoch && batch_in_epoch_ % val_every == 0;
+    // the last batch included when it is a multiple (always, for fractions);
+    // with check_val_every_n_epoch None, every val_every batches of the run.
+    const int64_t batches_counted = options_.check_val_every_n_epoch ? batch_in_epoch_ : total_batches_;
+    const bool validation_due = validate_this_epoch && batches_counted % val_every == 0;
     validation_pending_ = validation_due;  // a checkpoint written by these hooks records it
     call_callbacks("on_train_batch_end", [&](Callback& c) { c.on_train_batch_end(*this, module, batch_idx); });
     validation_pending_ = false;
@@ -732,6 +741,8 @@ void Trainer::fit(TrainModule& module, DataLoader& train_loader, DataLoader* val
   ProfilerStage profiled(*profiler_, "fit", log_dir_.empty() ? options_.default_root_dir : log_dir_);
   if (resumed) load_checkpoint(*resumed, module, train);
   train_batches_ = train_limit(train.size());
+  // A file from before total_batches was saved: exact when every epoch had this many batches.
+  if (total_batches_ < 0) total_batches_ = epoch_ * train_batches_ + batch_in_epoch_;
   int64_t max_epochs = options_.max_epochs;
   if (options_.fast_dev_run > 0) max_epochs = 1;
   if (max_epochs < 0 && options_.max_steps < 0) max_epochs = 1000;
@@ -933,6 +944,7 @@ void Trainer::save_checkpoint(const std::string& path) {
     checkpoint.epoch = epoch_;
     checkpoint.global_step = global_step_;
     checkpoint.batch_in_epoch = batch_in_epoch_;
+    checkpoint.total_batches = total_batches_;
     checkpoint.epoch_end_hooks_done = epoch_end_hooks_done_;
     checkpoint.validation_pending = validation_pending_;
     checkpoint.loader_state = train_loader_ ? train_loader_->state_dict() : nlohmann::json();
@@ -970,6 +982,7 @@ void Trainer::load_checkpoint(const TrainerCheckpointFile& file, TrainModule& mo
   epoch_ = checkpoint.epoch;
   global_step_ = checkpoint.global_step;
   batch_in_epoch_ = checkpoint.batch_in_epoch;
+  total_batches_ = checkpoint.total_batches;  // -1 from older files: estimated once train_batches_ is known
   epoch_end_hooks_done_ = checkpoint.epoch_end_hooks_done;
   validation_pending_ = checkpoint.validation_pending;
   if (!checkpoint.metrics.is_null()) load_metrics_state(checkpoint.metrics, module);

@@ -48,7 +48,10 @@ struct TrainerOptions {
   // epoch, as Lightning's int/float (batches_or_fraction.h): 1 validates
   // after every batch, 1.0 once per epoch.
   BatchesOrFraction val_check_interval = 1.0;
-  int64_t check_val_every_n_epoch = 1;
+  // Validate every N epochs; nullopt (Lightning's None): by batches alone,
+  // every val_check_interval batches counted across epochs (which must then be
+  // a count, and may exceed an epoch).
+  std::optional<int64_t> check_val_every_n_epoch = 1;
   BatchesOrFraction limit_train_batches = 1.0;  // 1.0: the whole epoch; 1: one batch
   BatchesOrFraction limit_val_batches = 1.0;
   BatchesOrFraction limit_test_batches = 1.0;
@@ -263,6 +266,7 @@ class Trainer {
   int64_t epoch_ = 0;
   int64_t global_step_ = 0;
   int64_t batch_in_epoch_ = 0;
+  int64_t total_batches_ = 0;  // batches trained over all epochs (Lightning's total_batch_idx + 1)
   // The current epoch's on_train_epoch_end hooks have run; its per-epoch
   // schedules step next. Checkpoints keep it, so a run resumed from one written
   // at the epoch's end neither repeats those hooks nor skips the step.
