@@ -2,15 +2,17 @@
 // 28x28 Fashion-MNIST, 3x3, pad 1, no bias) through kernels/conv.h on
 // preallocated buffers: forward, and backward (input + weight gradient; the
 // first layer's input gradient is not needed and not timed). Prints the path
-// each layer takes (Winograd F(2x2, 3x3) or im2col + GEMM), median wall and
+// each layer takes (Winograd F(2x2, 3x3) "wino2x2", F(3x3, 3x3) "wino3x3", or
+// im2col + GEMM), median wall and
 // process CPU time, GFLOP/s per busy core, and "of floor": the FLOPs at
 // Eigen's ~100 GFLOP/s per core against the CPU time, which on a busy machine
 // is steadier than wall time. FLOPs are always the direct convolution's, so on
 // Winograd rows both figures are effective ones (above 100% when the path
 // saves more multiply-adds than it loses to its transforms). --path im2col or
-// winograd forces a path (winograd where supported), to compare them.
+// winograd forces a path (winograd where supported), --tile 2 or 3 the
+// Winograd tile size, to compare them.
 //
-//   bench_resnet9_conv [--batch 128] [--repeats 10] [--path auto|im2col|winograd]
+//   bench_resnet9_conv [--batch 128] [--repeats 10] [--path auto|im2col|winograd] [--tile auto|2|3]
 #include <omp.h>
 
 #include <algorithm>
@@ -46,12 +48,20 @@ int main(int argc, char** argv) {
   using namespace kiln;
   int64_t batch = 128;
   int repeats = 10;
-  std::string path = "auto";
+  std::string path = "auto", tile = "auto";
   for (int i = 1; i + 1 < argc; i += 2) {
     if (std::strcmp(argv[i], "--batch") == 0) batch = std::atoll(argv[i + 1]);
     if (std::strcmp(argv[i], "--repeats") == 0) repeats = std::atoi(argv[i + 1]);
     if (std::strcmp(argv[i], "--path") == 0) path = argv[i + 1];
+    if (std::strcmp(argv[i], "--tile") == 0) tile = argv[i + 1];
   }
+  if (tile != "auto" && tile != "2" && tile != "3") {
+    std::fprintf(stderr, "bench_resnet9_conv: --tile must be auto, 2 or 3, got %s\n", tile.c_str());
+    return 2;
+  }
+  kernels::conv2d_winograd_set_tile(tile == "auto" ? kernels::WinogradTile::kWhenFaster
+                                    : tile == "2"  ? kernels::WinogradTile::k2x2
+                                                   : kernels::WinogradTile::k3x3);
   if (path != "auto" && path != "im2col" && path != "winograd") {
     std::fprintf(stderr, "bench_resnet9_conv: --path must be auto, im2col or winograd, got %s\n", path.c_str());
     return 2;
@@ -68,8 +78,8 @@ int main(int argc, char** argv) {
   const int uses[] = {1, 1, 2, 1, 1, 2};
 
   const int threads = omp_get_max_threads();
-  std::printf("bench_resnet9_conv: batch %lld, float32, %d threads, median of %d, path %s\n",
-              static_cast<long long>(batch), threads, repeats, path.c_str());
+  std::printf("bench_resnet9_conv: batch %lld, float32, %d threads, median of %d, path %s, tile %s\n",
+              static_cast<long long>(batch), threads, repeats, path.c_str(), tile.c_str());
   std::printf("(FLOPs and floor are the direct convolution's: effective figures on winograd rows)\n\n");
   std::printf("%-26s %-8s %-8s %9s %9s %9s %12s %9s\n", "layer", "pass", "path", "wall ms", "cpu ms", "floor ms",
               "GFLOP/s/core", "of floor");
@@ -90,7 +100,9 @@ int main(int argc, char** argv) {
     std::vector<float> y(y_count), dx(x_count), dw(w_count);
     const double flops = 2 * kernels::conv2d_macs(p);
 
-    const char* layer_path = kernels::conv2d_winograd_selected(p) ? "winograd" : "im2col";
+    const char* layer_path = !kernels::conv2d_winograd_selected(p)          ? "im2col"
+                             : kernels::conv2d_winograd_tile_size(p) == 3 ? "wino3x3"
+                                                                          : "wino2x2";
     auto report = [&](const char* pass, double pass_flops, const Timing& t) {
       const double floor_s = pass_flops / (100e9 * threads);
       std::printf("%-26s %-8s %-8s %9.2f %9.2f %9.2f %12.1f %8.0f%%\n", layer.name, pass, layer_path, 1e3 * t.wall,

@@ -1,8 +1,10 @@
-// The Winograd F(2x2, 3x3) CPU convolution (kernels/cpu/conv_winograd.cpp)
-// against a direct convolution in double: forward, input and weight gradient,
-// float32 and float64, odd planes, padding 0/1/2, several blocks and chunks;
-// bit-identical results for 1 and 2 threads; the dispatch of conv2d_*_cpu and
-// its policy switch; conv2d's float64 gradients through autograd on the path.
+// The Winograd F(2x2, 3x3) and F(3x3, 3x3) CPU convolution
+// (kernels/cpu/conv_winograd.cpp), each tile size forced in turn, against a
+// direct convolution in double: forward, input and weight gradient, float32
+// and float64, odd planes, padding 0/1/2, several blocks and chunks;
+// bit-identical results for 1 and 2 threads; the dispatch of conv2d_*_cpu,
+// its tile choice and policy switch; conv2d's float64 gradients through
+// autograd on the path.
 #include <doctest/doctest.h>
 #include <omp.h>
 
@@ -25,12 +27,20 @@ namespace {
 
 using kernels::Conv2dParams;
 using kernels::WinogradPolicy;
+using kernels::WinogradTile;
 
 // Sets the process-wide Winograd policy for a scope.
 struct PolicyScope {
   explicit PolicyScope(WinogradPolicy policy) { kernels::conv2d_winograd_set_policy(policy); }
   ~PolicyScope() { kernels::conv2d_winograd_set_policy(WinogradPolicy::kWhenFaster); }
 };
+
+// Forces the Winograd tile size for a scope.
+struct TileScope {
+  explicit TileScope(WinogradTile tile) { kernels::conv2d_winograd_set_tile(tile); }
+  ~TileScope() { kernels::conv2d_winograd_set_tile(WinogradTile::kWhenFaster); }
+};
+constexpr WinogradTile kForcedTiles[] = {WinogradTile::k2x2, WinogradTile::k3x3};
 
 Conv2dParams conv_params(int64_t batch, int64_t in_channels, int64_t out_channels, int64_t h, int64_t w,
                          int64_t kernel = 3, int64_t pad = 1, int64_t stride = 1, int64_t groups = 1) {
@@ -143,8 +153,15 @@ constexpr DType kernel_dtype() {
 // G and A^T combine up to 3 values each way. Measured over these cases, float32
 // and float64 alike: at most 3.5 u. 64 u leaves room for other compilers and
 // blockings, while a wrong transform or a missed tile (errors of the order of
-// the values) fails by orders of magnitude.
+// the values) fails by orders of magnitude. F(3x3) sums up to 5 values in each
+// transform with coefficients up to 4 (A^T) and rounded thirds and sixths (G):
+// measured at most 9.9 u (float32) and 9.3 u (float64) here, against 3.0 u
+// for F(2x2) in the same run; 192 u keeps the same ~20x margin.
 constexpr double kRoundoffMultiple = 64;
+constexpr double kRoundoffMultiple3 = 192;
+double roundoff_multiple(const Conv2dParams& p) {
+  return kernels::conv2d_winograd_tile_size(p) == 3 ? kRoundoffMultiple3 : kRoundoffMultiple;
+}
 
 template <typename T>
 void check_against_direct(const Conv2dParams& p, bool winograd_entry, bool with_bias, uint64_t seed) {
@@ -178,7 +195,7 @@ void check_against_direct(const Conv2dParams& p, bool winograd_entry, bool with_
     const std::string mismatch = compare_scaled("dbias", db, ref.db, std::vector<double>(db.size(), 1.0), 1e-4);
     CHECK_MESSAGE(mismatch.empty(), mismatch);
   }
-  const double bound = kRoundoffMultiple * std::numeric_limits<T>::epsilon() / 2;
+  const double bound = roundoff_multiple(p) * std::numeric_limits<T>::epsilon() / 2;
   // The bias enters the output once: its magnitude joins the scale.
   std::vector<double> y_scale = ref.y_scale;
   if (with_bias) {
@@ -198,55 +215,76 @@ TEST_CASE("conv2d winograd: matches a direct convolution (forward, input and wei
   // with pad 0 is the one whose last input row and column lie in the last
   // tile's window), batch 1, channel counts that are no multiple of 8; 40
   // samples of 28x28 (196 tiles each) are 8 chunks of 5 blocks, 20 samples of
-  // 8x8 2 chunks of 2 blocks of 5 samples.
-  const Case cases[] = {{1, 3, 5, 7, 7, 1}, {2, 5, 7, 5, 9, 0}, {2, 5, 7, 5, 9, 1},   {2, 3, 4, 6, 8, 0},
-                        {3, 4, 6, 6, 6, 2}, {1, 2, 3, 3, 3, 0}, {20, 9, 11, 8, 8, 1}, {40, 3, 5, 28, 28, 1}};
-  uint64_t seed = 10;
-  for (const Case& c : cases) {
-    const Conv2dParams p = conv_params(c.batch, c.in_channels, c.out_channels, c.h, c.w, 3, c.pad);
-    check_against_direct<float>(p, true, c.batch == 2, seed);
-    check_against_direct<double>(p, true, c.batch != 2, seed);
-    seed += 10;
+  // 8x8 2 chunks of 2 blocks of 5 samples (F(2x2); F(3x3) has 100 tiles in
+  // a 28x28 sample: 8 chunks of 5 blocks too). 3x3 and 9x9 planes are whole
+  // F(3x3) tiles.
+  const Case cases[] = {{1, 3, 5, 7, 7, 1},   {2, 5, 7, 5, 9, 0},    {2, 5, 7, 5, 9, 1},    {2, 3, 4, 6, 8, 0},
+                        {3, 4, 6, 6, 6, 2},   {1, 2, 3, 3, 3, 0},    {20, 9, 11, 8, 8, 1},  {40, 3, 5, 28, 28, 1},
+                        {3, 6, 5, 3, 3, 1},   {1, 4, 3, 9, 9, 1}};
+  for (WinogradTile tile : kForcedTiles) {
+    const TileScope forced(tile);
+    uint64_t seed = 10;
+    for (const Case& c : cases) {
+      const Conv2dParams p = conv_params(c.batch, c.in_channels, c.out_channels, c.h, c.w, 3, c.pad);
+      CAPTURE(kernels::conv2d_winograd_tile_size(p));
+      check_against_direct<float>(p, true, c.batch == 2, seed);
+      check_against_direct<double>(p, true, c.batch != 2, seed);
+      seed += 10;
+    }
   }
 }
 
 TEST_CASE("conv2d winograd: results independent of the thread count, outputs written not accumulated") {
-  // 24 samples of 14x14: 8 chunks of blocks of 2 and 1 samples, so both
-  // threads work on the weight gradient.
+  // 24 samples of 14x14: 8 chunks of blocks of 2 and 1 samples (F(2x2); F(3x3)
+  // 4 chunks of 2 blocks of 3), so both threads work on the weight gradient.
   const Conv2dParams p = conv_params(24, 6, 10, 14, 14);
   const auto x = cast<float>(random_values(p.batch * 6 * 14 * 14, 1));
   const auto w = cast<float>(random_values(10 * 6 * 9, 2)), dy = cast<float>(random_values(p.batch * 10 * 14 * 14, 3));
-  std::vector<std::vector<float>> runs;
-  const int threads_before = omp_get_max_threads();
-  for (int threads : {1, 2, 2}) {
-    omp_set_num_threads(threads);
-    // Garbage in the outputs, different per run: a kernel that accumulates would differ.
-    std::vector<float> y(dy.size(), static_cast<float>(threads)), dx(x.size(), 7.0f), dw(w.size(), -3.0f);
-    kernels::conv2d_winograd_forward_cpu(DType::f32, p, x.data(), w.data(), nullptr, y.data());
-    kernels::conv2d_winograd_backward_cpu(DType::f32, p, x.data(), w.data(), dy.data(), dx.data(), dw.data());
-    y.insert(y.end(), dx.begin(), dx.end());
-    y.insert(y.end(), dw.begin(), dw.end());
-    runs.push_back(y);
-    // Only the input gradient, then only the weight gradient: the same values.
-    std::vector<float> dx_alone(x.size()), dw_alone(w.size());
-    kernels::conv2d_winograd_backward_cpu(DType::f32, p, x.data(), w.data(), dy.data(), dx_alone.data(), nullptr);
-    kernels::conv2d_winograd_backward_cpu(DType::f32, p, x.data(), w.data(), dy.data(), nullptr, dw_alone.data());
-    CHECK(dx_alone == dx);
-    CHECK(dw_alone == dw);
+  for (WinogradTile tile : kForcedTiles) {
+    const TileScope forced(tile);
+    CAPTURE(kernels::conv2d_winograd_tile_size(p));
+    std::vector<std::vector<float>> runs;
+    const int threads_before = omp_get_max_threads();
+    for (int threads : {1, 2, 2}) {
+      omp_set_num_threads(threads);
+      // Garbage in the outputs, different per run: a kernel that accumulates would differ.
+      std::vector<float> y(dy.size(), static_cast<float>(threads)), dx(x.size(), 7.0f), dw(w.size(), -3.0f);
+      kernels::conv2d_winograd_forward_cpu(DType::f32, p, x.data(), w.data(), nullptr, y.data());
+      kernels::conv2d_winograd_backward_cpu(DType::f32, p, x.data(), w.data(), dy.data(), dx.data(), dw.data());
+      y.insert(y.end(), dx.begin(), dx.end());
+      y.insert(y.end(), dw.begin(), dw.end());
+      runs.push_back(y);
+      // Only the input gradient, then only the weight gradient: the same values.
+      std::vector<float> dx_alone(x.size()), dw_alone(w.size());
+      kernels::conv2d_winograd_backward_cpu(DType::f32, p, x.data(), w.data(), dy.data(), dx_alone.data(), nullptr);
+      kernels::conv2d_winograd_backward_cpu(DType::f32, p, x.data(), w.data(), dy.data(), nullptr, dw_alone.data());
+      CHECK(dx_alone == dx);
+      CHECK(dw_alone == dw);
+    }
+    omp_set_num_threads(threads_before);
+    REQUIRE(runs[0].size() == runs[1].size());
+    CHECK(std::memcmp(runs[0].data(), runs[1].data(), runs[0].size() * sizeof(float)) == 0);
+    CHECK(std::memcmp(runs[1].data(), runs[2].data(), runs[1].size() * sizeof(float)) == 0);
   }
-  omp_set_num_threads(threads_before);
-  REQUIRE(runs[0].size() == runs[1].size());
-  CHECK(std::memcmp(runs[0].data(), runs[1].data(), runs[0].size() * sizeof(float)) == 0);
-  CHECK(std::memcmp(runs[1].data(), runs[2].data(), runs[1].size() * sizeof(float)) == 0);
 }
 
 TEST_CASE("conv2d winograd: dispatch of conv2d_*_cpu") {
-  // ResNet-9's wide layers take the path, its 3x3-plane layer and the 1-channel stem do not.
-  CHECK(kernels::conv2d_winograd_pays(conv_params(128, 64, 128, 28, 28)));
-  CHECK(kernels::conv2d_winograd_pays(conv_params(128, 128, 128, 14, 14)));
-  CHECK(kernels::conv2d_winograd_pays(conv_params(128, 256, 512, 7, 7)));
-  CHECK_FALSE(kernels::conv2d_winograd_pays(conv_params(128, 512, 512, 3, 3)));
+  // ResNet-9's wide layers take the path with F(2x2), its 3x3-plane layer with
+  // F(3x3), the 1-channel stem not at all.
+  for (int64_t size : {28, 14, 7}) {
+    CHECK(kernels::conv2d_winograd_pays(conv_params(128, 128, 128, size, size)));
+    CHECK(kernels::conv2d_winograd_tile_size(conv_params(128, 128, 128, size, size)) == 2);
+  }
+  CHECK(kernels::conv2d_winograd_pays(conv_params(128, 512, 512, 3, 3)));
+  CHECK(kernels::conv2d_winograd_tile_size(conv_params(128, 512, 512, 3, 3)) == 3);
   CHECK_FALSE(kernels::conv2d_winograd_pays(conv_params(128, 1, 64, 28, 28)));
+  // 6x6 and 9x9 planes are whole F(3x3) tiles too, but measured faster with F(2x2).
+  CHECK(kernels::conv2d_winograd_tile_size(conv_params(128, 256, 256, 6, 6)) == 2);
+  CHECK(kernels::conv2d_winograd_tile_size(conv_params(128, 256, 256, 9, 9)) == 2);
+  {
+    const TileScope forced(WinogradTile::k2x2);
+    CHECK(kernels::conv2d_winograd_tile_size(conv_params(128, 512, 512, 3, 3)) == 2);
+  }
 
   // Shapes the path does not support are refused by it and computed by im2col
   // + GEMM through the public entry points.
@@ -293,10 +331,14 @@ TEST_CASE("conv2d winograd: the policy switch, and the autograd front end on the
     Tensor xt = tensor<double>(random_values(2 * 3 * 5 * 6, 8), {2, 3, 5, 6}).requires_grad_();
     Tensor wt = tensor<double>(random_values(4 * 3 * 9, 9), {4, 3, 3, 3}).requires_grad_();
     Tensor bt = tensor<double>(random_values(4, 10), {4}).requires_grad_();
-    for (int64_t pad : {0, 1}) {
-      CAPTURE(pad);
-      CHECK(gradcheck([pad](const std::vector<Tensor>& in) { return conv2d(in[0], in[1], in[2], 1, pad); },
-                      {xt, wt, bt}) == "");
+    for (WinogradTile tile : kForcedTiles) {
+      const TileScope forced(tile);
+      for (int64_t pad : {0, 1}) {
+        CAPTURE(pad);
+        CAPTURE(kernels::conv2d_winograd_tile_size(small));
+        CHECK(gradcheck([pad](const std::vector<Tensor>& in) { return conv2d(in[0], in[1], in[2], 1, pad); },
+                        {xt, wt, bt}) == "");
+      }
     }
   }
   const Conv2dParams paying = conv_params(128, 64, 128, 28, 28);

@@ -1,5 +1,12 @@
-// CPU 3x3 convolution by Winograd's minimal filtering F(2x2, 3x3) (Lavin &
-// Gray 2015, "Fast Algorithms for Convolutional Neural Networks").
+// CPU 3x3 convolution by Winograd's minimal filtering F(2x2, 3x3) or
+// F(3x3, 3x3) (Lavin & Gray 2015, "Fast Algorithms for Convolutional Neural
+// Networks"). Written for F(2x2) below; F(3x3) is the same with 3x3 output
+// tiles from 5x5 windows at stride 3 and 25 positions (3.24x fewer
+// multiply-adds than direct), see kBT3 and the m = 3 transforms. The drivers
+// take the tile size m as a template parameter: forward and backward (used
+// for F(2x2)) split the batch into blocks and chunks as below;
+// forward_by_position and backward_by_position (used for F(3x3), on small
+// planes) split the GEMMs by position instead.
 //
 // Each 2x2 output tile comes from the 4x4 input window d at (2*ty - pad_h,
 // 2*tx - pad_w): Y = A^T [(G g G^T) . (B^T d B)] A. Summed over the input
@@ -53,7 +60,8 @@ using MapRM = Eigen::Map<MatrixRM<T>>;
 template <typename T>
 using ConstMapRM = Eigen::Map<const MatrixRM<T>>;
 
-constexpr int64_t kPositions = 16;  // the 4x4 transformed tile
+// Positions of the transformed (m + 2) x (m + 2) tile.
+constexpr int64_t positions(int m) { return (m + 2) * (m + 2); }
 
 // A per-thread scratch buffer of T that only grows.
 enum BufferSlot { kInputTiles, kProductTiles, kPlane, kWeights, kWeightTiles, kPartials, kSlots };
@@ -67,17 +75,17 @@ T* thread_buffer(size_t count, BufferSlot slot) {
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-// The tiles of one plane and the zero-bordered input plane that holds every
-// tile's 4x4 window: padded row r is input row r - pad_h.
+// The m x m output tiles of one plane and the zero-bordered input plane that
+// holds every tile's (m + 2) x (m + 2) window: padded row r is input row r - pad_h.
 struct Tiling {
-  int64_t H, W, OH, OW, pad_h, pad_w;
+  int64_t m, H, W, OH, OW, pad_h, pad_w;
   int64_t tiles_h, tiles_w, tiles;  // tiles = tiles_h * tiles_w
-  int64_t padded_h, padded_w;       // 2 * tiles + 2
-  explicit Tiling(const Conv2dParams& p)
-      : H(p.in_h), W(p.in_w), OH(p.out_h), OW(p.out_w), pad_h(p.pad_h), pad_w(p.pad_w),
-        tiles_h(ceil_div(p.out_h, 2)), tiles_w(ceil_div(p.out_w, 2)), tiles(tiles_h * tiles_w),
-        padded_h(2 * tiles_h + 2), padded_w(2 * tiles_w + 2) {}
-  // Scratch of one plane transform (the largest of the four).
+  int64_t padded_h, padded_w;       // m * tiles + 2
+  Tiling(const Conv2dParams& p, int64_t tile)
+      : m(tile), H(p.in_h), W(p.in_w), OH(p.out_h), OW(p.out_w), pad_h(p.pad_h), pad_w(p.pad_w),
+        tiles_h(ceil_div(p.out_h, tile)), tiles_w(ceil_div(p.out_w, tile)), tiles(tiles_h * tiles_w),
+        padded_h(tile * tiles_h + 2), padded_w(tile * tiles_w + 2) {}
+  // Scratch of one plane transform (the largest of the four; m = 3 needs only the padded plane).
   int64_t plane_scratch() const { return padded_h * padded_w + 8 * (tiles_h + 1) * tiles_w + 4 * tiles_w; }
 };
 
@@ -338,14 +346,249 @@ void transform_input_gradient_plane(const Tiling& g, const T* du, int64_t stride
   }
 }
 
-template <typename T>
+// The F(3x3, 3x3) matrices, from the interpolation points 0, 1, -1, 2 and
+// infinity (Toom-Cook; B^T solved so that A^T [(G g) . (B^T d)] is the
+// correlation of g with d). The other usual set, 0, 1, -1, 1/2, infinity,
+// measured about the same rms error but a larger worst one (a standalone
+// fp32 test of the 9 outputs of a tile summed over 1/16/512 channels, in
+// units of u of the largest sum of |terms|: worst 31.8/12.2/8.2 u against
+// 42.3/12.7/9.1 u, rms 2.4/1.2/1.0 u for both): its G has entries up to 8/3
+// against 2/3 here.
+// Row-major: A^T (3, 5), G (5, 3), B^T (5, 5).
+constexpr double kAT3[15] = {1, 1, 1, 1, 0,  //
+                             0, 1, -1, 2, 0,  //
+                             0, 1, 1, 4, 1};
+constexpr double kG3[15] = {0.5,       0,         0,           //
+                            -0.5,      -0.5,      -0.5,        //
+                            -1.0 / 6,  1.0 / 6,   -1.0 / 6,    //
+                            1.0 / 6,   1.0 / 3,   2.0 / 3,     //
+                            0,         0,         1};
+constexpr double kBT3[25] = {2, -1, -2, 1,  0,  //
+                             0, -2, -1, 1,  0,  //
+                             0, 2,  -3, 1,  0,  //
+                             0, -1, 0,  1,  0,  //
+                             0, 2,  -1, -2, 1};
+
+// out (R, K) = L (R, J) * in (J, K), for L a constant matrix of the above,
+// stored with row stride L_stride and column stride L_step so that transposes
+// need no copy. Zero coefficients are skipped: no work, and an infinite input
+// makes no NaN from 0 * inf.
+template <int R, int J, int K, typename T>
+inline void apply(const double* L, int L_stride, int L_step, const T (&in)[J][K], T (&out)[R][K]) {
+  for (int r = 0; r < R; ++r) {
+    for (int k = 0; k < K; ++k) {
+      T sum = T(0);
+      for (int j = 0; j < J; ++j) {
+        const double c = L[r * L_stride + j * L_step];
+        if (c != 0) sum += T(c) * in[j][k];
+      }
+      out[r][k] = sum;
+    }
+  }
+}
+// out (J, R) = in (J, K) * L^T, L (R, K) as in apply.
+template <int R, int J, int K, typename T>
+inline void apply_right(const double* L, int L_stride, int L_step, const T (&in)[J][K], T (&out)[J][R]) {
+  for (int j = 0; j < J; ++j) {
+    for (int r = 0; r < R; ++r) {
+      T sum = T(0);
+      for (int k = 0; k < K; ++k) {
+        const double c = L[r * L_stride + k * L_step];
+        if (c != 0) sum += in[j][k] * T(c);
+      }
+      out[j][r] = sum;
+    }
+  }
+}
+
+// apply and apply_right for kFilterBlock filters side by side (the last index),
+// of which the first count are used.
+template <int R, int J, int K, typename T>
+void apply_filters(const double* L, int L_stride, int L_step, const T (&in)[J][K][kFilterBlock],
+                   T (&out)[R][K][kFilterBlock], int64_t count) {
+  for (int r = 0; r < R; ++r) {
+    for (int k = 0; k < K; ++k) {
+      T* o = out[r][k];
+      std::fill(o, o + count, T(0));
+      for (int j = 0; j < J; ++j) {
+        const double c = L[r * L_stride + j * L_step];
+        const T* v = in[j][k];
+        if (c != 0) {
+          for (int64_t i = 0; i < count; ++i) o[i] += T(c) * v[i];
+        }
+      }
+    }
+  }
+}
+template <int R, int J, int K, typename T>
+void apply_filters_right(const double* L, int L_stride, int L_step, const T (&in)[J][K][kFilterBlock],
+                         T (&out)[J][R][kFilterBlock], int64_t count) {
+  for (int j = 0; j < J; ++j) {
+    for (int r = 0; r < R; ++r) {
+      T* o = out[j][r];
+      std::fill(o, o + count, T(0));
+      for (int k = 0; k < K; ++k) {
+        const double c = L[r * L_stride + k * L_step];
+        const T* v = in[j][k];
+        if (c != 0) {
+          for (int64_t i = 0; i < count; ++i) o[i] += v[i] * T(c);
+        }
+      }
+    }
+  }
+}
+
+// The four plane transforms and two weight transforms of tile size m.
+template <int m>
+struct Transforms;
+
+template <>
+struct Transforms<2> {
+  template <typename T>
+  static void weights(int64_t O, int64_t C, const T* weight, T* V) { transform_weights(O, C, weight, V); }
+  template <typename T>
+  static void weight_gradient(int64_t O, int64_t C, const T* dV, T* dw) { transform_weight_gradient(O, C, dV, dw); }
+  template <typename T>
+  static void input_plane(const Tiling& g, const T* plane, T* u, int64_t stride, T* scratch) {
+    transform_input_plane(g, plane, u, stride, scratch);
+  }
+  template <typename T>
+  static void output_plane(const Tiling& g, const T* m, int64_t stride, T bias, T* y, T* scratch) {
+    transform_output_plane(g, m, stride, bias, y, scratch);
+  }
+  template <typename T>
+  static void output_gradient_plane(const Tiling& g, const T* dy, T* dm, int64_t stride, T* scratch) {
+    transform_output_gradient_plane(g, dy, dm, stride, scratch);
+  }
+  template <typename T>
+  static void input_gradient_plane(const Tiling& g, const T* du, int64_t stride, T* dx, T* scratch) {
+    transform_input_gradient_plane(g, du, stride, dx, scratch);
+  }
+};
+
+// F(3x3, 3x3) one tile at a time through small fixed-size matrix products:
+// its planes (3x3 in ResNet-9) have a tile or a few, where the GEMMs (25 * O *
+// C per tile) outweigh the transforms (~25 * 10 per tile and channel) by far.
+template <>
+struct Transforms<3> {
+  static constexpr const double* kA = kAT3;
+  static constexpr const double* kG = kG3;
+  static constexpr const double* kB = kBT3;
+
+  // V[(5i + l) * filters + f] = (G g G^T)[i][l] for each filter f, kFilterBlock
+  // filters at a time (filter-minor, so the loops vectorize).
+  template <typename T>
+  static void weights(int64_t O, int64_t C, const T* weight, T* V) {
+    const int64_t filters = O * C;
+    T taps[3][3][kFilterBlock], left[5][3][kFilterBlock], v[5][5][kFilterBlock];
+    for (int64_t first = 0; first < filters; first += kFilterBlock) {
+      const int64_t count = std::min(kFilterBlock, filters - first);
+      for (int64_t i = 0; i < count; ++i) {
+        for (int k = 0; k < 9; ++k) taps[k / 3][k % 3][i] = weight[(first + i) * 9 + k];
+      }
+      apply_filters<5, 3, 3>(kG, 3, 1, taps, left, count);
+      apply_filters_right<5, 5, 3>(kG, 3, 1, left, v, count);
+      for (int xi = 0; xi < 25; ++xi) std::copy(v[xi / 5][xi % 5], v[xi / 5][xi % 5] + count, V + xi * filters + first);
+    }
+  }
+  // dw[(3j + k) * filters + f] = (G^T dv G)[j][k]: the adjoint of weights, tap-major.
+  template <typename T>
+  static void weight_gradient(int64_t O, int64_t C, const T* dV, T* dw) {
+    const int64_t filters = O * C;
+    T dv[5][5][kFilterBlock], left[3][5][kFilterBlock], taps[3][3][kFilterBlock];
+    for (int64_t first = 0; first < filters; first += kFilterBlock) {
+      const int64_t count = std::min(kFilterBlock, filters - first);
+      for (int xi = 0; xi < 25; ++xi) {
+        std::copy(dV + xi * filters + first, dV + xi * filters + first + count, dv[xi / 5][xi % 5]);
+      }
+      apply_filters<3, 5, 5>(kG, 1, 3, dv, left, count);
+      apply_filters_right<3, 3, 5>(kG, 1, 3, left, taps, count);
+      for (int k = 0; k < 9; ++k) std::copy(taps[k / 3][k % 3], taps[k / 3][k % 3] + count, dw + k * filters + first);
+    }
+  }
+  // u[xi * stride + t] = (B^T d B)[xi] of each tile's 5x5 window d.
+  template <typename T>
+  static void input_plane(const Tiling& g, const T* plane, T* u, int64_t stride, T* scratch) {
+    const int64_t Wp = g.padded_w;
+    T* padded = scratch;
+    std::fill(padded, padded + g.padded_h * Wp, T(0));
+    for (int64_t h = 0; h < g.H; ++h) {
+      std::copy(plane + h * g.W, plane + (h + 1) * g.W, padded + (h + g.pad_h) * Wp + g.pad_w);
+    }
+    for (int64_t t = 0; t < g.tiles; ++t) {
+      const T* corner = padded + 3 * (t / g.tiles_w) * Wp + 3 * (t % g.tiles_w);
+      T d[5][5], left[5][5], v[5][5];
+      for (int r = 0; r < 5; ++r) {
+        for (int c = 0; c < 5; ++c) d[r][c] = corner[r * Wp + c];
+      }
+      apply<5, 5, 5>(kB, 5, 1, d, left);
+      apply_right<5, 5, 5>(kB, 5, 1, left, v);
+      for (int xi = 0; xi < 25; ++xi) u[xi * stride + t] = v[xi / 5][xi % 5];
+    }
+  }
+  // y (OH, OW) = A^T m A (+ bias) of each tile, clipped at the plane's edge.
+  template <typename T>
+  static void output_plane(const Tiling& g, const T* m, int64_t stride, T bias, T* y, T* /*scratch*/) {
+    for (int64_t t = 0; t < g.tiles; ++t) {
+      T mt[5][5], left[3][5], out[3][3];
+      for (int xi = 0; xi < 25; ++xi) mt[xi / 5][xi % 5] = m[xi * stride + t];
+      apply<3, 5, 5>(kA, 5, 1, mt, left);
+      apply_right<3, 3, 5>(kA, 5, 1, left, out);
+      const int64_t oh0 = 3 * (t / g.tiles_w), ow0 = 3 * (t % g.tiles_w);
+      for (int r = 0; r < 3 && oh0 + r < g.OH; ++r) {
+        for (int c = 0; c < 3 && ow0 + c < g.OW; ++c) y[(oh0 + r) * g.OW + ow0 + c] = out[r][c] + bias;
+      }
+    }
+  }
+  // dm[xi * stride + t] = (A dY A^T)[xi], dY zero beyond the plane's edge.
+  template <typename T>
+  static void output_gradient_plane(const Tiling& g, const T* dy, T* dm, int64_t stride, T* /*scratch*/) {
+    for (int64_t t = 0; t < g.tiles; ++t) {
+      const int64_t oh0 = 3 * (t / g.tiles_w), ow0 = 3 * (t % g.tiles_w);
+      T d[3][3], left[5][3], out[5][5];
+      for (int r = 0; r < 3; ++r) {
+        for (int c = 0; c < 3; ++c) {
+          d[r][c] = oh0 + r < g.OH && ow0 + c < g.OW ? dy[(oh0 + r) * g.OW + ow0 + c] : T(0);
+        }
+      }
+      apply<5, 3, 3>(kA, 1, 5, d, left);
+      apply_right<5, 5, 3>(kA, 1, 5, left, out);
+      for (int xi = 0; xi < 25; ++xi) dm[xi * stride + t] = out[xi / 5][xi % 5];
+    }
+  }
+  // dx (H, W) = sum over tiles of B du B^T at each tile's window, summed in
+  // tile order into the padded plane: the adjoint of input_plane.
+  template <typename T>
+  static void input_gradient_plane(const Tiling& g, const T* du, int64_t stride, T* dx, T* scratch) {
+    const int64_t Wp = g.padded_w;
+    T* padded = scratch;
+    std::fill(padded, padded + g.padded_h * Wp, T(0));
+    for (int64_t t = 0; t < g.tiles; ++t) {
+      T dv[5][5], left[5][5], window[5][5];
+      for (int xi = 0; xi < 25; ++xi) dv[xi / 5][xi % 5] = du[xi * stride + t];
+      apply<5, 5, 5>(kB, 1, 5, dv, left);
+      apply_right<5, 5, 5>(kB, 1, 5, left, window);
+      T* corner = padded + 3 * (t / g.tiles_w) * Wp + 3 * (t % g.tiles_w);
+      for (int r = 0; r < 5; ++r) {
+        for (int c = 0; c < 5; ++c) corner[r * Wp + c] += window[r][c];
+      }
+    }
+    for (int64_t h = 0; h < g.H; ++h) {
+      const T* row = padded + (h + g.pad_h) * Wp + g.pad_w;
+      std::copy(row, row + g.W, dx + h * g.W);
+    }
+  }
+};
+
+template <int m, typename T>
 void forward(const Conv2dParams& p, const T* x, const T* weight, const T* bias, T* y) {
-  const Tiling g(p);
+  constexpr int64_t kPositions = positions(m);
+  const Tiling g(p, m);
   const Blocking b = blocking(p, g);
   const int64_t C = p.in_channels, O = p.out_channels, HW = p.in_h * p.in_w, P = p.out_h * p.out_w;
   const int64_t blocks_per_chunk = ceil_div(b.per_chunk, b.per_block);
-  T* V = thread_buffer<T>(static_cast<size_t>(kPositions * O * C), kWeights);  // (16, O, C)
-  transform_weights(O, C, weight, V);
+  T* V = thread_buffer<T>(static_cast<size_t>(kPositions * O * C), kWeights);  // (positions, O, C)
+  Transforms<m>::weights(O, C, weight, V);
 #pragma omp parallel for schedule(static)
   for (int64_t block = 0; block < b.chunks * blocks_per_chunk; ++block) {
     const int64_t chunk = block / blocks_per_chunk, chunk_end = std::min(p.batch, (chunk + 1) * b.per_chunk);
@@ -353,12 +596,13 @@ void forward(const Conv2dParams& p, const T* x, const T* weight, const T* bias, 
     const int64_t count = std::min(b.per_block, chunk_end - first);
     if (count <= 0) continue;
     const int64_t columns = count * g.tiles;
-    T* U = thread_buffer<T>(static_cast<size_t>(kPositions * C * columns), kInputTiles);  // (16, C, columns)
-    T* M = thread_buffer<T>(static_cast<size_t>(kPositions * O * columns), kProductTiles);  // (16, O, columns)
+    T* U = thread_buffer<T>(static_cast<size_t>(kPositions * C * columns), kInputTiles);  // (xi, C, columns)
+    T* M = thread_buffer<T>(static_cast<size_t>(kPositions * O * columns), kProductTiles);  // (xi, O, columns)
     T* scratch = thread_buffer<T>(static_cast<size_t>(g.plane_scratch()), kPlane);
     for (int64_t s = 0; s < count; ++s) {
       for (int64_t c = 0; c < C; ++c) {
-        transform_input_plane(g, x + ((first + s) * C + c) * HW, U + c * columns + s * g.tiles, C * columns, scratch);
+        Transforms<m>::input_plane(g, x + ((first + s) * C + c) * HW, U + c * columns + s * g.tiles, C * columns,
+                                   scratch);
       }
     }
     for (int64_t xi = 0; xi < kPositions; ++xi) {
@@ -367,24 +611,25 @@ void forward(const Conv2dParams& p, const T* x, const T* weight, const T* bias, 
     }
     for (int64_t s = 0; s < count; ++s) {
       for (int64_t o = 0; o < O; ++o) {
-        transform_output_plane(g, M + o * columns + s * g.tiles, O * columns, bias != nullptr ? bias[o] : T(0),
+        Transforms<m>::output_plane(g, M + o * columns + s * g.tiles, O * columns, bias != nullptr ? bias[o] : T(0),
                                y + ((first + s) * O + o) * P, scratch);
       }
     }
   }
 }
 
-template <typename T>
+template <int m, typename T>
 void backward(const Conv2dParams& p, const T* x, const T* weight, const T* dy, T* dx, T* dweight) {
   if (dx == nullptr && dweight == nullptr) return;
-  const Tiling g(p);
+  constexpr int64_t kPositions = positions(m);
+  const Tiling g(p, m);
   const Blocking b = blocking(p, g);
   const int64_t C = p.in_channels, O = p.out_channels, HW = p.in_h * p.in_w, P = p.out_h * p.out_w;
   const int64_t weight_numel = O * C * 9;
-  T* V = nullptr;  // (16, O, C)
+  T* V = nullptr;  // (positions, O, C)
   if (dx != nullptr) {
     V = thread_buffer<T>(static_cast<size_t>(kPositions * O * C), kWeights);
-    transform_weights(O, C, weight, V);
+    Transforms<m>::weights(O, C, weight, V);
   }
   // (chunks, 9, O, C) weight gradients of each chunk, tap-major.
   T* partials = dweight != nullptr ? thread_buffer<T>(static_cast<size_t>(b.chunks * weight_numel), kPartials)
@@ -395,19 +640,19 @@ void backward(const Conv2dParams& p, const T* x, const T* weight, const T* dy, T
     T* dV = dweight != nullptr ? thread_buffer<T>(static_cast<size_t>(kPositions * O * C), kWeightTiles) : nullptr;
     for (int64_t first = chunk * b.per_chunk; first < chunk_end; first += b.per_block) {
       const int64_t count = std::min(b.per_block, chunk_end - first), columns = count * g.tiles;
-      T* U = thread_buffer<T>(static_cast<size_t>(kPositions * C * columns), kInputTiles);    // (16, C, columns)
-      T* dM = thread_buffer<T>(static_cast<size_t>(kPositions * O * columns), kProductTiles);  // (16, O, columns)
+      T* U = thread_buffer<T>(static_cast<size_t>(kPositions * C * columns), kInputTiles);    // (xi, C, columns)
+      T* dM = thread_buffer<T>(static_cast<size_t>(kPositions * O * columns), kProductTiles);  // (xi, O, columns)
       T* scratch = thread_buffer<T>(static_cast<size_t>(g.plane_scratch()), kPlane);
       for (int64_t s = 0; s < count; ++s) {
         for (int64_t o = 0; o < O; ++o) {
-          transform_output_gradient_plane(g, dy + ((first + s) * O + o) * P, dM + o * columns + s * g.tiles,
+          Transforms<m>::output_gradient_plane(g, dy + ((first + s) * O + o) * P, dM + o * columns + s * g.tiles,
                                           O * columns, scratch);
         }
       }
       if (dV != nullptr) {
         for (int64_t s = 0; s < count; ++s) {
           for (int64_t c = 0; c < C; ++c) {
-            transform_input_plane(g, x + ((first + s) * C + c) * HW, U + c * columns + s * g.tiles, C * columns,
+            Transforms<m>::input_plane(g, x + ((first + s) * C + c) * HW, U + c * columns + s * g.tiles, C * columns,
                                   scratch);
           }
         }
@@ -431,13 +676,13 @@ void backward(const Conv2dParams& p, const T* x, const T* weight, const T* dy, T
         }
         for (int64_t s = 0; s < count; ++s) {
           for (int64_t c = 0; c < C; ++c) {
-            transform_input_gradient_plane(g, dU + c * columns + s * g.tiles, C * columns,
+            Transforms<m>::input_gradient_plane(g, dU + c * columns + s * g.tiles, C * columns,
                                            dx + ((first + s) * C + c) * HW, scratch);
           }
         }
       }
     }
-    if (dV != nullptr) transform_weight_gradient(O, C, dV, partials + chunk * weight_numel);
+    if (dV != nullptr) Transforms<m>::weight_gradient(O, C, dV, partials + chunk * weight_numel);
   }
   if (dweight == nullptr) return;
   // dweight (O, C, 3, 3) = the partials (9, O, C) summed in chunk order.
@@ -459,6 +704,99 @@ void backward(const Conv2dParams& p, const T* x, const T* weight, const T* dy, T
   }
 }
 
+
+// The same computation with the whole batch as one block and the GEMMs, one
+// per position xi, spread over the threads instead of the samples: for
+// F(3x3), which runs only on small planes (a tile or a few per sample), so
+// U and M, (25, C or O, batch * tiles), are ~2.8x the input and output. A
+// per-sample split would leave the threads few blocks, or cost the weight
+// gradient a (25, O, C) transform and sum per chunk (the 512->512 3x3
+// backward measured 83/91/113/156 ms on one core with 1/2/4/8 chunks). Each
+// GEMM, transform and sum is done whole by one thread: results do not depend
+// on the thread count, and the weight gradient needs no partials.
+template <int m, typename T>
+void forward_by_position(const Conv2dParams& p, const T* x, const T* weight, const T* bias, T* y) {
+  constexpr int64_t kPositions = positions(m);
+  const Tiling g(p, m);
+  const int64_t C = p.in_channels, O = p.out_channels, HW = p.in_h * p.in_w, P = p.out_h * p.out_w;
+  const int64_t columns = p.batch * g.tiles;
+  T* V = thread_buffer<T>(static_cast<size_t>(kPositions * O * C), kWeights);             // (xi, O, C)
+  T* U = thread_buffer<T>(static_cast<size_t>(kPositions * C * columns), kInputTiles);    // (xi, C, columns)
+  T* M = thread_buffer<T>(static_cast<size_t>(kPositions * O * columns), kProductTiles);  // (xi, O, columns)
+  Transforms<m>::weights(O, C, weight, V);
+#pragma omp parallel for schedule(static)
+  for (int64_t plane = 0; plane < p.batch * C; ++plane) {
+    T* scratch = thread_buffer<T>(static_cast<size_t>(g.plane_scratch()), kPlane);
+    Transforms<m>::input_plane(g, x + plane * HW, U + (plane % C) * columns + (plane / C) * g.tiles, C * columns,
+                               scratch);
+  }
+#pragma omp parallel for schedule(static)
+  for (int64_t xi = 0; xi < kPositions; ++xi) {
+    MapRM<T>(M + xi * O * columns, O, columns).noalias() =
+        ConstMapRM<T>(V + xi * O * C, O, C) * ConstMapRM<T>(U + xi * C * columns, C, columns);
+  }
+#pragma omp parallel for schedule(static)
+  for (int64_t plane = 0; plane < p.batch * O; ++plane) {
+    T* scratch = thread_buffer<T>(static_cast<size_t>(g.plane_scratch()), kPlane);
+    const int64_t o = plane % O;
+    Transforms<m>::output_plane(g, M + o * columns + (plane / O) * g.tiles, O * columns,
+                                bias != nullptr ? bias[o] : T(0), y + plane * P, scratch);
+  }
+}
+
+template <int m, typename T>
+void backward_by_position(const Conv2dParams& p, const T* x, const T* weight, const T* dy, T* dx, T* dweight) {
+  if (dx == nullptr && dweight == nullptr) return;
+  constexpr int64_t kPositions = positions(m);
+  const Tiling g(p, m);
+  const int64_t C = p.in_channels, O = p.out_channels, HW = p.in_h * p.in_w, P = p.out_h * p.out_w;
+  const int64_t columns = p.batch * g.tiles;
+  T* U = thread_buffer<T>(static_cast<size_t>(kPositions * C * columns), kInputTiles);     // (xi, C, columns)
+  T* dM = thread_buffer<T>(static_cast<size_t>(kPositions * O * columns), kProductTiles);  // (xi, O, columns)
+#pragma omp parallel for schedule(static)
+  for (int64_t plane = 0; plane < p.batch * O; ++plane) {
+    T* scratch = thread_buffer<T>(static_cast<size_t>(g.plane_scratch()), kPlane);
+    Transforms<m>::output_gradient_plane(g, dy + plane * P, dM + (plane % O) * columns + (plane / O) * g.tiles,
+                                         O * columns, scratch);
+  }
+  if (dweight != nullptr) {
+    T* dV = thread_buffer<T>(static_cast<size_t>(kPositions * O * C), kWeightTiles);  // (xi, O, C)
+    T* taps = thread_buffer<T>(static_cast<size_t>(O * C * 9), kPartials);         // (9, O, C)
+#pragma omp parallel for schedule(static)
+    for (int64_t plane = 0; plane < p.batch * C; ++plane) {
+      T* scratch = thread_buffer<T>(static_cast<size_t>(g.plane_scratch()), kPlane);
+      Transforms<m>::input_plane(g, x + plane * HW, U + (plane % C) * columns + (plane / C) * g.tiles, C * columns,
+                                 scratch);
+    }
+#pragma omp parallel for schedule(static)
+    for (int64_t xi = 0; xi < kPositions; ++xi) {
+      ConstMapRM<T> dm(dM + xi * O * columns, O, columns), u(U + xi * C * columns, C, columns);
+      MapRM<T>(dV + xi * O * C, O, C).noalias() = dm * u.transpose();
+    }
+    Transforms<m>::weight_gradient(O, C, dV, taps);
+    const int64_t filters = O * C;
+#pragma omp parallel for schedule(static)
+    for (int64_t f = 0; f < filters; ++f) {
+      for (int64_t k = 0; k < 9; ++k) dweight[f * 9 + k] = taps[k * filters + f];
+    }
+  }
+  if (dx != nullptr) {
+    T* V = thread_buffer<T>(static_cast<size_t>(kPositions * O * C), kWeights);  // (xi, O, C)
+    Transforms<m>::weights(O, C, weight, V);
+    T* dU = U;  // U is no longer needed
+#pragma omp parallel for schedule(static)
+    for (int64_t xi = 0; xi < kPositions; ++xi) {
+      MapRM<T>(dU + xi * C * columns, C, columns).noalias() =
+          ConstMapRM<T>(V + xi * O * C, O, C).transpose() * ConstMapRM<T>(dM + xi * O * columns, O, columns);
+    }
+#pragma omp parallel for schedule(static)
+    for (int64_t plane = 0; plane < p.batch * C; ++plane) {
+      T* scratch = thread_buffer<T>(static_cast<size_t>(g.plane_scratch()), kPlane);
+      Transforms<m>::input_gradient_plane(g, dU + (plane % C) * columns + (plane / C) * g.tiles, C * columns,
+                                          dx + plane * HW, scratch);
+    }
+  }
+}
 }  // namespace
 
 bool conv2d_winograd_supports(const Conv2dParams& p) {
@@ -468,11 +806,16 @@ bool conv2d_winograd_supports(const Conv2dParams& p) {
 
 // Where the path pays, measured on one core (x86-64-v3 build on an AMD EPYC
 // with 1 MB of L2 per core), batch 128 unless said, cpu ms forward/backward,
-// im2col + GEMM -> Winograd:
-//   ResNet-9: 64->128 28x28 151/309 -> 87/168; 128->128 14x14 81/165 -> 45/87;
-//     128->256 14x14 151/315 -> 83/170; 256->512 7x7 166/390 -> 123/240;
-//     512->512 3x3 66/141 -> 73/164 (9 outputs in 16 tile positions: only
-//     1.27x fewer multiply-adds). FashionCNN's 32->64 14x14 11.6/23.6 -> 8.2/15.1.
+// im2col + GEMM -> Winograd F(2x2) (-> F(3x3) where measured):
+//   ResNet-9: 64->128 28x28 151/309 -> 87/168 -> 212/324; 128->128 14x14
+//     81/165 -> 45/87 -> 88/161; 128->256 14x14 151/315 -> 83/170 -> 180/287;
+//     256->512 7x7 166/390 -> 123/240 -> 200/346; 512->512 3x3 66/141 ->
+//     73/164 (9 outputs in 16 tile positions: only 1.27x fewer multiply-adds)
+//     -> 45/82 (one F(3x3) tile: 3.24x fewer; on 2 threads, wall ms, im2col
+//     32-41/73 -> 30/52). FashionCNN's 32->64 14x14 11.6/23.6 -> 8.2/15.1.
+//   F(3x3) on other planes that are whole tiles (on a machine shared with
+//     other jobs): 256->256 6x6 60/128 -> 32/73 -> 51/99; 512->512 6x6
+//     239/516 -> 140/295 -> 155/293; 256->256 9x9 129/326 -> 93/182 -> 108/197.
 //   Input channels (the GEMMs' depth): 16->8 28x28 6.0/12.0 -> 4.2/8.3;
 //     12->32 28x28 9.6/20.2 -> 8.5/16.6; 8->32 28x28 6.3/13.2 -> 6.6/11.7;
 //     8->64 14x14 3.1/6.4 -> 3.9/6.5; 3->64 28x28 4.9/11.6 -> 9.4/18.7.
@@ -482,18 +825,42 @@ bool conv2d_winograd_supports(const Conv2dParams& p) {
 //     chunk, whatever the batch): 512->512 4x4 with batch 4 (16 tiles)
 //     4.3/8.4 -> 6.5/13.3, batch 8 (32) 8.0/16.1 -> 8.3/16.5, batch 16 (64)
 //     14.8/32.0 -> 13.0/24.5; 256->512 7x7 batch 4 (64) 5.3/10.7 -> 5.3/10.0.
-// Hence: at least 16 input channels, at least 16 outputs per plane of which
-// the tiles use at least 2/3 (1.5x fewer multiply-adds), and 64 tiles.
-bool conv2d_winograd_pays(const Conv2dParams& p) {
-  if (!conv2d_winograd_supports(p)) return false;
-  const Tiling tiling(p);
-  const int64_t outputs = p.out_h * p.out_w;
-  return p.in_channels >= 16 && outputs >= 16 && 3 * outputs >= 2 * 4 * tiling.tiles && p.batch * tiling.tiles >= 64;
-}
-
+// Hence: at least 16 input channels, at least 16 outputs per plane (9 with
+// F(3x3)) of which the tiles use enough to save 1.5x the multiply-adds (2/3
+// of a F(2x2) tile), and 64 tiles.
 namespace {
 std::atomic<WinogradPolicy> winograd_policy{WinogradPolicy::kWhenFaster};
+std::atomic<WinogradTile> winograd_tile{WinogradTile::kWhenFaster};
+
+// F(3x3) where its tiles need under half the positions of F(2x2)'s: its
+// transforms go one tile at a time (no vectorization over a plane's tiles),
+// which costs more than its fewer positions save unless F(2x2) wastes most of
+// its tiles (figures above conv2d_winograd_pays).
+int faster_tile_size(const Conv2dParams& p) {
+  return 2 * positions(3) * Tiling(p, 3).tiles < positions(2) * Tiling(p, 2).tiles ? 3 : 2;
+}
 }  // namespace
+
+void conv2d_winograd_set_tile(WinogradTile tile) { winograd_tile.store(tile); }
+
+int conv2d_winograd_tile_size(const Conv2dParams& p) {
+  switch (winograd_tile.load()) {
+    case WinogradTile::kWhenFaster: return faster_tile_size(p);
+    case WinogradTile::k2x2: return 2;
+    case WinogradTile::k3x3: return 3;
+  }
+  return 2;
+}
+
+bool conv2d_winograd_pays(const Conv2dParams& p) {
+  if (!conv2d_winograd_supports(p)) return false;
+  const int m = faster_tile_size(p);
+  const Tiling tiling(p, m);
+  const int64_t outputs = p.out_h * p.out_w;
+  // 9 multiply-adds per output direct, positions(m) per tile: at least 1.5x fewer.
+  return p.in_channels >= 16 && (outputs >= 16 || m == 3) && 6 * outputs >= positions(m) * tiling.tiles &&
+         p.batch * tiling.tiles >= 64;
+}
 
 void conv2d_winograd_set_policy(WinogradPolicy policy) { winograd_policy.store(policy); }
 
@@ -506,6 +873,19 @@ bool conv2d_winograd_selected(const Conv2dParams& p) {
   return false;
 }
 
+namespace {
+template <typename T>
+void forward_tiled(const Conv2dParams& p, const T* x, const T* weight, const T* bias, T* y) {
+  if (conv2d_winograd_tile_size(p) == 3) return forward_by_position<3>(p, x, weight, bias, y);
+  forward<2>(p, x, weight, bias, y);
+}
+template <typename T>
+void backward_tiled(const Conv2dParams& p, const T* x, const T* weight, const T* dy, T* dx, T* dweight) {
+  if (conv2d_winograd_tile_size(p) == 3) return backward_by_position<3>(p, x, weight, dy, dx, dweight);
+  backward<2>(p, x, weight, dy, dx, dweight);
+}
+}  // namespace
+
 void conv2d_winograd_forward_cpu(DType dtype, const Conv2dParams& p, const void* x, const void* weight,
                                  const void* bias, void* y) {
   KILN_CHECK(conv2d_winograd_supports(p), "conv2d winograd (cpu kernel): needs a 3x3 kernel, stride 1, dilation 1, "
@@ -513,11 +893,11 @@ void conv2d_winograd_forward_cpu(DType dtype, const Conv2dParams& p, const void*
              ", dilation ", p.dilation_h, "x", p.dilation_w, ", groups ", p.groups);
   switch (dtype) {
     case DType::f32:
-      return forward(p, static_cast<const float*>(x), static_cast<const float*>(weight),
-                     static_cast<const float*>(bias), static_cast<float*>(y));
+      return forward_tiled(p, static_cast<const float*>(x), static_cast<const float*>(weight),
+                           static_cast<const float*>(bias), static_cast<float*>(y));
     case DType::f64:
-      return forward(p, static_cast<const double*>(x), static_cast<const double*>(weight),
-                     static_cast<const double*>(bias), static_cast<double*>(y));
+      return forward_tiled(p, static_cast<const double*>(x), static_cast<const double*>(weight),
+                           static_cast<const double*>(bias), static_cast<double*>(y));
     default: KILN_THROW("conv2d winograd (cpu kernel): expected float32 or float64, got ", dtype_name(dtype));
   }
 }
@@ -529,11 +909,11 @@ void conv2d_winograd_backward_cpu(DType dtype, const Conv2dParams& p, const void
              p.stride_w, ", dilation ", p.dilation_h, "x", p.dilation_w, ", groups ", p.groups);
   switch (dtype) {
     case DType::f32:
-      return backward(p, static_cast<const float*>(x), static_cast<const float*>(weight),
-                      static_cast<const float*>(dy), static_cast<float*>(dx), static_cast<float*>(dweight));
+      return backward_tiled(p, static_cast<const float*>(x), static_cast<const float*>(weight),
+                            static_cast<const float*>(dy), static_cast<float*>(dx), static_cast<float*>(dweight));
     case DType::f64:
-      return backward(p, static_cast<const double*>(x), static_cast<const double*>(weight),
-                      static_cast<const double*>(dy), static_cast<double*>(dx), static_cast<double*>(dweight));
+      return backward_tiled(p, static_cast<const double*>(x), static_cast<const double*>(weight),
+                            static_cast<const double*>(dy), static_cast<double*>(dx), static_cast<double*>(dweight));
     default: KILN_THROW("conv2d winograd backward (cpu kernel): expected float32 or float64, got ",
                         dtype_name(dtype));
   }

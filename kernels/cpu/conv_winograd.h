@@ -1,4 +1,5 @@
-// Winograd F(2x2, 3x3) CPU convolution (kernels/cpu/conv_winograd.cpp): the
+// Winograd F(2x2, 3x3) and F(3x3, 3x3) CPU convolution
+// (kernels/cpu/conv_winograd.cpp): the
 // path conv2d_forward_cpu / conv2d_backward_cpu (kernels/conv.h) take where it
 // measured faster than im2col + GEMM. Internal to kernels/; tests and bench/
 // include it to run the path on any supported shape or to compare the paths.
@@ -22,6 +23,14 @@ enum class WinogradPolicy { kWhenFaster, kAlways, kNever };
 void conv2d_winograd_set_policy(WinogradPolicy policy);
 // Whether conv2d_*_cpu take the Winograd path for this shape under the current policy.
 bool conv2d_winograd_selected(const Conv2dParams& p);
+
+// The output tile the path uses: F(2x2, 3x3) (m = 2) or F(3x3, 3x3) (m = 3).
+// kWhenFaster picks per shape by the measurements in conv_winograd.cpp; the
+// others force one (process-wide, for tests and benchmarks).
+enum class WinogradTile { kWhenFaster, k2x2, k3x3 };
+void conv2d_winograd_set_tile(WinogradTile tile);
+// The tile size m (2 or 3) the path uses for this shape under the current tile setting.
+int conv2d_winograd_tile_size(const Conv2dParams& p);
 
 // The contracts of conv2d_forward_cpu / conv2d_backward_cpu (float32 or
 // float64, contiguous NCHW, outputs written =) for shapes the path supports;
