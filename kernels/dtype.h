@@ -157,6 +157,18 @@ decltype(auto) dispatch_floating(DType dtype, std::string_view op, Fn&& fn) {
   KILN_THROW(op, ": expected a floating dtype (float32, float64, float16, bfloat16), got ", dtype_name(dtype));
 }
 
+// float and double only: the CPU kernels that compute in the input's type
+// (their front ends convert 16-bit inputs to float32 first).
+template <typename Fn>
+decltype(auto) dispatch_f32_f64(DType dtype, std::string_view op, Fn&& fn) {
+  switch (dtype) {
+    case DType::f32: return fn.template operator()<float>();
+    case DType::f64: return fn.template operator()<double>();
+    default: break;
+  }
+  KILN_THROW(op, ": expected float32 or float64, got ", dtype_name(dtype));
+}
+
 // Integer index types for gather/index_select/embedding.
 template <typename Fn>
 decltype(auto) dispatch_index(DType dtype, std::string_view op, Fn&& fn) {

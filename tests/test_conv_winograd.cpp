@@ -310,6 +310,11 @@ TEST_CASE("conv2d winograd: dispatch of conv2d_*_cpu") {
   kernels::conv2d_forward_cpu(DType::f32, p, x.data(), w.data(), nullptr, via_dispatch.data());
   kernels::conv2d_winograd_forward_cpu(DType::f32, p, x.data(), w.data(), nullptr, via_entry.data());
   CHECK(via_dispatch == via_entry);
+  // Both paths compute in float32 or float64 only, and say so.
+  for (const auto& run : {kernels::conv2d_forward_cpu, kernels::conv2d_winograd_forward_cpu}) {
+    CHECK_THROWS_WITH_AS(run(DType::f16, p, x.data(), w.data(), nullptr, via_entry.data()),
+                         doctest::Contains("expected float32 or float64, got float16"), Error);
+  }
   check_against_direct<float>(p, false, true, 88);
 }
 

@@ -340,15 +340,10 @@ void backward(const Conv2dParams& p, const T* x, const T* weight, const T* dy, T
 void conv2d_forward_cpu(DType dtype, const Conv2dParams& p, const void* x, const void* weight, const void* bias,
                         void* y) {
   if (conv2d_winograd_selected(p)) return conv2d_winograd_forward_cpu(dtype, p, x, weight, bias, y);
-  switch (dtype) {
-    case DType::f32:
-      return forward(p, static_cast<const float*>(x), static_cast<const float*>(weight),
-                     static_cast<const float*>(bias), static_cast<float*>(y));
-    case DType::f64:
-      return forward(p, static_cast<const double*>(x), static_cast<const double*>(weight),
-                     static_cast<const double*>(bias), static_cast<double*>(y));
-    default: KILN_THROW("conv2d (cpu kernel): expected float32 or float64, got ", dtype_name(dtype));
-  }
+  dispatch_f32_f64(dtype, "conv2d (cpu kernel)", [&]<typename T>() {
+    forward(p, static_cast<const T*>(x), static_cast<const T*>(weight), static_cast<const T*>(bias),
+            static_cast<T*>(y));
+  });
 }
 
 void conv2d_backward_cpu(DType dtype, const Conv2dParams& p, const void* x, const void* weight, const void* dy,
@@ -357,17 +352,10 @@ void conv2d_backward_cpu(DType dtype, const Conv2dParams& p, const void* x, cons
     conv2d_winograd_backward_cpu(dtype, p, x, weight, dy, dx, dweight);
     dx = dweight = nullptr;  // only the bias gradient is left
   }
-  switch (dtype) {
-    case DType::f32:
-      return backward(p, static_cast<const float*>(x), static_cast<const float*>(weight),
-                      static_cast<const float*>(dy), static_cast<float*>(dx), static_cast<float*>(dweight),
-                      static_cast<float*>(dbias));
-    case DType::f64:
-      return backward(p, static_cast<const double*>(x), static_cast<const double*>(weight),
-                      static_cast<const double*>(dy), static_cast<double*>(dx), static_cast<double*>(dweight),
-                      static_cast<double*>(dbias));
-    default: KILN_THROW("conv2d backward (cpu kernel): expected float32 or float64, got ", dtype_name(dtype));
-  }
+  dispatch_f32_f64(dtype, "conv2d backward (cpu kernel)", [&]<typename T>() {
+    backward(p, static_cast<const T*>(x), static_cast<const T*>(weight), static_cast<const T*>(dy),
+             static_cast<T*>(dx), static_cast<T*>(dweight), static_cast<T*>(dbias));
+  });
 }
 
 }  // namespace kiln::kernels

@@ -407,15 +407,10 @@ void conv2d_winograd_forward_cpu(DType dtype, const Conv2dParams& p, const void*
   KILN_CHECK(conv2d_winograd_supports(p), "conv2d winograd (cpu kernel): needs a 3x3 kernel, stride 1, dilation 1, "
              "groups 1, got kernel ", p.kernel_h, "x", p.kernel_w, ", stride ", p.stride_h, "x", p.stride_w,
              ", dilation ", p.dilation_h, "x", p.dilation_w, ", groups ", p.groups);
-  switch (dtype) {
-    case DType::f32:
-      return forward_tiled(p, static_cast<const float*>(x), static_cast<const float*>(weight),
-                           static_cast<const float*>(bias), static_cast<float*>(y));
-    case DType::f64:
-      return forward_tiled(p, static_cast<const double*>(x), static_cast<const double*>(weight),
-                           static_cast<const double*>(bias), static_cast<double*>(y));
-    default: KILN_THROW("conv2d winograd (cpu kernel): expected float32 or float64, got ", dtype_name(dtype));
-  }
+  dispatch_f32_f64(dtype, "conv2d winograd (cpu kernel)", [&]<typename T>() {
+    forward_tiled(p, static_cast<const T*>(x), static_cast<const T*>(weight), static_cast<const T*>(bias),
+                  static_cast<T*>(y));
+  });
 }
 
 void conv2d_winograd_backward_cpu(DType dtype, const Conv2dParams& p, const void* x, const void* weight,
@@ -423,16 +418,10 @@ void conv2d_winograd_backward_cpu(DType dtype, const Conv2dParams& p, const void
   KILN_CHECK(conv2d_winograd_supports(p), "conv2d winograd backward (cpu kernel): needs a 3x3 kernel, stride 1, "
              "dilation 1, groups 1, got kernel ", p.kernel_h, "x", p.kernel_w, ", stride ", p.stride_h, "x",
              p.stride_w, ", dilation ", p.dilation_h, "x", p.dilation_w, ", groups ", p.groups);
-  switch (dtype) {
-    case DType::f32:
-      return backward_tiled(p, static_cast<const float*>(x), static_cast<const float*>(weight),
-                            static_cast<const float*>(dy), static_cast<float*>(dx), static_cast<float*>(dweight));
-    case DType::f64:
-      return backward_tiled(p, static_cast<const double*>(x), static_cast<const double*>(weight),
-                            static_cast<const double*>(dy), static_cast<double*>(dx), static_cast<double*>(dweight));
-    default: KILN_THROW("conv2d winograd backward (cpu kernel): expected float32 or float64, got ",
-                        dtype_name(dtype));
-  }
+  dispatch_f32_f64(dtype, "conv2d winograd backward (cpu kernel)", [&]<typename T>() {
+    backward_tiled(p, static_cast<const T*>(x), static_cast<const T*>(weight), static_cast<const T*>(dy),
+                   static_cast<T*>(dx), static_cast<T*>(dweight));
+  });
 }
 
 }  // namespace kiln::kernels
