@@ -32,28 +32,15 @@
 #include <vector>
 
 #include "kernels/conv.h"
+#include "kernels/cpu/eigen_scratch.h"
 #include "kernels/cpu/conv_winograd.h"
 
 namespace kiln::kernels {
 
 namespace {
 
-template <typename T>
-using MatrixRM = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-template <typename T>
-using MapRM = Eigen::Map<MatrixRM<T>>;
-template <typename T>
-using ConstMapRM = Eigen::Map<const MatrixRM<T>>;
-
-// A per-thread scratch buffer of T that only grows.
+// The slots of this file's scratch buffers (eigen_scratch.h).
 enum BufferSlot { kColumns, kColumnGrads, kPadded, kPartials, kProduct, kSlots };
-template <typename T>
-T* thread_buffer(size_t count, BufferSlot slot) {
-  thread_local std::vector<T> buffers[kSlots];
-  std::vector<T>& buffer = buffers[slot];
-  if (buffer.size() < count) buffer.resize(count);
-  return buffer.data();
-}
 
 // Whether the convolution reads its input directly as columns (1x1, stride 1, no padding).
 bool is_pointwise(const Conv2dParams& p) {

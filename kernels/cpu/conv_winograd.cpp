@@ -41,6 +41,7 @@
 #include <vector>
 
 #include "kernels/cpu/conv_winograd_transforms.h"
+#include "kernels/cpu/eigen_scratch.h"
 #include "kernels/error.h"
 
 namespace kiln::kernels {
@@ -49,23 +50,8 @@ namespace {
 
 using namespace winograd;  // NOLINT: the transforms are this file's internals
 
-template <typename T>
-using MatrixRM = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-template <typename T>
-using MapRM = Eigen::Map<MatrixRM<T>>;
-template <typename T>
-using ConstMapRM = Eigen::Map<const MatrixRM<T>>;
-
-// A per-thread scratch buffer of T that only grows.
+// The slots of this file's scratch buffers (eigen_scratch.h).
 enum BufferSlot { kInputTiles, kProductTiles, kPlane, kWeights, kWeightTiles, kPartials, kSlots };
-template <typename T>
-T* thread_buffer(size_t count, BufferSlot slot) {
-  thread_local std::vector<T> buffers[kSlots];
-  std::vector<T>& buffer = buffers[slot];
-  if (buffer.size() < count) buffer.resize(count);
-  return buffer.data();
-}
-
 
 // Samples per block and per weight-gradient chunk, fixed by the shape alone.
 // Blocks: whole samples, equal parts of a chunk, each at most kMaxBlockTiles
@@ -96,12 +82,26 @@ Blocking blocking(const Conv2dParams& p, const Tiling& tiling) {
   return {ceil_div(p.batch, per_chunk), per_chunk, ceil_div(per_chunk, ceil_div(per_chunk, cap))};
 }
 
+// U (xi, C, count * tiles): the input planes of samples first..first+count
+// transformed by the calling thread, each sample's tiles side by side.
+template <int m, typename T>
+void transform_block_input(const Conv2dParams& p, const Tiling& g, const T* x, int64_t first, int64_t count, T* U,
+                           T* scratch) {
+  const int64_t C = p.in_channels, HW = p.in_h * p.in_w, columns = count * g.tiles;
+  for (int64_t s = 0; s < count; ++s) {
+    for (int64_t c = 0; c < C; ++c) {
+      Transforms<m>::input_plane(g, x + ((first + s) * C + c) * HW, U + c * columns + s * g.tiles, C * columns,
+                                 scratch);
+    }
+  }
+}
+
 template <int m, typename T>
 void forward(const Conv2dParams& p, const T* x, const T* weight, const T* bias, T* y) {
   constexpr int64_t kPositions = positions(m);
   const Tiling g(p, m);
   const Blocking b = blocking(p, g);
-  const int64_t C = p.in_channels, O = p.out_channels, HW = p.in_h * p.in_w, P = p.out_h * p.out_w;
+  const int64_t C = p.in_channels, O = p.out_channels, P = p.out_h * p.out_w;
   const int64_t blocks_per_chunk = ceil_div(b.per_chunk, b.per_block);
   T* V = thread_buffer<T>(static_cast<size_t>(kPositions * O * C), kWeights);  // (positions, O, C)
   Transforms<m>::weights(O, C, weight, V);
@@ -115,12 +115,7 @@ void forward(const Conv2dParams& p, const T* x, const T* weight, const T* bias, 
     T* U = thread_buffer<T>(static_cast<size_t>(kPositions * C * columns), kInputTiles);  // (xi, C, columns)
     T* M = thread_buffer<T>(static_cast<size_t>(kPositions * O * columns), kProductTiles);  // (xi, O, columns)
     T* scratch = thread_buffer<T>(static_cast<size_t>(g.plane_scratch()), kPlane);
-    for (int64_t s = 0; s < count; ++s) {
-      for (int64_t c = 0; c < C; ++c) {
-        Transforms<m>::input_plane(g, x + ((first + s) * C + c) * HW, U + c * columns + s * g.tiles, C * columns,
-                                   scratch);
-      }
-    }
+    transform_block_input<m>(p, g, x, first, count, U, scratch);
     for (int64_t xi = 0; xi < kPositions; ++xi) {
       MapRM<T>(M + xi * O * columns, O, columns).noalias() =
           ConstMapRM<T>(V + xi * O * C, O, C) * ConstMapRM<T>(U + xi * C * columns, C, columns);
@@ -166,12 +161,7 @@ void backward(const Conv2dParams& p, const T* x, const T* weight, const T* dy, T
         }
       }
       if (dV != nullptr) {
-        for (int64_t s = 0; s < count; ++s) {
-          for (int64_t c = 0; c < C; ++c) {
-            Transforms<m>::input_plane(g, x + ((first + s) * C + c) * HW, U + c * columns + s * g.tiles, C * columns,
-                                  scratch);
-          }
-        }
+        transform_block_input<m>(p, g, x, first, count, U, scratch);
         const bool first_block = first == chunk * b.per_chunk;
         for (int64_t xi = 0; xi < kPositions; ++xi) {
           MapRM<T> dv(dV + xi * O * C, O, C);
@@ -221,6 +211,19 @@ void backward(const Conv2dParams& p, const T* x, const T* weight, const T* dy, T
 }
 
 
+// U (xi, C, batch * tiles): every input plane of the batch transformed, each
+// sample's tiles side by side (the layout of forward_by_position's GEMMs).
+template <int m, typename T>
+void transform_batch_input(const Conv2dParams& p, const Tiling& g, const T* x, T* U) {
+  const int64_t C = p.in_channels, HW = p.in_h * p.in_w, columns = p.batch * g.tiles;
+#pragma omp parallel for schedule(static)
+  for (int64_t plane = 0; plane < p.batch * C; ++plane) {
+    T* scratch = thread_buffer<T>(static_cast<size_t>(g.plane_scratch()), kPlane);
+    Transforms<m>::input_plane(g, x + plane * HW, U + (plane % C) * columns + (plane / C) * g.tiles, C * columns,
+                               scratch);
+  }
+}
+
 // The same computation with the whole batch as one block and the GEMMs, one
 // per position xi, spread over the threads instead of the samples: for
 // F(3x3), which runs only on small planes (a tile or a few per sample), so
@@ -234,18 +237,13 @@ template <int m, typename T>
 void forward_by_position(const Conv2dParams& p, const T* x, const T* weight, const T* bias, T* y) {
   constexpr int64_t kPositions = positions(m);
   const Tiling g(p, m);
-  const int64_t C = p.in_channels, O = p.out_channels, HW = p.in_h * p.in_w, P = p.out_h * p.out_w;
+  const int64_t C = p.in_channels, O = p.out_channels, P = p.out_h * p.out_w;
   const int64_t columns = p.batch * g.tiles;
   T* V = thread_buffer<T>(static_cast<size_t>(kPositions * O * C), kWeights);             // (xi, O, C)
   T* U = thread_buffer<T>(static_cast<size_t>(kPositions * C * columns), kInputTiles);    // (xi, C, columns)
   T* M = thread_buffer<T>(static_cast<size_t>(kPositions * O * columns), kProductTiles);  // (xi, O, columns)
   Transforms<m>::weights(O, C, weight, V);
-#pragma omp parallel for schedule(static)
-  for (int64_t plane = 0; plane < p.batch * C; ++plane) {
-    T* scratch = thread_buffer<T>(static_cast<size_t>(g.plane_scratch()), kPlane);
-    Transforms<m>::input_plane(g, x + plane * HW, U + (plane % C) * columns + (plane / C) * g.tiles, C * columns,
-                               scratch);
-  }
+  transform_batch_input<m>(p, g, x, U);
 #pragma omp parallel for schedule(static)
   for (int64_t xi = 0; xi < kPositions; ++xi) {
     MapRM<T>(M + xi * O * columns, O, columns).noalias() =
@@ -278,12 +276,7 @@ void backward_by_position(const Conv2dParams& p, const T* x, const T* weight, co
   if (dweight != nullptr) {
     T* dV = thread_buffer<T>(static_cast<size_t>(kPositions * O * C), kWeightTiles);  // (xi, O, C)
     T* taps = thread_buffer<T>(static_cast<size_t>(O * C * 9), kPartials);         // (9, O, C)
-#pragma omp parallel for schedule(static)
-    for (int64_t plane = 0; plane < p.batch * C; ++plane) {
-      T* scratch = thread_buffer<T>(static_cast<size_t>(g.plane_scratch()), kPlane);
-      Transforms<m>::input_plane(g, x + plane * HW, U + (plane % C) * columns + (plane / C) * g.tiles, C * columns,
-                                 scratch);
-    }
+    transform_batch_input<m>(p, g, x, U);
 #pragma omp parallel for schedule(static)
     for (int64_t xi = 0; xi < kPositions; ++xi) {
       ConstMapRM<T> dm(dM + xi * O * columns, O, columns), u(U + xi * C * columns, C, columns);
