@@ -59,14 +59,6 @@ Conv2dParams conv_params(int64_t batch, int64_t in_channels, int64_t out_channel
   return p;
 }
 
-std::vector<double> random_values(int64_t count, uint64_t seed) {
-  std::mt19937_64 engine(seed);
-  std::normal_distribution<double> normal;
-  std::vector<double> values(static_cast<size_t>(count));
-  for (double& v : values) v = normal(engine);
-  return values;
-}
-
 // A direct convolution in double with its gradients for the upstream gradient
 // dy. Beside each value, the sum of the absolute values of its terms
 // (|x * w|, |dy * w|, |dy * x|): the scale a rounding error is relative to.

@@ -14,11 +14,7 @@ namespace kiln::testing {
 namespace {
 
 Tensor random_tensor(const Shape& shape, uint64_t seed, DType dtype = DType::f64) {
-  std::mt19937_64 engine(seed);
-  std::normal_distribution<double> normal;
-  std::vector<double> values(static_cast<size_t>(shape_numel(shape)));
-  for (double& v : values) v = normal(engine);
-  return tensor<double>(values, shape).to(dtype);
+  return tensor<double>(random_values(shape_numel(shape), seed), shape).to(dtype);
 }
 
 // (m, k) @ (k, n) in double, from the logical values of any layout.

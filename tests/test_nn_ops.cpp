@@ -14,14 +14,6 @@
 namespace kiln::testing {
 namespace {
 
-std::vector<double> random_values(int64_t count, uint64_t seed) {
-  std::mt19937_64 engine(seed);
-  std::normal_distribution<double> normal;
-  std::vector<double> values(static_cast<size_t>(count));
-  for (double& v : values) v = normal(engine);
-  return values;
-}
-
 struct ConvCase {
   Shape x, w;
   bool bias;

@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 
 #include <functional>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -22,6 +23,16 @@ namespace kiln::testing {
       return;                                                                    \
     }                                                                            \
   } while (0)
+
+// `count` draws of a standard normal from a generator seeded with `seed`:
+// the same values for the same seed on every platform run here.
+inline std::vector<double> random_values(int64_t count, uint64_t seed) {
+  std::mt19937_64 engine(seed);
+  std::normal_distribution<double> normal;
+  std::vector<double> values(static_cast<size_t>(count));
+  for (double& v : values) v = normal(engine);
+  return values;
+}
 
 struct Tolerance {
   double rtol;
