@@ -48,7 +48,7 @@ inline CLI::Option* add_batches_or_fraction_flag(CLI::App& app, const std::strin
                                                  const std::string& description) {
   auto check = [](std::string& text) -> std::string {
     const std::optional<BatchesOrFraction> parsed = BatchesOrFraction::try_parse(text);
-    if (!parsed) return "expected a number of batches (like 4) or a fraction of an epoch (like 0.25), got '" + text + "'";
+    if (!parsed) return std::string(BatchesOrFraction::kExpected) + ", got '" + text + "'";
     return parsed->problem();
   };
   return app

@@ -29,8 +29,7 @@ std::optional<BatchesOrFraction> BatchesOrFraction::try_parse(std::string_view t
 
 BatchesOrFraction BatchesOrFraction::parse(std::string_view text, std::string_view name) {
   const std::optional<BatchesOrFraction> parsed = try_parse(text);
-  KILN_CHECK(parsed.has_value(), name, ": expected a number of batches (like 4) or a fraction of an epoch (like 0.25), ",
-             "got '", text, "'");
+  KILN_CHECK(parsed.has_value(), name, ": ", kExpected, ", got '", text, "'");
   return *parsed;
 }
 

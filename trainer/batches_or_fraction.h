@@ -24,12 +24,16 @@ class BatchesOrFraction {
     requires(!std::same_as<Integer, bool>)
   constexpr BatchesOrFraction(Integer batches) : value_(static_cast<double>(batches)), is_count_(true) {}
   template <std::floating_point Floating>
-  constexpr BatchesOrFraction(Floating value) : value_(static_cast<double>(value)), is_count_(is_whole_above_one(value_)) {}
+  constexpr BatchesOrFraction(Floating value)
+      : value_(static_cast<double>(value)), is_count_(is_whole_above_one(value_)) {}
 
   // "4" is a count; "0.25", "1.0", "2.5e-1" are floating-point values.
   // Anything else (empty, trailing characters): nullopt from try_parse, a
   // kiln::Error naming `name` from parse.
   static std::optional<BatchesOrFraction> try_parse(std::string_view text);
+  // What parse says, before the text, of text it cannot read.
+  static constexpr std::string_view kExpected =
+      "expected a number of batches (like 4) or a fraction of an epoch (like 0.25)";
   static BatchesOrFraction parse(std::string_view text, std::string_view name);
 
   bool is_count() const { return is_count_; }

@@ -209,6 +209,10 @@ int64_t Trainer::train_limit(int64_t available) const {
   return limit(options_.limit_train_batches, available, "limit_train_batches");
 }
 
+int64_t Trainer::val_limit(int64_t available) const {
+  return limit(options_.limit_val_batches, available, "limit_val_batches");
+}
+
 int64_t Trainer::accumulation_for_epoch(int64_t epoch) const {
   int64_t k = options_.accumulate_grad_batches;
   for (const auto& [from, value] : options_.accumulation_schedule) {
@@ -522,9 +526,7 @@ void Trainer::train_epoch(TrainModule& module, DataLoader& train_loader, DataLoa
   const int64_t accumulate = manual_ ? 1 : accumulation_for_epoch(epoch_);
   int64_t val_batches = 0;
   if (val_loader) {
-    val_batches = options_.overfit_batches.positive()
-                      ? train_limit(val_loader->size())
-                      : limit(options_.limit_val_batches, val_loader->size(), "limit_val_batches");
+    val_batches = options_.overfit_batches.positive() ? train_limit(val_loader->size()) : val_limit(val_loader->size());
   }
   // As Lightning: limit_val_batches=0 turns validation (and its callbacks) off.
   const bool validate_this_epoch =
@@ -782,8 +784,7 @@ void Trainer::fit(TrainModule& module, DataLoader& train_loader, DataLoader* val
                                {"scheduler", scheduler_names}});
     }
   }
-  const int64_t sanity_batches =
-      val ? std::min(options_.num_sanity_val_steps, limit(options_.limit_val_batches, val->size(), "limit_val_batches")) : 0;
+  const int64_t sanity_batches = val ? std::min(options_.num_sanity_val_steps, val_limit(val->size())) : 0;
   if (sanity_batches > 0 && ckpt_path.empty() && options_.fast_dev_run == 0) {
     evaluate(module, *val, "validate", sanity_batches, false);
     callback_metrics_.clear();
@@ -833,7 +834,7 @@ std::map<std::string, double> Trainer::validate(TrainModule& module, DataLoader&
   ProfilerStage profiled(*profiler_, "validate", log_dir_.empty() ? options_.default_root_dir : log_dir_);
   call_callbacks("on_validation_start", [&](Callback& c) { c.on_validation_start(*this, module); });
   std::map<std::string, double> metrics =
-      evaluate(module, eval, "validate", limit(options_.limit_val_batches, eval.size(), "limit_val_batches"), true);
+      evaluate(module, eval, "validate", val_limit(eval.size()), true);
   call_callbacks("on_validation_end", [&](Callback& c) { c.on_validation_end(*this, module); });
   profiled.finish(/*report=*/is_global_zero());
   return metrics;

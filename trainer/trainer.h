@@ -221,6 +221,7 @@ class Trainer {
   Batch to_device(const Batch& batch) const;
   int64_t limit(const BatchesOrFraction& value, int64_t available, std::string_view name) const;
   int64_t train_limit(int64_t available) const;
+  int64_t val_limit(int64_t available) const;  // under limit_val_batches (overfit_batches aside)
   int64_t accumulation_for_epoch(int64_t epoch) const;
   void log_step_metrics(TrainModule& module);
   void log_to_loggers(const std::map<std::string, double>& metrics, int64_t step);
