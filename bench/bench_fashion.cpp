@@ -38,6 +38,7 @@ int main(int argc, char** argv) {
   double lr = 3e-3, weight_decay = 5e-4;
   int num_workers = 2;
   uint64_t seed = 42;
+  bool augment = true;
   app.add_option("--model", model_name, "cnn or resnet9")->capture_default_str();
   app.add_option("--epochs", epochs)->capture_default_str();
   app.add_option("--batch-size", batch_size)->capture_default_str()->check(CLI::PositiveNumber);
@@ -48,6 +49,8 @@ int main(int argc, char** argv) {
   app.add_option("--num-workers", num_workers)->capture_default_str();
   app.add_option("--seed", seed)->capture_default_str();
   app.add_option("--data-dir", data_dir, "Fashion-MNIST folder");
+  app.add_flag("--augment,!--no-augment", augment,
+               "RandomCrop(28, padding=2) + RandomHorizontalFlip before Normalize (default: on)");
   app.add_option("--accelerator", accelerator, "cpu or gpu")->capture_default_str();
   app.add_option("--precision", precision, "32-true, bf16-mixed or 16-mixed (GPU; with a GradScaler)")
       ->capture_default_str()
@@ -73,7 +76,10 @@ int main(int argc, char** argv) {
     train_options.pin_memory = device.is_cuda();
     train_options.persistent_workers = true;
     train_options.drop_last = true;
-    train_options.transforms = {std::make_shared<RandomCrop>(2), std::make_shared<RandomHorizontalFlip>(), normalize};
+    train_options.transforms = {normalize};
+    if (augment) {
+      train_options.transforms = {std::make_shared<RandomCrop>(2), std::make_shared<RandomHorizontalFlip>(), normalize};
+    }
     DataLoaderOptions test_options = train_options;
     test_options.batch_size = 1000;
     test_options.shuffle = false;
@@ -162,7 +168,8 @@ int main(int argc, char** argv) {
                              {"test_acc", static_cast<double>(correct) / static_cast<double>(seen)},
                              {"final_loss", final_loss},
                              {"device", device.str()},
-                             {"precision", precision}};
+                             {"precision", precision},
+                             {"augment", augment}};
     std::printf("%s\n", result.dump().c_str());
   } catch (const Error& error) {
     std::cerr << "bench_fashion: " << error.message() << "\n";

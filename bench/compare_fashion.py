@@ -40,41 +40,52 @@ def main():
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--accelerator", default="cpu", choices=["cpu", "gpu"])
     parser.add_argument("--precision", default="32-true", choices=["32-true", "bf16-mixed", "16-mixed"])
-    parser.add_argument("--torch-compile", action="store_true", help="also torch.compile the PyTorch model")
+    parser.add_argument("--torch-compile", action="store_true",
+                        help="also run the PyTorch model under torch.compile (a third row)")
+    parser.add_argument("--augment", action=argparse.BooleanOptionalAction, default=True,
+                        help="random crop + flip on both sides (--no-augment: normalization only)")
     parser.add_argument("--kiln", default=os.path.join(ROOT, "build", "bin", "bench_fashion"))
     parser.add_argument("--python", default="/usr/bin/python3", help="the Python that has torch")
     args = parser.parse_args()
 
     common = ["--model", args.model, "--epochs", str(args.epochs), "--batch-size", str(args.batch_size),
               "--limit-train-batches", str(args.limit_train_batches), "--accelerator", args.accelerator,
-              "--precision", args.precision]
+              "--precision", args.precision, "--augment" if args.augment else "--no-augment"]
     env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="2")
-    kiln_runs, torch_runs = [], []
+    # PyTorch eager, and with --torch-compile the same under torch.compile.
+    peers = {"eager": []} | ({"torch.compile": ["--compile"]} if args.torch_compile else {})
+    kiln_runs, peer_runs = [], {name: [] for name in peers}
     for round_index in range(args.rounds):
         seeded = common + ["--seed", str(42 + round_index)]
         kiln_runs.append(run([args.kiln] + seeded, env))
-        torch_runs.append(run([args.python, os.path.join(ROOT, "bench", "torch_fashion.py"), "--threads", "2"] +
-                              seeded + (["--compile"] if args.torch_compile else []), env))
+        for name, flags in peers.items():
+            peer_runs[name].append(run([args.python, os.path.join(ROOT, "bench", "torch_fashion.py"), "--threads",
+                                        "2"] + seeded + flags, env))
     kiln_rate = statistics.median(r["samples_per_s"] for r in kiln_runs)
-    torch_rate = statistics.median(r["samples_per_s"] for r in torch_runs)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                             cwd=ROOT).stdout.strip()
     print(f"{datetime.date.today()} · {platform.node()} · {os.cpu_count()} cores · commit {commit} · "
           f"load {os.getloadavg()[0]:.1f} · {' '.join(sys.argv)}")
     print(f"model {args.model}, batch {args.batch_size}, {args.epochs} epoch(s), "
           f"{kiln_runs[0]['steps']} steps, {args.accelerator}, {args.precision}"
-          f"{', torch.compile' if args.torch_compile else ''}, {args.rounds} round(s)\n")
+          f"{', torch.compile' if args.torch_compile else ''}{'' if args.augment else ', no augmentation'}, "
+          f"{args.rounds} round(s)\n")
     def accuracy(runs):
         values = [r["test_acc"] * 100 for r in runs]
         return f"{statistics.mean(values):.2f}% ({min(values):.2f}–{max(values):.2f})"
 
-    print("| framework | samples/s (median) | ratio vs PyTorch | test acc, mean (range) |")
+    print("| framework | samples/s (median) | kiln's speed-up over it | test acc, mean (range) |")
     print("|---|---|---|---|")
-    print(f"| kiln | {kiln_rate:,.0f} | {kiln_rate / torch_rate:.2f}x | {accuracy(kiln_runs)} |")
-    peer = "OpenBLAS 1 thread, 2 torch threads" if args.accelerator == "cpu" else "CUDA"
-    print(f"| {torch_runs[0]['framework']} ({peer}) | {torch_rate:,.0f} | 1.00x | "
-          f"{accuracy(torch_runs)} |")
-
+    print(f"| kiln | {kiln_rate:,.0f} | — | {accuracy(kiln_runs)} |")
+    for name, runs in peer_runs.items():
+        rate = statistics.median(r["samples_per_s"] for r in runs)
+        setting = (f"{runs[0]['blas']} BLAS, OPENBLAS_NUM_THREADS=1, 2 torch threads" if args.accelerator == "cpu"
+                   else "CUDA" + (f", {args.precision}" if args.precision != "32-true" else ""))
+        print(f"| {runs[0]['framework']} {name} ({setting}) | {rate:,.0f} | {kiln_rate / rate:.2f}x | "
+              f"{accuracy(runs)} |")
+    if args.accelerator == "cpu" and any(runs[0]["blas"] == "blas" for runs in peer_runs.values()):
+        print("\nWARNING: torch ran on the reference BLAS (several times slower than OpenBLAS): not a fair peer; "
+              "install libopenblas0-pthread (issue 9).")
 
 if __name__ == "__main__":
     main()

@@ -5,8 +5,8 @@ Trains the same network with the same recipe as bench/bench_fashion.cpp:
 FashionCNN (or the ResNet-9-style net) with PyTorch's default initialization,
 AdamW (lr 3e-3, weight decay 5e-4) with OneCycle (pct_start 0.25) over the
 epochs' steps, batch 128 with drop_last, a fresh shuffle every epoch,
-augmentation RandomCrop(28, padding=2) + RandomHorizontalFlip + Normalize
-(mean/std fitted on the training images), fp32. Prints one JSON line:
+augmentation RandomCrop(28, padding=2) + RandomHorizontalFlip (--no-augment:
+none) + Normalize (mean/std fitted on the training images), fp32. Prints one JSON line:
 samples/s of the training loop (data included, the first warm-up steps
 excluded) and the test accuracy after the epochs.
 
@@ -19,6 +19,7 @@ import argparse
 import gzip
 import json
 import os
+import re
 import struct
 import time
 
@@ -94,6 +95,29 @@ def augment(images, generator, mean, std, padding=2):
     return (cropped - mean) / std
 
 
+def blas_backend():
+    """The BLAS behind torch's CPU matmuls: the build's own (mkl), or for Debian's
+    generic build the folder of the libblas.so.3 the alternatives resolved to
+    (openblas-pthread is issue 9's fair peer; blas, the reference one, is not)."""
+    build = re.search(r"BLAS_INFO=(\w+)", torch.__config__.show())
+    if build and build.group(1) != "generic":
+        return build.group(1)
+    torch.ones(2, 2) @ torch.ones(2, 2)  # makes sure the library is loaded
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            path = line.split()[-1]
+            if os.path.basename(path).startswith("libblas.so"):
+                return os.path.basename(os.path.dirname(os.path.realpath(path)))
+    return "unknown"
+
+
+def cuda_grad_scaler(enabled):
+    """torch.amp.GradScaler("cuda") where it exists (2.3+, where torch.cuda.amp's is deprecated); 1.13 has only that."""
+    if hasattr(torch.amp, "GradScaler"):
+        return torch.amp.GradScaler("cuda", enabled=enabled)
+    return torch.cuda.amp.GradScaler(enabled=enabled)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="cnn", choices=["cnn", "resnet9"])
@@ -110,6 +134,8 @@ def main():
     parser.add_argument("--precision", default="32-true", choices=["32-true", "16-mixed", "bf16-mixed"],
                         help="mixed: torch.autocast (+ GradScaler for 16-mixed)")
     parser.add_argument("--compile", action="store_true", help="torch.compile the model")
+    parser.add_argument("--augment", action=argparse.BooleanOptionalAction, default=True,
+                        help="RandomCrop(28, padding=2) + RandomHorizontalFlip before Normalize")
     args = parser.parse_args()
     device = torch.device("cuda" if args.accelerator == "gpu" else "cpu")
     amp_dtype = {"16-mixed": torch.float16, "bf16-mixed": torch.bfloat16}.get(args.precision)
@@ -124,7 +150,7 @@ def main():
     model = (fashion_cnn() if args.model == "cnn" else resnet9()).to(device)
     train_x, train_y, test_x, test_y = (t.to(device) for t in (train_x, train_y, test_x, test_y))
     step_model = torch.compile(model) if args.compile else model
-    scaler = torch.cuda.amp.GradScaler(enabled=args.precision == "16-mixed")
+    scaler = cuda_grad_scaler(enabled=args.precision == "16-mixed")
     batches = len(train_x) // args.batch_size
     if args.limit_train_batches > 0:
         batches = min(batches, args.limit_train_batches)
@@ -142,7 +168,7 @@ def main():
                     torch.cuda.synchronize()
                 start = time.perf_counter()
             index = order[step * args.batch_size:(step + 1) * args.batch_size].to(device)
-            inputs = augment(train_x[index], generator, mean, std)
+            inputs = augment(train_x[index], generator, mean, std) if args.augment else (train_x[index] - mean) / std
             with torch.autocast(device.type, dtype=amp_dtype or torch.bfloat16, enabled=amp_dtype is not None):
                 loss = F.cross_entropy(step_model(inputs), train_y[index])
             optimizer.zero_grad(set_to_none=True)
@@ -169,7 +195,8 @@ def main():
         "samples_per_s": timed_samples / max(timed_seconds, 1e-9),
         "test_acc": correct / len(test_x), "final_loss": loss.item(),
         "threads": torch.get_num_threads(), "openblas_threads": os.environ.get("OPENBLAS_NUM_THREADS", ""),
-        "device": str(device), "precision": args.precision, "compile": args.compile}))
+        "blas": blas_backend(),
+        "device": str(device), "precision": args.precision, "compile": args.compile, "augment": args.augment}))
 
 
 if __name__ == "__main__":
