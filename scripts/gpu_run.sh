@@ -12,13 +12,17 @@
 #   memcheck   compute-sanitizer --tool memcheck on the [gpu] test cases
 #   racecheck  compute-sanitizer --tool racecheck on the [gpu] test cases
 #   bench      every bench/bench_* binary
+#   compare    issue 9's GPU comparisons against the machine's PyTorch (eager with
+#              AMP, and torch.compile): FashionCNN batch 64 16-mixed, ResNet-9
+#              batch 512 bf16-mixed, one epoch each, tables in compare.md
 # The summary (summary.txt) records the GPU, driver, toolkit, commit and steps.
 # Usage: scripts/gpu_run.sh [all | sanitize | STEP...]     (default: all)
 # A command of the device tool may run 10 minutes at most; split the steps over
 # calls when needed (the build folder stays while the machine is warm), e.g.
-#   bash scripts/gpu_run.sh stage build test     then     bash scripts/gpu_run.sh stage sanitize bench
+#   bash scripts/gpu_run.sh stage build test     then     bash scripts/gpu_run.sh stage sanitize bench compare
 # Environment: OUT (log folder; default build-gpu/out), KILN_GPU_BUILD_DIR
-# (default build-gpu), KILN_CUDA_ARCH (default: the project's, 90), KILN_WERROR
+# (default build-gpu), KILN_TORCH_PYTHON (the Python with CUDA torch; default python3),
+# KILN_CUDA_ARCH (default: the project's, 90), KILN_WERROR
 # (default ON), KILN_COMMIT (recorded in the logs when .git did not travel),
 # KILN_TEST_TIMEOUT / KILN_SANITIZER_TIMEOUT / KILN_BENCH_TIMEOUT (seconds).
 set -euo pipefail
@@ -280,6 +284,23 @@ step_bench() {
   [ "$found" -eq 1 ] || say "[bench] no bench_* binaries in $build/bin"
 }
 
+# The kiln-vs-PyTorch tables of issue 9 on this GPU (bench/compare_fashion.py).
+step_compare() {
+  require_built
+  local python="${KILN_TORCH_PYTHON:-python3}"
+  if ! "$python" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' >>"$out/compare.log" 2>&1; then
+    say "[compare] FAILED: $python has no torch that sees a GPU (see compare.log; set KILN_TORCH_PYTHON)"
+    failures=$((failures + 1))
+    return 0
+  fi
+  local commit="${KILN_COMMIT:-$(git -C "$repo" rev-parse --short HEAD 2>/dev/null || echo unknown)}"
+  local common=(--accelerator gpu --torch-compile --python "$python" --kiln "$build/bin/bench_fashion")
+  run_step compare-cnn "$out/compare.md" "$bench_timeout" env KILN_COMMIT="$commit" \
+    "$python" "$repo/bench/compare_fashion.py" --model cnn --batch-size 64 --precision 16-mixed "${common[@]}"
+  run_step compare-resnet9 "$out/compare.md" "$bench_timeout" env KILN_COMMIT="$commit" \
+    "$python" "$repo/bench/compare_fashion.py" --model resnet9 --batch-size 512 --precision bf16-mixed "${common[@]}"
+}
+
 # ---------------------------------------------------------------- main
 
 steps=("$@")
@@ -287,11 +308,11 @@ steps=("$@")
 expanded=()
 for step in "${steps[@]}"; do
   case "$step" in
-    all) expanded+=(detect stage build test memcheck racecheck bench) ;;
+    all) expanded+=(detect stage build test memcheck racecheck bench compare) ;;
     sanitize) expanded+=(memcheck racecheck) ;;
-    detect | stage | build | test | memcheck | racecheck | bench) expanded+=("$step") ;;
-    -h | --help) sed -n '2,25p' "$0"; exit 0 ;;
-    *) echo "gpu_run: unknown step '$step' (expected all, detect, stage, build, test, memcheck, racecheck, sanitize, bench)" >&2; exit 2 ;;
+    detect | stage | build | test | memcheck | racecheck | bench | compare) expanded+=("$step") ;;
+    -h | --help) sed -n '2,27p' "$0"; exit 0 ;;
+    *) echo "gpu_run: unknown step '$step' (expected all, detect, stage, build, test, memcheck, racecheck, sanitize, bench, compare)" >&2; exit 2 ;;
   esac
 done
 
@@ -306,6 +327,7 @@ for step in "${expanded[@]}"; do
     test) step_test ;;
     memcheck | racecheck) step_sanitizer "$step" ;;
     bench) step_bench ;;
+    compare) step_compare ;;
   esac
 done
 
