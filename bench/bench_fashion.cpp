@@ -23,6 +23,7 @@
 #include "data/dataloader.h"
 #include "data/fashion_mnist.h"
 #include "data/transforms.h"
+#include "examples/cli_checks.h"
 #include "kernels/cuda/runtime.h"
 #include "nn/models.h"
 #include "optim/grad_scaler.h"
@@ -41,7 +42,7 @@ int main(int argc, char** argv) {
   bool augment = true;
   app.add_option("--model", model_name, "cnn or resnet9")->capture_default_str();
   app.add_option("--epochs", epochs)->capture_default_str();
-  app.add_option("--batch-size", batch_size)->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--batch-size", batch_size)->capture_default_str()->check(examples::kPositive);
   app.add_option("--lr", lr)->capture_default_str();
   app.add_option("--weight-decay", weight_decay)->capture_default_str();
   app.add_option("--limit-train-batches", limit_train_batches, "0: the whole epoch")->capture_default_str();

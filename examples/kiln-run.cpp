@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "core/distributed/tcp_store.h"
+#include "examples/cli_checks.h"
 
 namespace {
 
@@ -273,12 +274,12 @@ int main(int argc, char** argv) {
   app.add_option("--nproc-per-node", o.nproc_per_node, "workers on this node (one per GPU)")
       ->check(CLI::Range(1, 1024));
   app.add_option("--nnodes", o.nnodes, "number of nodes")->check(CLI::Range(1, 65536));
-  app.add_option("--node-rank", o.node_rank, "rank of this node in [0, nnodes)")->check(CLI::NonNegativeNumber);
+  app.add_option("--node-rank", o.node_rank, "rank of this node in [0, nnodes)")->check(kiln::examples::kNonNegative);
   app.add_option("--master-addr", o.master_addr, "address of node 0 (hosts the rendezvous store)");
   app.add_option("--master-port", o.master_port, "port of the rendezvous store on node 0 (0: any free port, one node)")
       ->check(CLI::Range(0, 65535));
   app.add_option("--max-restarts", o.max_restarts, "restart the whole group up to this many times after a failure")
-      ->check(CLI::NonNegativeNumber);
+      ->check(kiln::examples::kNonNegative);
   app.add_option("command", o.command, "the program and its arguments (after --)")->required();
   CLI11_PARSE(app, argc, argv);
   if (o.node_rank >= o.nnodes) {

@@ -142,10 +142,10 @@ int main(int argc, char** argv) {
   app.add_option("--accumulate-grad-batches", trainer_options.accumulate_grad_batches,
                  "Accumulate gradients over k batches")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(examples::kPositive);
   app.add_option("--gradient-clip-val", trainer_options.gradient_clip_val, "Clip gradients at this value (0: off)")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(examples::kNonNegative);
   app.add_option("--gradient-clip-algorithm", trainer_options.gradient_clip_algorithm, "norm or value")
       ->capture_default_str()
       ->check(CLI::IsMember({"norm", "value"}));
@@ -176,26 +176,28 @@ int main(int argc, char** argv) {
                                          "Validation batches: a number (4) or a fraction (0.25)");
   app.add_option("--fast-dev-run", trainer_options.fast_dev_run, "Run N batches of train/val/test as a smoke test")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(examples::kNonNegative);
   app.add_flag("--deterministic", trainer_options.deterministic, "Deterministic algorithms only");
   app.add_flag("--benchmark", trainer_options.benchmark, "cuDNN autotuning");
   examples::add_data_flags(app, recipe.batch_size, recipe.num_workers, recipe.data_dir);
   app.add_option("--lr", recipe.lr, "Peak learning rate (OneCycle max_lr)")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(examples::kPositive);
   app.add_option("--pin-memory", recipe.pin_memory, "Assemble batches in pinned memory (true/false)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(examples::kTrueOrFalse);
   app.add_option("--early-stopping-patience", recipe.early_stopping_patience,
                  "Validation checks without improvement before stopping")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(examples::kNonNegative);
   app.add_flag("--swa", swa, "Stochastic weight averaging");
   app.add_flag("--find-lr", find_lr, "Run the learning-rate finder first");
   app.add_flag("--find-batch-size", find_batch_size, "Run the batch-size finder first");
   app.add_flag("--checkpoint-activations", recipe.checkpoint_activations,
                "Recompute activations in backward (less memory, more compute)");
   app.add_option("--export-weights", recipe.export_weights,
-                 "Write the trained model's weights (PyTorch state_dict names) to this safetensors file");
+                 "Write the trained model's weights (PyTorch state_dict names) to this safetensors file")
+      ->check(examples::kFileInExistingFolder);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& error) {

@@ -205,8 +205,8 @@ int main(int argc, char** argv) {
   // In train_gan's words: a second device means kiln-run, and with two
   // optimizers in manual optimization every one of their steps counts.
   trainer_flags.devices->description("Devices (processes) per node; more than one needs kiln-run")
-      ->check(CLI::PositiveNumber);
-  trainer_flags.num_nodes->check(CLI::PositiveNumber);
+      ->check(examples::kPositive);
+  trainer_flags.num_nodes->check(examples::kPositive);
   trainer_flags.log_every_n_steps->description(
       "Log step metrics every N optimizer steps (each optimizer's step counts)");
   examples::add_data_flags(app, recipe.batch_size, recipe.num_workers, recipe.data_dir);
@@ -214,14 +214,16 @@ int main(int argc, char** argv) {
                  "Accumulate gradients over this many batches before each optimizer step (done in training_step: "
                  "manual optimization)")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(examples::kPositive);
   app.add_option("--lr", recipe.lr, "Adam learning rate of both networks")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(examples::kPositive);
   app.add_option("--latent-dim", recipe.latent_dim, "Size of the generator's noise input")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
-  app.add_option("--output", recipe.output, "PNG file for the 8x8 grid of generated samples")->capture_default_str();
+      ->check(examples::kPositive);
+  app.add_option("--output", recipe.output, "PNG file for the 8x8 grid of generated samples")
+      ->capture_default_str()
+      ->check(examples::kFileInExistingFolder);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& error) {

@@ -10,6 +10,7 @@
 #include <optional>
 #include <string>
 
+#include "examples/cli_checks.h"
 #include "trainer/trainer.h"
 
 namespace kiln::examples {
@@ -80,16 +81,17 @@ inline TrainerFlagHandles add_trainer_flags(CLI::App& app, TrainerFlags& flags) 
       ->capture_default_str()
       ->check(CLI::IsMember({"auto", "ddp"}));
   handles.num_nodes = app.add_option("--num-nodes", options.num_nodes, "Number of machines")->capture_default_str();
-  app.add_option("--seed", flags.seed, "Random seed")->capture_default_str();
+  app.add_option("--seed", flags.seed, "Random seed")->capture_default_str()->check(kNonNegative);
   app.add_option("--default-root-dir", options.default_root_dir, "Folder for logs and checkpoints")
       ->capture_default_str();
   app.add_option("--ckpt-path", flags.ckpt_path, "Resume from this checkpoint, or \"last\"");
   handles.log_every_n_steps =
       app.add_option("--log-every-n-steps", options.log_every_n_steps, "Log step metrics every N steps")
           ->capture_default_str()
-          ->check(CLI::PositiveNumber);
+          ->check(kPositive);
   app.add_option("--enable-progress-bar", options.enable_progress_bar, "Show a progress bar (true/false)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(kTrueOrFalse);
   app.add_option("--profiler", options.profiler,
                  "simple (time per Trainer action) or pytorch (time per op); the report prints when a stage ends")
       ->check(CLI::IsMember({"", "simple", "pytorch"}));
@@ -99,10 +101,10 @@ inline TrainerFlagHandles add_trainer_flags(CLI::App& app, TrainerFlags& flags) 
 // Adds --batch-size, --num-workers and --data-dir (empty: FashionMNIST's
 // default folder), bound to the given values (which must outlive app.parse).
 inline void add_data_flags(CLI::App& app, int64_t& batch_size, int& num_workers, std::string& data_dir) {
-  app.add_option("--batch-size", batch_size, "Batch size")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--batch-size", batch_size, "Batch size")->capture_default_str()->check(kPositive);
   app.add_option("--num-workers", num_workers, "Data-loading worker threads")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(kNonNegative);
   app.add_option("--data-dir", data_dir, "Fashion-MNIST folder (default /usr/share/datasets/fashion-mnist)");
 }
 

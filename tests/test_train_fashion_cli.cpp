@@ -57,6 +57,18 @@ TEST_CASE("train_fashion refuses bad flags with a one-line reason and touches no
   check_refused("--profiler advanced", "--profiler");
   check_refused("--check-val-every-n-epoch 0", "positive number of epochs or None");
   check_refused("--check-val-every-n-epoch None --val-check-interval 0.5", "must be a number of batches");
+  // Plain words, not CLI11's range with the largest double written out.
+  check_refused("--batch-size -5", "--batch-size: must be greater than 0, got -5");
+  check_refused("--num-workers -1", "--num-workers: must be 0 or more, got -1");
+  check_refused("--lr abc", "expected a number, got 'abc'");
+  check_refused("--seed -1", "--seed: must be 0 or more");
+  check_refused("--enable-progress-bar 2", "expected true or false, got '2'");
+  check_refused("--pin-memory maybe", "expected true or false, got 'maybe'");
+  check_refused("--max-epochs -5", "max_epochs must be >= 0, or -1 (unset");
+  check_refused("--max-steps -3", "max_steps must be >= 0, or -1");
+  // Refused before training, not after it.
+  check_refused("--export-weights /nonexistent/folder/weights.safetensors",
+                "folder '/nonexistent/folder' does not exist");
 }
 
 TEST_CASE("train_fashion: a missing --ckpt-path fails before a log folder is made") {

@@ -286,9 +286,42 @@ TEST_CASE("Trainer: bad flags give clear errors") {
   TrainerOptions one_device_ddp;
   one_device_ddp.strategy = "ddp";  // a group of one: allowed, nothing to synchronize
   CHECK(Trainer{one_device_ddp}.world_size() == 1);
+  // Lightning's ranges: -1 is "no limit" (all batches for the sanity check), below that is refused.
+  CHECK_THROWS_WITH_AS(Trainer(TrainerOptions{.max_epochs = -5}),
+                       doctest::Contains("max_epochs must be >= 0, or -1 (unset"), Error);
+  CHECK_THROWS_WITH_AS(Trainer(TrainerOptions{.max_steps = -2}), doctest::Contains("max_steps must be >= 0, or -1"),
+                       Error);
+  CHECK_THROWS_WITH_AS(Trainer(TrainerOptions{.min_epochs = -1}), doctest::Contains("min_epochs must be >= 0"), Error);
+  CHECK_THROWS_WITH_AS(Trainer(TrainerOptions{.min_steps = -1}), doctest::Contains("min_steps must be >= 0"), Error);
+  TrainerOptions negative_sanity, negative_smoke;
+  negative_sanity.num_sanity_val_steps = -2;
+  negative_smoke.fast_dev_run = -1;
+  CHECK_THROWS_WITH_AS(Trainer{negative_sanity}, doctest::Contains("num_sanity_val_steps must be >= 0, or -1"), Error);
+  CHECK_THROWS_WITH_AS(Trainer{negative_smoke}, doctest::Contains("fast_dev_run must be >= 0"), Error);
   CHECK(parse_max_time("00:00:01:30").count() == 90);
   CHECK(parse_max_time("45").count() == 45);
   CHECK_THROWS_AS(parse_max_time("1:2"), Error);
+}
+
+TEST_CASE("Trainer: num_sanity_val_steps validates that many batches before training; -1 every one, 0 none") {
+  auto data = regression_data(64);
+  fs::path root = fresh_folder("sanity");
+  for (const auto& [sanity_steps, expected_sanity_batches] :
+       std::vector<std::pair<int64_t, int64_t>>{{0, 0}, {2, 2}, {-1, 8}, {20, 8}}) {
+    INFO("num_sanity_val_steps = " << sanity_steps);
+    Regression module;
+    TrainerOptions options = quiet_options(root);
+    options.max_epochs = 1;
+    options.limit_train_batches = 1;
+    options.num_sanity_val_steps = sanity_steps;
+    DataLoader train(data, loader_options(8));
+    DataLoader val(data, loader_options(8, false));  // 8 batches, all validated again after the epoch
+    Trainer trainer(options);
+    trainer.fit(module, train, &val);
+    CHECK(module.validation_steps == expected_sanity_batches + 8);
+    CHECK(trainer.global_step() == 1);
+  }
+  fs::remove_all(root);
 }
 
 TEST_CASE("Trainer: max_time stops training on time") {

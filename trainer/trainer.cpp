@@ -89,6 +89,15 @@ Trainer::Trainer(TrainerOptions options)
   const auto& o = options_;
   KILN_CHECK(o.accumulate_grad_batches >= 1, "Trainer: accumulate_grad_batches must be >= 1, got ",
              o.accumulate_grad_batches);
+  // Lightning refuses the same values (-1 is its "no limit"; kiln's -1 is also its None, see max_epochs).
+  KILN_CHECK(o.max_epochs >= -1, "Trainer: max_epochs must be >= 0, or -1 (unset: Lightning's None), got ",
+             o.max_epochs);
+  KILN_CHECK(o.max_steps >= -1, "Trainer: max_steps must be >= 0, or -1 for no limit, got ", o.max_steps);
+  KILN_CHECK(o.min_epochs >= 0, "Trainer: min_epochs must be >= 0, got ", o.min_epochs);
+  KILN_CHECK(o.min_steps >= 0, "Trainer: min_steps must be >= 0, got ", o.min_steps);
+  KILN_CHECK(o.fast_dev_run >= 0, "Trainer: fast_dev_run must be >= 0 (0: off, n: n batches), got ", o.fast_dev_run);
+  KILN_CHECK(o.num_sanity_val_steps >= -1, "Trainer: num_sanity_val_steps must be >= 0, or -1 for every batch, got ",
+             o.num_sanity_val_steps);
   KILN_CHECK(o.gradient_clip_val >= 0, "Trainer: gradient_clip_val must be >= 0, got ", o.gradient_clip_val);
   KILN_CHECK(o.gradient_clip_algorithm == "norm" || o.gradient_clip_algorithm == "value",
              "Trainer: gradient_clip_algorithm must be \"norm\" or \"value\", got '", o.gradient_clip_algorithm, "'");
@@ -784,7 +793,11 @@ void Trainer::fit(TrainModule& module, DataLoader& train_loader, DataLoader* val
                                {"scheduler", scheduler_names}});
     }
   }
-  const int64_t sanity_batches = val ? std::min(options_.num_sanity_val_steps, val_limit(val->size())) : 0;
+  // -1: every validation batch (Lightning).
+  const int64_t sanity_batches =
+      !val ? 0
+           : options_.num_sanity_val_steps < 0 ? val_limit(val->size())
+                                               : std::min(options_.num_sanity_val_steps, val_limit(val->size()));
   if (sanity_batches > 0 && ckpt_path.empty() && options_.fast_dev_run == 0) {
     evaluate(module, *val, "validate", sanity_batches, false);
     callback_metrics_.clear();

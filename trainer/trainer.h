@@ -55,7 +55,7 @@ struct TrainerOptions {
   BatchesOrFraction limit_train_batches = 1.0;  // 1.0: the whole epoch; 1: one batch
   BatchesOrFraction limit_val_batches = 1.0;
   BatchesOrFraction limit_test_batches = 1.0;
-  int64_t num_sanity_val_steps = 2;
+  int64_t num_sanity_val_steps = 2;  // -1: every validation batch
   int64_t log_every_n_steps = 50;
   int64_t fast_dev_run = 0;  // n > 0: n batches of train, val and test, no checkpoints or logs
   // > 0: train on the first batches only, the same ones every epoch (no
