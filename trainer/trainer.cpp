@@ -3,10 +3,8 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <bit>
 #include <cmath>
 #include <cstdio>
-#include <filesystem>
 #include <iostream>
 
 #include "core/autograd.h"
@@ -14,12 +12,9 @@
 #include "core/nn_ops.h"
 #include "core/ops.h"
 #include "kernels/cuda/runtime.h"
-#include "optim/clip_grad.h"
 #include "trainer/accumulation_scheduler.h"
 
 namespace kiln {
-
-namespace fs = std::filesystem;
 
 std::chrono::seconds parse_max_time(const std::string& text) {
   int64_t parts[4] = {0, 0, 0, 0};
@@ -170,8 +165,7 @@ std::string Trainer::strategy_action(const char* hook) const {
   return std::string(strategy_.name() == "ddp" ? "[Strategy]DDPStrategy." : "[Strategy]SingleDeviceStrategy.") + hook;
 }
 
-template <typename Hook>
-void Trainer::call_callbacks(const char* hook_name, Hook&& hook) {
+void Trainer::call_callbacks(const char* hook_name, const std::function<void(Callback&)>& hook) {
   for (auto& callback : options_.callbacks) {
     auto scope = profiler_->profile("[Callback]" + callback->name() + "." + hook_name);
     hook(*callback);
@@ -343,106 +337,6 @@ std::map<std::string, double> Trainer::collect_epoch_metrics(TrainModule& module
   for (const auto& [key, sum_count] : sums) epoch_metrics[key] = sum_count.first / sum_count.second;
   for (const auto& [key, value] : epoch_metrics) callback_metrics_[key] = value;
   return epoch_metrics;
-}
-
-void Trainer::finish_pending_gradient_sync() {
-  nn::DistributedDataParallel* ddp = strategy_.ddp();
-  if (ddp != nullptr && ddp->gradient_sync_pending()) ddp->finish_gradient_sync();
-}
-
-std::optional<AutocastGuard> Trainer::autocast_region() const {
-  if (!autocast_dtype_) return std::nullopt;
-  return std::optional<AutocastGuard>(std::in_place, device_.type, *autocast_dtype_);
-}
-
-void Trainer::unscale_gradients(optim::Optimizer& optimizer) {
-  if (!scaler_ || std::find(unscaled_.begin(), unscaled_.end(), &optimizer) != unscaled_.end()) return;
-  scaler_->unscale_(optimizer);
-  unscaled_.push_back(&optimizer);
-}
-
-void Trainer::step_optimizer(optim::Optimizer& optimizer) {
-  if (!scaler_) {
-    optimizer.step();
-    return;
-  }
-  scaler_->step(optimizer);  // skipped on the device when the gradients hold inf/NaN
-  scaler_->update();         // the new scale, on the device
-  unscaled_.clear();
-}
-
-void Trainer::optimizer_step(TrainModule& module) {
-  optim::Optimizer& optimizer = *optimizers_.front().optimizer;
-  // Averaged gradients before the callbacks and clipping see them.
-  if (nn::DistributedDataParallel* ddp = strategy_.ddp()) ddp->finish_gradient_sync();
-  // As Lightning's MixedPrecision plugin: unscale once, then callbacks and
-  // clipping see the true gradients, then the scaler steps and updates.
-  unscale_gradients(optimizer);
-  call_callbacks("on_before_optimizer_step",
-                 [&](Callback& c) { c.on_before_optimizer_step(*this, module, optimizer); });
-  {
-    // Unlike Lightning's, whose closure runs training_step and backward inside optimizer_step.
-    auto step_scope = profiler_->profile(module_action("optimizer_step"));
-    optim::clip_gradients(optimizer, options_.gradient_clip_val, options_.gradient_clip_algorithm);
-    step_optimizer(optimizer);
-  }
-  {
-    auto zero_grad_scope = profiler_->profile(module_action("optimizer_zero_grad"));
-    optimizer.zero_grad(true);
-  }
-  const OptimizerConfig& config = optimizers_.front();
-  // A step the scaler skipped (inf/NaN) does not advance the schedule: step()
-  // reads the optimizer's found-inf flag on the device.
-  if (config.scheduler && config.interval == "step") {
-    auto scheduler_scope = profiler_->profile(module_action("lr_scheduler_step"));
-    config.scheduler->step();
-  }
-  ++global_step_;
-}
-
-void Trainer::manual_optimizer_step(size_t index) {
-  optim::Optimizer& opt = optimizer(index);
-  finish_pending_gradient_sync();
-  unscale_gradients(opt);
-  call_callbacks("on_before_optimizer_step", [&](Callback& c) { c.on_before_optimizer_step(*this, *module_, opt); });
-  {
-    auto step_scope = profiler_->profile(strategy_action("optimizer_step"));
-    step_optimizer(opt);
-  }
-  ++global_step_;
-}
-
-void Trainer::log_to_loggers(const std::map<std::string, double>& metrics, int64_t step) {
-  for (auto& logger : loggers_) logger->log_metrics(metrics, step, epoch_);
-}
-
-void Trainer::save_loggers() {
-  for (auto& logger : loggers_) logger->save();
-}
-
-optim::Optimizer& Trainer::optimizer(size_t index) {
-  KILN_CHECK(!optimizers_.empty(), "Trainer::optimizer(): no optimizer before fit() configured one");
-  KILN_CHECK(index < optimizers_.size(), "Trainer::optimizer(", index, "): configure_optimizers returned ",
-             optimizers_.size());
-  return *optimizers_[index].optimizer;
-}
-
-optim::LRScheduler* Trainer::lr_scheduler(size_t index) {
-  return index < optimizers_.size() ? optimizers_[index].scheduler.get() : nullptr;
-}
-
-const std::string& Trainer::lr_scheduler_interval(size_t index) const {
-  KILN_CHECK(index < optimizers_.size(), "Trainer::lr_scheduler_interval(", index, "): configure_optimizers returned ",
-             optimizers_.size(), " optimizer(s)", optimizers_.empty() ? " (none before fit())" : "");
-  return optimizers_[index].interval;
-}
-
-void Trainer::set_lr_scheduler(std::unique_ptr<optim::LRScheduler> scheduler, const std::string& interval) {
-  KILN_CHECK(interval == "step" || interval == "epoch", "set_lr_scheduler: interval must be \"step\" or \"epoch\", got '",
-             interval, "'");
-  KILN_CHECK(!optimizers_.empty(), "set_lr_scheduler: no optimizer before fit() configured one");
-  optimizers_.front().scheduler = std::move(scheduler);
-  optimizers_.front().interval = interval;
 }
 
 std::map<std::string, double> Trainer::evaluate(TrainModule& module, DataLoader& loader, const std::string& stage,
@@ -886,131 +780,6 @@ std::vector<Tensor> Trainer::predict(TrainModule& module, DataLoader& loader) {
   call_callbacks("on_predict_end", [&](Callback& c) { c.on_predict_end(*this, module); });
   profiled.finish(/*report=*/is_global_zero());
   return predictions;
-}
-
-nlohmann::json Trainer::metrics_state() {
-  nlohmann::json metrics = nlohmann::json::object();
-  for (const auto& [name, value] : callback_metrics_) metrics[name] = std::bit_cast<uint64_t>(value);
-  std::vector<std::string> names;
-  std::vector<double> sums, counts;
-  for (const std::string& name : module_->order_) {
-    const LoggedValue& value = module_->logged_.at(name);
-    if (!value.on_epoch) continue;  // only epoch values outlive their step
-    names.push_back(name);
-    sums.push_back(value.sum.item<double>());
-    counts.push_back(static_cast<double>(value.count));
-  }
-  if (strategy_.distributed()) {  // every rank's share: the file holds the totals (see load_metrics_state)
-    std::vector<double> values = sums;
-    values.insert(values.end(), counts.begin(), counts.end());
-    values = strategy_.sum_over_ranks(names, values);
-    std::copy(values.begin(), values.begin() + static_cast<std::ptrdiff_t>(names.size()), sums.begin());
-    std::copy(values.begin() + static_cast<std::ptrdiff_t>(names.size()), values.end(), counts.begin());
-  }
-  nlohmann::json logged = nlohmann::json::array();
-  for (size_t i = 0; i < names.size(); ++i) {
-    if (counts[i] == 0) continue;
-    const LoggedValue& value = module_->logged_.at(names[i]);
-    logged.push_back({{"name", names[i]},
-                      {"sum", std::bit_cast<uint64_t>(sums[i])},
-                      {"count", static_cast<int64_t>(counts[i])},
-                      {"on_step", value.on_step},
-                      {"prog_bar", value.prog_bar}});
-  }
-  return {{"callback_metrics", metrics}, {"logged", logged}};
-}
-
-void Trainer::load_metrics_state(const nlohmann::json& state, TrainModule& module) {
-  callback_metrics_.clear();
-  for (const auto& [name, bits] : state.at("callback_metrics").items()) {
-    callback_metrics_[name] = std::bit_cast<double>(bits.get<uint64_t>());
-  }
-  module.logged_.clear();
-  module.order_.clear();
-  // Under ddp the file holds the totals over the ranks: rank 0 carries them
-  // and the others start from zero, so the epoch's mean over the ranks
-  // (collect_epoch_metrics) is the uninterrupted run's.
-  const bool carries_totals = is_global_zero();
-  for (const nlohmann::json& entry : state.at("logged")) {
-    const std::string name = entry.at("name").get<std::string>();
-    LoggedValue& value = module.logged_[name];
-    const double sum = carries_totals ? std::bit_cast<double>(entry.at("sum").get<uint64_t>()) : 0.0;
-    value.sum = full({}, sum, {.dtype = DType::f64, .device = device_});
-    value.count = carries_totals ? entry.at("count").get<int64_t>() : 0;
-    value.on_step = entry.at("on_step").get<bool>();
-    value.on_epoch = true;
-    value.prog_bar = entry.at("prog_bar").get<bool>();
-    module.order_.push_back(name);
-  }
-}
-
-std::vector<OptimizerSlot> Trainer::optimizer_slots() {
-  std::vector<OptimizerSlot> slots;
-  for (OptimizerConfig& config : optimizers_) slots.push_back({config.optimizer.get(), config.scheduler.get()});
-  return slots;
-}
-
-void Trainer::save_checkpoint(const std::string& path) {
-  KILN_CHECK(module_ != nullptr && !optimizers_.empty(), "save_checkpoint: nothing to save before fit()");
-  nlohmann::json metrics = metrics_state();  // under ddp a collective: before the rank-0-only part
-  if (is_global_zero()) {
-    TrainerCheckpoint checkpoint;
-    checkpoint.epoch = epoch_;
-    checkpoint.global_step = global_step_;
-    checkpoint.batch_in_epoch = batch_in_epoch_;
-    checkpoint.total_batches = total_batches_;
-    checkpoint.epoch_end_hooks_done = epoch_end_hooks_done_;
-    checkpoint.validation_pending = validation_pending_;
-    checkpoint.loader_state = train_loader_ ? train_loader_->state_dict() : nlohmann::json();
-    checkpoint.metrics = std::move(metrics);
-    for (auto& callback : options_.callbacks) checkpoint.callback_states[callback->name()] = callback->state_dict();
-    save_trainer_checkpoint(path, module_->model(), optimizer_slots(), checkpoint, scaler_.get());
-  }
-  strategy_.barrier();  // durable before any rank goes on (and, say, removes an older checkpoint)
-}
-
-std::string Trainer::resolve_checkpoint_path(const std::string& requested) const {
-  std::string path = requested;
-  if (path == "last") {
-    path.clear();
-    const fs::path base = fs::path(options_.default_root_dir) / "lightning_logs";
-    fs::file_time_type newest{};
-    if (fs::exists(base)) {
-      for (const auto& entry : fs::recursive_directory_iterator(base)) {
-        if (entry.path().filename() == "last.safetensors" && (path.empty() || entry.last_write_time() > newest)) {
-          path = entry.path().string();
-          newest = entry.last_write_time();
-        }
-      }
-    }
-    KILN_CHECK(!path.empty(), "fit(ckpt_path=\"last\"): no last.safetensors under '", base.string(), "'");
-  }
-  return path;
-}
-
-void Trainer::load_checkpoint(const TrainerCheckpointFile& file, TrainModule& module, DataLoader& train_loader) {
-  // Lightning's order: weights, loop progress, callbacks (which may install
-  // schedules, e.g. SWALR), then the optimizer and schedule states.
-  load_checkpoint_model(file, module.model());
-  const TrainerCheckpoint& checkpoint = file.progress;
-  epoch_ = checkpoint.epoch;
-  global_step_ = checkpoint.global_step;
-  batch_in_epoch_ = checkpoint.batch_in_epoch;
-  total_batches_ = checkpoint.total_batches;  // -1 from older files: estimated once train_batches_ is known
-  epoch_end_hooks_done_ = checkpoint.epoch_end_hooks_done;
-  validation_pending_ = checkpoint.validation_pending;
-  if (!checkpoint.metrics.is_null()) load_metrics_state(checkpoint.metrics, module);
-  for (auto& callback : options_.callbacks) {
-    auto it = checkpoint.callback_states.find(callback->name());
-    if (it == checkpoint.callback_states.end()) continue;
-    callback->on_load_checkpoint(*this, module, it->second);
-    callback->load_state_dict(it->second);
-  }
-  load_checkpoint_optimizers(file, optimizer_slots());
-  load_checkpoint_scaler(file, scaler_.get());
-  unscaled_.clear();
-  load_checkpoint_rng(file);
-  if (!checkpoint.loader_state.is_null()) train_loader.load_state_dict(checkpoint.loader_state);
 }
 
 }  // namespace kiln

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -243,8 +244,7 @@ class Trainer {
   std::string module_action(const char* hook) const;
   std::string strategy_action(const char* hook) const;
   // Runs `hook` on every callback, each timed as "[Callback]<name>.<hook_name>".
-  template <typename Hook>
-  void call_callbacks(const char* hook_name, Hook&& hook);
+  void call_callbacks(const char* hook_name, const std::function<void(Callback&)>& hook);
   bool minimum_done() const;
   // With a scaler: unscales `optimizer`'s gradients, once per step, before
   // callbacks and clipping look at them (Lightning's MixedPrecision plugin).
