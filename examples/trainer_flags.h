@@ -6,6 +6,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include <charconv>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -68,7 +69,22 @@ inline CLI::Option* add_batches_or_fraction_flag(CLI::App& app, const std::strin
 inline TrainerFlagHandles add_trainer_flags(CLI::App& app, TrainerFlags& flags) {
   TrainerOptions& options = flags.trainer;
   TrainerFlagHandles handles;
-  app.add_option("--max-epochs", options.max_epochs, "Stop after this many epochs")->capture_default_str();
+  app.add_option_function<std::string>(
+         "--max-epochs",
+         [&options](const std::string& text) {
+           options.max_epochs = is_none(text) ? std::nullopt : std::optional<int64_t>(std::stoll(text));
+         },
+         "Stop after this many epochs (-1: no limit; None: 1000 unless --max-steps or --max-time is set)")
+      ->type_name("INT|None")
+      ->default_str(options.max_epochs ? std::to_string(*options.max_epochs) : "None")
+      ->check(CLI::Validator(
+          [](std::string& text) -> std::string {
+            int64_t epochs = 0;
+            const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), epochs);
+            if (is_none(text) || (error == std::errc() && end == text.data() + text.size())) return {};
+            return "expected a number of epochs (-1: no limit) or None, got '" + text + "'";
+          },
+          ""));
   app.add_option("--max-steps", options.max_steps, "Stop after this many optimizer steps (-1: no limit)")
       ->capture_default_str();
   add_batches_or_fraction_flag(app, "--limit-train-batches", options.limit_train_batches,

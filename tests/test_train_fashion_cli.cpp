@@ -64,7 +64,8 @@ TEST_CASE("train_fashion refuses bad flags with a one-line reason and touches no
   check_refused("--seed -1", "--seed: must be 0 or more");
   check_refused("--enable-progress-bar 2", "expected true or false, got '2'");
   check_refused("--pin-memory maybe", "expected true or false, got 'maybe'");
-  check_refused("--max-epochs -5", "max_epochs must be >= 0, or -1 (unset");
+  check_refused("--max-epochs -5", "max_epochs must be >= 0, -1 for no limit, or None");
+  check_refused("--max-epochs ten", "expected a number of epochs (-1: no limit) or None, got 'ten'");
   check_refused("--max-steps -3", "max_steps must be >= 0, or -1");
   // Refused before training, not after it.
   check_refused("--export-weights /nonexistent/folder/weights.safetensors",

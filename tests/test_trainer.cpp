@@ -11,6 +11,7 @@
 #include "nn/layers.h"
 #include "tests/support/test_util.h"
 #include "tests/support/trainer_fixtures.h"
+#include "trainer/timer.h"
 #include "trainer/trainer.h"
 
 using namespace kiln;
@@ -288,7 +289,7 @@ TEST_CASE("Trainer: bad flags give clear errors") {
   CHECK(Trainer{one_device_ddp}.world_size() == 1);
   // Lightning's ranges: -1 is "no limit" (all batches for the sanity check), below that is refused.
   CHECK_THROWS_WITH_AS(Trainer(TrainerOptions{.max_epochs = -5}),
-                       doctest::Contains("max_epochs must be >= 0, or -1 (unset"), Error);
+                       doctest::Contains("max_epochs must be >= 0, -1 for no limit, or None"), Error);
   CHECK_THROWS_WITH_AS(Trainer(TrainerOptions{.max_steps = -2}), doctest::Contains("max_steps must be >= 0, or -1"),
                        Error);
   CHECK_THROWS_WITH_AS(Trainer(TrainerOptions{.min_epochs = -1}), doctest::Contains("min_epochs must be >= 0"), Error);
@@ -321,6 +322,47 @@ TEST_CASE("Trainer: num_sanity_val_steps validates that many batches before trai
     CHECK(module.validation_steps == expected_sanity_batches + 8);
     CHECK(trainer.global_step() == 1);
   }
+  fs::remove_all(root);
+}
+
+TEST_CASE("Trainer: max_epochs None is Lightning's 1000 unless steps or time limit the run; -1 is no limit") {
+  auto data = regression_data(32);
+  DataLoader loader(data, loader_options(4));  // 8 batches per epoch
+  auto epochs_and_steps = [&](TrainerOptions options) {
+    options.accelerator = "cpu";
+    Trainer trainer(options);
+    return std::pair{trainer.max_epochs(), trainer.estimated_stepping_batches(loader)};
+  };
+  CHECK(epochs_and_steps({}) == std::pair<int64_t, int64_t>{1000, 8000});
+  CHECK(epochs_and_steps({.max_epochs = -1}) == std::pair<int64_t, int64_t>{-1, -1});
+  CHECK(epochs_and_steps({.max_epochs = 3}) == std::pair<int64_t, int64_t>{3, 24});
+  CHECK(epochs_and_steps({.max_steps = 20}) == std::pair<int64_t, int64_t>{-1, 20});
+  CHECK(epochs_and_steps({.max_epochs = 1, .max_steps = 20}) == std::pair<int64_t, int64_t>{1, 8});
+  TrainerOptions timed;
+  timed.max_time = "00:00:01:00";
+  CHECK(epochs_and_steps(timed).first == -1);
+  TrainerOptions with_timer;
+  with_timer.callbacks = {std::make_shared<Timer>("00:00:01:00")};
+  CHECK(epochs_and_steps(with_timer).first == -1);
+  TrainerOptions smoke;
+  smoke.fast_dev_run = 2;
+  smoke.max_epochs = -1;
+  CHECK(epochs_and_steps(smoke).first == 1);
+
+  // -1 really trains past 1000 epochs' worth of a tiny loader: max_steps stops it instead.
+  auto one_batch = regression_data(4);
+  Regression module;
+  fs::path root = fresh_folder("unlimited_epochs");
+  TrainerOptions unlimited = quiet_options(root);
+  unlimited.max_epochs = -1;
+  unlimited.max_steps = 1005;
+  unlimited.logger = false;
+  unlimited.enable_checkpointing = false;
+  DataLoader single(one_batch, loader_options(4));
+  Trainer trainer(unlimited);
+  trainer.fit(module, single);
+  CHECK(trainer.global_step() == 1005);
+  CHECK(trainer.current_epoch() >= 1004);
   fs::remove_all(root);
 }
 

@@ -91,9 +91,7 @@ StochasticWeightAveraging::StochasticWeightAveraging(StochasticWeightAveragingOp
 }
 
 void StochasticWeightAveraging::on_fit_start(Trainer& trainer, TrainModule& module) {
-  const TrainerOptions& o = trainer.options();
-  int64_t max_epochs = o.fast_dev_run > 0 ? 1 : o.max_epochs;
-  if (max_epochs < 0 && o.max_steps < 0) max_epochs = 1000;  // the Trainer's default
+  const int64_t max_epochs = trainer.max_epochs();
   KILN_CHECK(max_epochs >= 1, "StochasticWeightAveraging needs max_epochs (the average ends with the last epoch)");
   int64_t start_epoch = 0;  // 1-based, as Lightning's swa_epoch_start
   if (const auto* epoch = std::get_if<int64_t>(&options_.swa_epoch_start)) {

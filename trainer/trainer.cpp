@@ -13,6 +13,7 @@
 #include "core/ops.h"
 #include "kernels/cuda/runtime.h"
 #include "trainer/accumulation_scheduler.h"
+#include "trainer/timer.h"
 
 namespace kiln {
 
@@ -84,9 +85,9 @@ Trainer::Trainer(TrainerOptions options)
   const auto& o = options_;
   KILN_CHECK(o.accumulate_grad_batches >= 1, "Trainer: accumulate_grad_batches must be >= 1, got ",
              o.accumulate_grad_batches);
-  // Lightning refuses the same values (-1 is its "no limit"; kiln's -1 is also its None, see max_epochs).
-  KILN_CHECK(o.max_epochs >= -1, "Trainer: max_epochs must be >= 0, or -1 (unset: Lightning's None), got ",
-             o.max_epochs);
+  // Lightning refuses the same values (-1 is its "no limit").
+  KILN_CHECK(o.max_epochs.value_or(0) >= -1, "Trainer: max_epochs must be >= 0, -1 for no limit, or None, got ",
+             o.max_epochs.value_or(0));
   KILN_CHECK(o.max_steps >= -1, "Trainer: max_steps must be >= 0, or -1 for no limit, got ", o.max_steps);
   KILN_CHECK(o.min_epochs >= 0, "Trainer: min_epochs must be >= 0, got ", o.min_epochs);
   KILN_CHECK(o.min_steps >= 0, "Trainer: min_steps must be >= 0, got ", o.min_steps);
@@ -233,16 +234,23 @@ int64_t Trainer::estimated_stepping_batches(const DataLoader& train_loader) cons
     available = train_loader.options().drop_last ? samples / batch : (samples + batch - 1) / batch;
   }
   const int64_t batches = train_limit(available);
-  int64_t max_epochs = options_.max_epochs;
-  if (options_.fast_dev_run > 0) max_epochs = 1;
-  if (max_epochs < 0) max_epochs = options_.max_steps < 0 ? 1000 : -1;
-  if (max_epochs < 0) return options_.max_steps;
+  const int64_t epochs = max_epochs();
+  if (epochs < 0) return options_.max_steps;
   int64_t steps = 0;
-  for (int64_t epoch = 0; epoch < max_epochs; ++epoch) {
+  for (int64_t epoch = 0; epoch < epochs; ++epoch) {
     const int64_t k = accumulation_for_epoch(epoch);
     steps += (batches + k - 1) / k;
   }
   return options_.max_steps >= 0 ? std::min(steps, options_.max_steps) : steps;
+}
+
+int64_t Trainer::max_epochs() const {
+  if (options_.fast_dev_run > 0) return 1;
+  if (options_.max_epochs) return *options_.max_epochs;
+  const bool timed = !options_.max_time.empty() ||
+                     std::any_of(options_.callbacks.begin(), options_.callbacks.end(),
+                                 [](const auto& callback) { return dynamic_cast<const Timer*>(callback.get()); });
+  return options_.max_steps == -1 && !timed ? 1000 : -1;
 }
 
 bool Trainer::time_exceeded() const {
@@ -648,9 +656,7 @@ void Trainer::fit(TrainModule& module, DataLoader& train_loader, DataLoader* val
   train_batches_ = train_limit(train.size());
   // A file from before total_batches was saved: exact when every epoch had this many batches.
   if (total_batches_ < 0) total_batches_ = epoch_ * train_batches_ + batch_in_epoch_;
-  int64_t max_epochs = options_.max_epochs;
-  if (options_.fast_dev_run > 0) max_epochs = 1;
-  if (max_epochs < 0 && options_.max_steps < 0) max_epochs = 1000;
+  const int64_t max_epochs = this->max_epochs();
   {
     // A callback's trial steps here (LearningRateFinder's sweep) log through
     // training_step: those values must not reach the first epoch's averages.
@@ -674,7 +680,7 @@ void Trainer::fit(TrainModule& module, DataLoader& train_loader, DataLoader* val
                          (config.scheduler ? config.scheduler->name() : std::string("none"));
     }
     for (auto& logger : loggers_) {
-      logger->log_hyperparams({{"max_epochs", std::to_string(options_.max_epochs)},
+      logger->log_hyperparams({{"max_epochs", options_.max_epochs ? std::to_string(*options_.max_epochs) : "None"},
                                {"max_steps", std::to_string(options_.max_steps)},
                                {"accumulate_grad_batches", std::to_string(options_.accumulate_grad_batches)},
                                {"gradient_clip_val", std::to_string(options_.gradient_clip_val)},

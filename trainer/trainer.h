@@ -29,7 +29,9 @@
 namespace kiln {
 
 struct TrainerOptions {
-  int64_t max_epochs = -1;  // -1: 1000 when max_steps is -1 too (Lightning), else unlimited
+  // nullopt (Lightning's None): 1000, unless max_steps, max_time or a Timer
+  // callback sets the limit; -1: no epoch limit.
+  std::optional<int64_t> max_epochs;
   int64_t min_epochs = 0;
   int64_t max_steps = -1;
   int64_t min_steps = 0;
@@ -141,8 +143,13 @@ class Trainer {
   // Whether fit() is running (Lightning's trainer.state.fn == "fit"): callbacks
   // that act on validation (checkpoints, early stopping) do nothing in validate().
   bool fitting() const { return fitting_; }
-  // Optimizer steps fit will take (for OneCycleLR's total_steps).
+  // Optimizer steps fit will take (for OneCycleLR's total_steps); -1 when
+  // nothing limits them (max_epochs=-1 and max_steps=-1).
   int64_t estimated_stepping_batches(const DataLoader& train_loader) const;
+  // The epochs fit runs at most, -1 for no limit: max_epochs with Lightning's
+  // default for None (1000 unless max_steps, max_time or a Timer callback
+  // limits the run), 1 under fast_dev_run.
+  int64_t max_epochs() const;
   // <default_root_dir>/lightning_logs/version_N (made on first use; with
   // "ddp" rank 0's folder, shared with the other ranks when fit starts).
   std::string log_dir();
