@@ -130,32 +130,38 @@ StateDict GradScaler::state_dict() const {
                {"backoff_factor", options_.backoff_factor},
                {"growth_interval", options_.growth_interval},
                {"enabled", options_.enabled}};
+  // torch's key names ("_growth_tracker" included).
   if (scale_.defined()) {
     dict.tensors["scale"] = scale_;
-    dict.tensors["growth_tracker"] = growth_tracker_;
+    dict.tensors["_growth_tracker"] = growth_tracker_;
   } else if (scale_loaded_.defined()) {  // loaded, not used yet: saved as loaded (torch keeps them as _init_scale)
     dict.tensors["scale"] = scale_loaded_;
-    dict.tensors["growth_tracker"] = tracker_loaded_;
+    dict.tensors["_growth_tracker"] = tracker_loaded_;
   }
   return dict;
 }
 
 void GradScaler::load_state_dict(const StateDict& dict) {
+  // As torch: a disabled scaler ignores the state, and an enabled one refuses a disabled one's (loading it
+  // would silently turn loss scaling off); `enabled` itself is never loaded.
+  if (!options_.enabled) return;
   NoGradGuard no_grad;
   KILN_CHECK(dict.meta.value("scaler", std::string()) == "GradScaler",
              "GradScaler.load_state_dict: the state is not a GradScaler's");
+  KILN_CHECK(dict.meta.value("enabled", true),
+             "GradScaler.load_state_dict: the source state was saved from a disabled instance of GradScaler");
   options_.init_scale = dict.meta.at("init_scale").get<double>();
   options_.growth_factor = dict.meta.at("growth_factor").get<double>();
   options_.backoff_factor = dict.meta.at("backoff_factor").get<double>();
   options_.growth_interval = dict.meta.at("growth_interval").get<int64_t>();
-  options_.enabled = dict.meta.at("enabled").get<bool>();
   auto scale = dict.tensors.find("scale");
-  auto tracker = dict.tensors.find("growth_tracker");
+  auto tracker = dict.tensors.find("_growth_tracker");
+  if (tracker == dict.tensors.end()) tracker = dict.tensors.find("growth_tracker");  // kiln's older name
   KILN_CHECK((scale == dict.tensors.end()) == (tracker == dict.tensors.end()),
-             "GradScaler.load_state_dict: expected both scale and growth_tracker, or neither");
+             "GradScaler.load_state_dict: expected both scale and _growth_tracker, or neither");
   if (scale == dict.tensors.end()) return;
   KILN_CHECK(scale->second.numel() == 1 && tracker->second.numel() == 1,
-             "GradScaler.load_state_dict: scale and growth_tracker must have one element");
+             "GradScaler.load_state_dict: scale and _growth_tracker must have one element");
   if (scale_.defined()) {
     scale_.copy_(scale->second.reshape({}));
     growth_tracker_.copy_(tracker->second.reshape({}));

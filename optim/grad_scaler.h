@@ -61,7 +61,9 @@ class GradScaler {
   const GradScalerOptions& options() const { return options_; }
 
   // {"growth_factor", "backoff_factor", "growth_interval", "enabled"} + the
-  // scale and growth tracker tensors (no sync).
+  // tensors "scale" and "_growth_tracker" (torch's keys; no sync). As torch,
+  // load_state_dict does nothing on a disabled scaler and throws kiln::Error
+  // on an enabled one given a disabled scaler's state; it never changes `enabled`.
   StateDict state_dict() const;
   void load_state_dict(const StateDict& state);
 

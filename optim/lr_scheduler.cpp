@@ -229,8 +229,9 @@ CyclicLR::CyclicLR(Optimizer& optimizer, const CyclicLROptions& o)
     : LRScheduler(optimizer,
                   [&] {
                     const int64_t down = o.step_size_down.value_or(o.step_size_up);
-                    KILN_CHECK(o.step_size_up > 0 && down > 0, "CyclicLR: step sizes must be positive, got ",
-                               o.step_size_up, " and ", down);
+                    // torch allows step_size_down 0: a sawtooth.
+                    KILN_CHECK(o.step_size_up > 0, "CyclicLR: step_size_up must be positive, got ", o.step_size_up);
+                    KILN_CHECK(down >= 0, "CyclicLR: step_size_down must be >= 0, got ", down);
                     if (o.cycle_momentum) check_momentum_cycling(optimizer, "CyclicLR");
                     const std::vector<double> base = per_group(o.base_lr, optimizer, "CyclicLR base_lr");
                     const std::vector<double> max_lr = per_group(o.max_lr, optimizer, "CyclicLR max_lr");
@@ -325,6 +326,8 @@ void ReduceLROnPlateau::step(double metric) {
   if (num_bad_epochs_ > options_.patience) {
     NoGradGuard no_grad;
     for (size_t g = 0; g < lrs_.size(); ++g) {
+      // As torch's _reduce_lr: the lr the group has now (a schedule or set_lr may have moved it).
+      lrs_[g] = optimizer_.lr(static_cast<int64_t>(g)).item<double>();
       const double new_lr = std::max(lrs_[g] * options_.factor, min_lrs_[g]);
       if (lrs_[g] - new_lr > options_.eps) {
         lrs_[g] = new_lr;

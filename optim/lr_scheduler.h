@@ -128,7 +128,7 @@ struct CyclicLROptions {
   std::vector<double> base_lr;  // one value, or one per group
   std::vector<double> max_lr;
   int64_t step_size_up = 2000;
-  std::optional<int64_t> step_size_down;  // default: step_size_up
+  std::optional<int64_t> step_size_down;  // default: step_size_up; 0 (allowed, as torch): a sawtooth
   CyclicLRMode mode = CyclicLRMode::triangular;
   double gamma = 1.0;  // exp_range
   bool cycle_momentum = true;
@@ -171,9 +171,11 @@ struct ReduceLROnPlateauOptions {
 };
 
 // Multiplies the lrs by `factor` when the metric has not improved for
-// `patience` epochs. The logic runs on the host from the metric value; the
-// new lrs are written to the device without a sync. It keeps its own host
-// copy of the lrs (the groups' configured lrs at construction).
+// `patience` epochs. The logic runs on the host from the metric value. When
+// it reduces, it reads the groups' current lrs from the device (a sync, as
+// torch reduces whatever lr the group has now) and writes the new ones.
+// get_last_lr() is the lrs as of the last reduction (at first, the groups'
+// configured lrs).
 class ReduceLROnPlateau {
  public:
   ReduceLROnPlateau(Optimizer& optimizer, const ReduceLROnPlateauOptions& options = {});

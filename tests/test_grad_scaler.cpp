@@ -148,7 +148,7 @@ TEST_CASE("GradScaler state_dict round trips, also before first use") {
   const StateDict resaved = b.scaler.state_dict();
   REQUIRE(resaved.tensors.count("scale") == 1);
   CHECK(resaved.tensors.at("scale").item<double>() == a.scaler.get_scale());
-  CHECK(resaved.tensors.at("growth_tracker").item<int32_t>() == a.scaler.growth_tracker().item<int32_t>());
+  CHECK(resaved.tensors.at("_growth_tracker").item<int32_t>() == a.scaler.growth_tracker().item<int32_t>());
   for (int k = 0; k < 3; ++k) {
     a.train_step(1.0);
     b.train_step(1.0);
@@ -156,6 +156,48 @@ TEST_CASE("GradScaler state_dict round trips, also before first use") {
     CHECK(b.scaler.growth_tracker().item<int32_t>() == a.scaler.growth_tracker().item<int32_t>());
   }
   CHECK(b.scaler.options().backoff_factor == 0.25);
+}
+
+// torch.amp.GradScaler("cpu").state_dict() (torch 2.15) has the keys "scale", "growth_factor",
+// "backoff_factor", "growth_interval" and "_growth_tracker".
+TEST_CASE("GradScaler state_dict uses torch's keys") {
+  Setup a;
+  a.train_step(1.0);
+  const StateDict dict = a.scaler.state_dict();
+  CHECK(dict.tensors.count("scale") == 1);
+  REQUIRE(dict.tensors.count("_growth_tracker") == 1);
+  CHECK(dict.tensors.at("_growth_tracker").item<int32_t>() == 1);
+  for (const char* key : {"growth_factor", "backoff_factor", "growth_interval"}) CHECK(dict.meta.contains(key));
+
+  // A state saved before the rename ("growth_tracker") still loads.
+  StateDict legacy = dict;
+  legacy.tensors["growth_tracker"] = legacy.tensors.at("_growth_tracker");
+  legacy.tensors.erase("_growth_tracker");
+  Setup b(Device::cpu(), {});
+  b.scaler.load_state_dict(legacy);
+  b.train_step(1.0);
+  CHECK(b.scaler.get_scale() == 8);  // the loaded tracker (1) reached growth_interval 2
+  CHECK(b.scaler.growth_tracker().item<int32_t>() == 0);
+}
+
+// torch 2.15: a disabled GradScaler's state_dict() is {}; load_state_dict({}) on an enabled scaler raises
+// "The source state dict is empty, possibly because it was saved from a disabled instance of GradScaler.",
+// and a disabled scaler's load_state_dict returns at once (it stays disabled).
+TEST_CASE("GradScaler.load_state_dict refuses a disabled scaler's state, as torch") {
+  Setup a;
+  a.train_step(1.0);
+  const StateDict dict = a.scaler.state_dict();
+  // An enabled scaler refuses a disabled one's state (it would turn loss scaling off) and stays enabled.
+  const StateDict disabled = GradScaler({.enabled = false}).state_dict();
+  Setup c;
+  CHECK_THROWS_WITH_AS(c.scaler.load_state_dict(disabled), doctest::Contains("saved from a disabled instance"), Error);
+  CHECK(c.scaler.is_enabled());
+  CHECK(c.scaler.get_scale() == 4);
+  // A disabled scaler ignores the state it is given.
+  GradScaler off({.enabled = false});
+  off.load_state_dict(dict);
+  CHECK_FALSE(off.is_enabled());
+  CHECK(off.get_scale() == 1.0);
 }
 
 TEST_CASE("GradScaler misuse is reported") {

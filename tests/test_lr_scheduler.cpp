@@ -233,6 +233,21 @@ TEST_CASE("CyclicLR triangular2 over 3 cycles, and exp_range") {
   });
 }
 
+// torch allows step_size_down=0 (a sawtooth: the lr rises over step_size_up steps, then falls back at
+// once). torch 2.15: CyclicLR(SGD(lr=0.1, momentum=0.9), base_lr=0.01, max_lr=0.05, step_size_up=4,
+// step_size_down=0) gives lr 0.01, 0.02, 0.03, 0.04, 0.01, ... and momentum 0.9, 0.875, 0.85, 0.825, 0.9, ...
+TEST_CASE("CyclicLR with step_size_down 0 is torch's sawtooth") {
+  Fixture f;
+  CyclicLR s(*f.sgd, {.base_lr = {0.01}, .max_lr = {0.05}, .step_size_up = 4, .step_size_down = 0});
+  for (int t = 0; t < 10; ++t) {
+    CHECK_MESSAGE(f.lr(0) == doctest::Approx(0.01 + 0.01 * (t % 4)), "step ", t);
+    CHECK_MESSAGE(f.momentum(0) == doctest::Approx(0.9 - 0.025 * (t % 4)), "step ", t);
+    s.step();
+  }
+  CHECK_THROWS_WITH_AS(CyclicLR(*f.sgd, {.base_lr = {0.01}, .max_lr = {0.05}, .step_size_up = 0}),
+                       doctest::Contains("step_size_up must be positive"), Error);
+}
+
 TEST_CASE("SWALR matches torch's recursion from the lr at construction") {
   for (AnnealStrategy strategy : {AnnealStrategy::cos, AnnealStrategy::linear}) {
     for (int anneal_epochs : {0, 1, 5}) {
@@ -333,6 +348,22 @@ TEST_CASE("ReduceLROnPlateau reduces after patience, with cooldown and min_lr") 
   CHECK(t.best() == s.best());
   CHECK(t.get_last_lr() == s.get_last_lr());
   CHECK_THROWS_WITH_AS(ReduceLROnPlateau(*f.sgd, {.factor = 1.5}), doctest::Contains("factor should be < 1.0"), Error);
+}
+
+// torch reduces the group's current lr (float(param_group["lr"]) in _reduce_lr), whatever set it.
+// torch 2.15: SGD([p], lr=0.1); s = ReduceLROnPlateau(o, factor=0.5, patience=0);
+// o.param_groups[0]["lr"] = 0.4; s.step(1.0); s.step(2.0); s.step(3.0) leaves lr 0.4, 0.2, 0.1.
+TEST_CASE("ReduceLROnPlateau reduces the lr the optimizer has now") {
+  Fixture f;
+  ReduceLROnPlateau s(*f.sgd, {.factor = 0.5, .patience = 0});
+  f.sgd->set_lr(0, 0.4);
+  f.sgd->lr(1).fill_(0.3);  // as a schedule would: the device value only
+  const double expected[2][3] = {{0.4, 0.2, 0.1}, {0.3, 0.15, 0.075}};
+  for (int e = 0; e < 3; ++e) {
+    s.step(1.0 + e);
+    for (int g = 0; g < 2; ++g) CHECK_MESSAGE(f.lr(g) == doctest::Approx(expected[g][e]), "group ", g, " epoch ", e);
+  }
+  CHECK(s.get_last_lr() == std::vector<double>{f.lr(0), f.lr(1)});
 }
 
 TEST_CASE("scheduler errors name the scheduler") {
