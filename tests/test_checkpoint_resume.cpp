@@ -233,7 +233,12 @@ EpochEndRun run_epochs(const fs::path& root, const fs::path& checkpoints, bool v
   checkpointing.dirpath = checkpoints.string();
   checkpointing.filename = "epoch={epoch}";
   checkpointing.save_top_k = -1;
-  if (validate) checkpointing.monitor = "val_loss";
+  if (validate) {
+    checkpointing.monitor = "val_loss";
+    // After the validation: Lightning's default (None) would save at the
+    // epoch's end here, since validation runs once per epoch.
+    checkpointing.save_on_train_epoch_end = false;
+  }
   // Given first, ModelCheckpoint still runs after EarlyStopping (Lightning's order),
   // so its checkpoints hold EarlyStopping's state after the same epoch.
   EarlyStoppingOptions stopping;

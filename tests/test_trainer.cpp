@@ -74,13 +74,14 @@ TEST_CASE("Trainer: val_check_interval=0.25 validates four times per epoch; max_
   CHECK(trainer.global_step() == 32);
 
   // limit_val_batches=0 turns validation off: no step, no on_validation_end
-  // (a strict EarlyStopping on val_loss would otherwise stop the run with an error).
+  // (a strict EarlyStopping checking on val_loss after validation would
+  // otherwise stop the run with an error).
   Regression unvalidated;
   TrainerOptions no_validation = quiet_options(root);
   no_validation.max_epochs = 1;
   no_validation.limit_val_batches = 0;
   no_validation.num_sanity_val_steps = 2;  // skipped too, as in Lightning
-  no_validation.callbacks = {std::make_shared<EarlyStopping>()};
+  no_validation.callbacks = {std::make_shared<EarlyStopping>(EarlyStoppingOptions{.check_on_train_epoch_end = false})};
   DataLoader train3(data, loader_options(4));
   DataLoader val3(data, loader_options(32, false));
   Trainer unvalidated_trainer(no_validation);

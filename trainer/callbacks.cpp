@@ -1,5 +1,6 @@
 #include "trainer/callbacks.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -11,6 +12,11 @@
 namespace kiln {
 
 namespace fs = std::filesystem;
+
+bool is_monitoring_callback(const Callback& callback) {
+  return dynamic_cast<const EarlyStopping*>(&callback) != nullptr ||
+         dynamic_cast<const ModelCheckpoint*>(&callback) != nullptr;
+}
 
 // ---------------------------------------------------------------- EarlyStopping
 
@@ -24,7 +30,9 @@ EarlyStopping::EarlyStopping(EarlyStoppingOptions options) : options_(std::move(
 bool EarlyStopping::update(double current, std::string* reason) {
   const bool minimize = options_.mode == "min";
   auto better = [minimize](double a, double b) { return minimize ? a < b : a > b; };
-  const double delta = minimize ? -std::abs(options_.min_delta) : std::abs(options_.min_delta);
+  // As Lightning: min_delta with its sign as given, negated for "min" (a
+  // negative min_delta tolerates a slightly worse value as an improvement).
+  const double delta = minimize ? -options_.min_delta : options_.min_delta;
   char text[256];
   if (options_.check_finite && !std::isfinite(current)) {
     std::snprintf(text, sizeof text, "Monitored metric %s = %g is not finite. Previous best value was %.3f.",
@@ -45,6 +53,13 @@ bool EarlyStopping::update(double current, std::string* reason) {
     return true;
   }
   if (better(current - delta, best_score_)) {
+    if (std::isfinite(best_score_)) {
+      std::snprintf(text, sizeof text, "Metric %s improved by %.3f >= min_delta = %g. New best score: %.3f",
+                    options_.monitor.c_str(), std::abs(best_score_ - current), std::abs(options_.min_delta), current);
+    } else {
+      std::snprintf(text, sizeof text, "Metric %s improved. New best score: %.3f", options_.monitor.c_str(), current);
+    }
+    *reason = text;
     best_score_ = current;
     wait_count_ = 0;
     return false;
@@ -59,7 +74,15 @@ bool EarlyStopping::update(double current, std::string* reason) {
   return false;
 }
 
+bool EarlyStopping::checks_on_train_epoch_end(const Trainer& trainer) const {
+  // Lightning's setup(): `val_check_interval == 1.0` (Python's 1 == 1.0 too) and check_val_every_n_epoch == 1.
+  const TrainerOptions& o = trainer.options();
+  return options_.check_on_train_epoch_end.value_or(o.val_check_interval.value() == 1.0 &&
+                                                    o.check_val_every_n_epoch == int64_t{1});
+}
+
 void EarlyStopping::check(Trainer& trainer) {
+  if (trainer.options().fast_dev_run > 0) return;  // Lightning disables early stopping under fast_dev_run
   const auto& metrics = trainer.callback_metrics();
   auto it = metrics.find(options_.monitor);
   if (it == metrics.end()) {
@@ -68,21 +91,25 @@ void EarlyStopping::check(Trainer& trainer) {
     return;
   }
   std::string reason;
-  if (update(it->second, &reason)) {
+  const bool stop = update(it->second, &reason);
+  if (stop) {
     trainer.should_stop = true;
     trainer.stop_reason = reason;
     stopped_epoch_ = trainer.current_epoch();
-    std::cerr << "EarlyStopping: " << reason << " Signaling Trainer to stop.\n";
+  }
+  // Lightning logs its messages only with verbose=True.
+  if (options_.verbose && !reason.empty() && trainer.is_global_zero()) {
+    std::cerr << "EarlyStopping: " << reason << (stop ? " Signaling Trainer to stop." : "") << "\n";
   }
 }
 
 void EarlyStopping::on_validation_end(Trainer& trainer, TrainModule&) {
   // Trainer::validate() outside fit decides nothing (as Lightning).
-  if (!options_.check_on_train_epoch_end && trainer.fitting()) check(trainer);
+  if (trainer.fitting() && !checks_on_train_epoch_end(trainer)) check(trainer);
 }
 
 void EarlyStopping::on_train_epoch_end(Trainer& trainer, TrainModule&) {
-  if (options_.check_on_train_epoch_end) check(trainer);
+  if (checks_on_train_epoch_end(trainer)) check(trainer);
 }
 
 nlohmann::json EarlyStopping::state_dict() const {
@@ -95,6 +122,8 @@ void EarlyStopping::load_state_dict(const nlohmann::json& state) {
   best_score_ = state.at("best_score").is_null() ? (options_.mode == "min" ? INFINITY : -INFINITY)
                                                   : state.at("best_score").get<double>();
   stopped_epoch_ = state.at("stopped_epoch").get<int64_t>();
+  // As Lightning's load_state_dict: the checkpoint's patience wins.
+  if (state.contains("patience")) options_.patience = state.at("patience").get<int>();
 }
 
 // ---------------------------------------------------------------- ModelCheckpoint
@@ -102,9 +131,23 @@ void EarlyStopping::load_state_dict(const nlohmann::json& state) {
 ModelCheckpoint::ModelCheckpoint(ModelCheckpointOptions options) : options_(std::move(options)) {
   KILN_CHECK(options_.mode == "min" || options_.mode == "max",
              "ModelCheckpoint: mode must be \"min\" or \"max\", got '", options_.mode, "'");
-  KILN_CHECK(options_.save_top_k >= -1, "ModelCheckpoint: save_top_k must be >= -1");
+  KILN_CHECK(options_.save_top_k >= -1, "ModelCheckpoint: invalid value for save_top_k=", options_.save_top_k,
+             ". Must be >= -1");
   KILN_CHECK(options_.monitor.empty() ? options_.save_top_k <= 1 || options_.save_top_k == -1 : true,
-             "ModelCheckpoint: save_top_k > 1 needs a monitored metric");
+             "ModelCheckpoint(save_top_k=", options_.save_top_k, ", monitor=None) is not a valid configuration. "
+             "No quantity for top_k to track (save_top_k > 1 needs a monitored metric)");
+  // Lightning's __init_triggers: both unset means every epoch; setting one turns the other off.
+  if (options_.every_n_train_steps || options_.every_n_epochs) {
+    every_n_train_steps_ = options_.every_n_train_steps.value_or(0);
+    every_n_epochs_ = options_.every_n_epochs.value_or(0);
+  }
+  KILN_CHECK(every_n_train_steps_ >= 0, "ModelCheckpoint: invalid value for every_n_train_steps=",
+             every_n_train_steps_, ". Must be >= 0");
+  KILN_CHECK(every_n_epochs_ >= 0, "ModelCheckpoint: invalid value for every_n_epochs=", every_n_epochs_,
+             ". Must be >= 0");
+  KILN_CHECK(every_n_train_steps_ == 0 || every_n_epochs_ == 0, "ModelCheckpoint: combination of parameters "
+             "every_n_train_steps=", every_n_train_steps_, " and every_n_epochs=", every_n_epochs_,
+             " should be mutually exclusive");
 }
 
 std::string ModelCheckpoint::format_filename(const std::string& pattern, int64_t epoch, int64_t step,
@@ -117,19 +160,30 @@ std::string ModelCheckpoint::format_filename(const std::string& pattern, int64_t
     }
     const size_t close = pattern.find('}', i);
     KILN_CHECK(close != std::string::npos, "ModelCheckpoint: unclosed '{' in filename '", pattern, "'");
-    const std::string key = pattern.substr(i + 1, close - i - 1);
-    if (key == "epoch") {
-      out += std::to_string(epoch);
-    } else if (key == "step") {
-      out += std::to_string(step);
+    const std::string field = pattern.substr(i + 1, close - i - 1);
+    // Python's "{name:spec}" as Lightning's str.format: "{epoch:02d}", "{val_loss:.2f}".
+    const size_t colon = field.find(':');
+    const std::string key = field.substr(0, colon);
+    const std::string spec = colon == std::string::npos ? "" : field.substr(colon + 1);
+    const bool whole = key == "epoch" || key == "step";
+    auto it = metrics.find(key);
+    // As Lightning, a metric not logged (yet) is written as 0.
+    const double value = key == "epoch" ? static_cast<double>(epoch)
+                         : key == "step" ? static_cast<double>(step)
+                         : it == metrics.end() ? 0.0 : it->second;
+    KILN_CHECK(spec.empty() || (spec.find_first_not_of("0123456789.") == spec.size() - 1 &&
+                                std::count(spec.begin(), spec.end(), '.') <= 1 &&
+                                std::string("dfeg").find(spec.back()) != std::string::npos),
+               "ModelCheckpoint: filename '", pattern, "': unsupported format '", spec,
+               "' (expected forms like 02d, .2f, .3e, g)");
+    char text[64];
+    if (spec.empty() ? whole : spec.back() == 'd') {
+      const std::string format = "%" + (spec.empty() ? std::string() : spec.substr(0, spec.size() - 1)) + "lld";
+      std::snprintf(text, sizeof text, format.c_str(), static_cast<long long>(value));
     } else {
-      auto it = metrics.find(key);
-      KILN_CHECK(it != metrics.end(), "ModelCheckpoint: filename '", pattern, "' uses metric '", key,
-                 "' which was not logged");
-      char value[64];
-      std::snprintf(value, sizeof value, "%.4f", it->second);
-      out += value;
+      std::snprintf(text, sizeof text, ("%" + (spec.empty() ? std::string(".4f") : spec)).c_str(), value);
     }
+    out += text;
     i = close;
   }
   return out;
@@ -139,27 +193,45 @@ std::string ModelCheckpoint::folder(Trainer& trainer) const {
   return options_.dirpath.empty() ? (fs::path(trainer.log_dir()) / "checkpoints").string() : options_.dirpath;
 }
 
-void ModelCheckpoint::save(Trainer& trainer, TrainModule&) {
-  if (!trainer.options().enable_checkpointing || trainer.options().fast_dev_run > 0) return;
-  if (last_saved_step_ == trainer.global_step()) return;
+std::optional<double> ModelCheckpoint::best_model_score() const {
+  auto it = kept_.find(best_path_);
+  if (options_.monitor.empty() || it == kept_.end()) return std::nullopt;
+  return it->second;
+}
+
+bool ModelCheckpoint::saves_on_train_epoch_end(const Trainer& trainer) const {
+  if (options_.save_on_train_epoch_end) return *options_.save_on_train_epoch_end;
+  // Lightning's _should_save_on_train_epoch_end.
+  const TrainerOptions& o = trainer.options();
+  if (o.check_val_every_n_epoch != int64_t{1}) return false;
+  if (trainer.num_val_batches() == 0) return true;  // no validation: at the training epoch's end
+  return o.val_check_interval.value() == 1.0;
+}
+
+bool ModelCheckpoint::skip_saving(const Trainer& trainer) const {
+  return !trainer.options().enable_checkpointing || trainer.options().fast_dev_run > 0 || !trainer.fitting() ||
+         last_saved_step_ == trainer.global_step();
+}
+
+void ModelCheckpoint::save(Trainer& trainer, bool top_k) {
   const std::string dir = folder(trainer);
   std::error_code error;
   fs::create_directories(dir, error);
   KILN_CHECK(!error, "ModelCheckpoint: cannot create '", dir, "': ", error.message());
   const auto& metrics = trainer.callback_metrics();
-  last_saved_step_ = trainer.global_step();
-  if (options_.save_top_k != 0) {
-    const std::string path = (fs::path(dir) / (format_filename(options_.filename, trainer.current_epoch(),
-                                                               trainer.global_step(), metrics) +
-                                               ".safetensors"))
-                                 .string();
-    double score = 0;
-    if (!options_.monitor.empty()) {
-      auto it = metrics.find(options_.monitor);
-      KILN_CHECK(it != metrics.end(), "ModelCheckpoint: the monitored metric '", options_.monitor, "' was not logged");
-      score = it->second;
-    }
-    const bool minimize = options_.mode == "min";
+  const bool minimize = options_.mode == "min";
+  std::optional<double> score;
+  if (top_k && options_.save_top_k != 0 && !options_.monitor.empty()) {
+    auto it = metrics.find(options_.monitor);
+    // As Lightning: an error once a validation has run, before that no top-k checkpoint (Lightning warns).
+    KILN_CHECK(it != metrics.end() || !validated_, "ModelCheckpoint(monitor='", options_.monitor,
+               "') could not find the monitored key in the returned metrics. HINT: did you call log('",
+               options_.monitor, "', value) in the TrainModule?");
+    if (it == metrics.end()) top_k = false;
+    // As Lightning: a NaN score is kept as the worst possible one.
+    if (it != metrics.end()) score = std::isnan(it->second) ? (minimize ? INFINITY : -INFINITY) : it->second;
+  }
+  if (top_k && options_.save_top_k != 0) {
     auto worse = [minimize](double a, double b) { return minimize ? a > b : a < b; };
     bool keep = options_.monitor.empty() || options_.save_top_k == -1 ||
                 static_cast<int>(kept_.size()) < options_.save_top_k;
@@ -167,10 +239,22 @@ void ModelCheckpoint::save(Trainer& trainer, TrainModule&) {
     for (const auto& [kept_path, kept_score] : kept_) {
       if (worst.empty() || worse(kept_score, kept_.at(worst))) worst = kept_path;
     }
-    if (!keep && !worst.empty() && worse(kept_.at(worst), score)) keep = true;
+    if (!keep && !worst.empty() && worse(kept_.at(worst), score.value_or(0))) keep = true;
+    // The file this save replaces, if any (Lightning's del_filepath).
+    const std::string replaced = options_.monitor.empty() ? (options_.save_top_k == 1 ? best_path_ : "")
+                                 : static_cast<int>(kept_.size()) == options_.save_top_k ? worst
+                                                                                         : "";
+    const std::string stem =
+        format_filename(options_.filename, trainer.current_epoch(), trainer.global_step(), metrics);
+    std::string path = (fs::path(dir) / (stem + ".safetensors")).string();
+    // As Lightning's version counter: a name taken by another file gets "-v1", "-v2", ...
+    for (int version = 1; fs::exists(path) && path != replaced; ++version) {
+      path = (fs::path(dir) / (stem + "-v" + std::to_string(version) + ".safetensors")).string();
+    }
     if (keep) {
+      last_saved_step_ = trainer.global_step();
       trainer.save_checkpoint(path);  // durable before anything is removed
-      kept_[path] = score;
+      kept_[path] = score.value_or(0);
       if (options_.monitor.empty() && options_.save_top_k == 1) {
         for (auto it = kept_.begin(); it != kept_.end();) {
           if (it->first != path) {
@@ -192,43 +276,53 @@ void ModelCheckpoint::save(Trainer& trainer, TrainModule&) {
     }
   }
   if (options_.save_last) {
+    last_saved_step_ = trainer.global_step();
     last_path_ = (fs::path(dir) / "last.safetensors").string();
     trainer.save_checkpoint(last_path_);
   }
 }
 
-void ModelCheckpoint::on_validation_end(Trainer& trainer, TrainModule& module) {
-  if (options_.every_n_train_steps > 0 || !trainer.fitting()) return;
-  if (options_.every_n_epochs > 0 && (trainer.current_epoch() + 1) % options_.every_n_epochs == 0) save(trainer, module);
+void ModelCheckpoint::on_fit_start(Trainer&, TrainModule&) { validated_ = false; }
+
+void ModelCheckpoint::on_validation_end(Trainer& trainer, TrainModule&) {
+  if (trainer.fitting()) validated_ = true;
+  if (skip_saving(trainer) || saves_on_train_epoch_end(trainer)) return;
+  save(trainer, every_n_epochs_ >= 1 && (trainer.current_epoch() + 1) % every_n_epochs_ == 0);
 }
 
-void ModelCheckpoint::on_train_batch_end(Trainer& trainer, TrainModule& module, int64_t) {
-  // Called after every micro-batch: save once per optimizer step.
-  if (options_.every_n_train_steps > 0 && trainer.global_step() % options_.every_n_train_steps == 0 &&
-      last_saved_step_ != trainer.global_step()) {
-    save(trainer, module);
-  }
+void ModelCheckpoint::on_train_batch_end(Trainer& trainer, TrainModule&, int64_t) {
+  // Called after every micro-batch: skip_saving saves once per optimizer step.
+  if (every_n_train_steps_ < 1 || trainer.global_step() % every_n_train_steps_ != 0 || skip_saving(trainer)) return;
+  save(trainer, true);
 }
 
-void ModelCheckpoint::on_train_epoch_end(Trainer& trainer, TrainModule& module) {
-  // Without validation, Lightning saves at the end of each training epoch.
-  if (options_.every_n_train_steps == 0 && options_.monitor.empty() && options_.every_n_epochs > 0 &&
-      (trainer.current_epoch() + 1) % options_.every_n_epochs == 0 && last_saved_step_ != trainer.global_step()) {
-    save(trainer, module);
-  }
+void ModelCheckpoint::on_train_epoch_end(Trainer& trainer, TrainModule&) {
+  if (skip_saving(trainer) || !saves_on_train_epoch_end(trainer)) return;
+  save(trainer, every_n_epochs_ >= 1 && (trainer.current_epoch() + 1) % every_n_epochs_ == 0);
 }
 
 nlohmann::json ModelCheckpoint::state_dict() const {
   // last_saved_step: a run resumed from a checkpoint written at an epoch's end
   // does not write that step's checkpoint again from its epoch-end hook.
-  return {{"best_model_path", best_path_}, {"last_model_path", last_path_}, {"kept", kept_},
+  // Lightning's keys. JSON has no infinity: a NaN score kept as the worst (+-inf) is written as null.
+  const std::optional<double> best_score = best_model_score();
+  return {{"monitor", options_.monitor},
+          {"best_model_path", best_path_},
+          {"best_model_score", best_score ? nlohmann::json(*best_score) : nlohmann::json(nullptr)},
+          {"best_k_models", kept_},
+          {"last_model_path", last_path_},
           {"last_saved_step", last_saved_step_}};
 }
 
 void ModelCheckpoint::load_state_dict(const nlohmann::json& state) {
   best_path_ = state.value("best_model_path", "");
   last_path_ = state.value("last_model_path", "");
-  kept_ = state.value("kept", std::map<std::string, double>{});
+  kept_.clear();
+  // "kept": the key of files written before Lightning's name was used.
+  const nlohmann::json kept = state.contains("best_k_models") ? state.at("best_k_models")
+                                                              : state.value("kept", nlohmann::json::object());
+  const double worst = options_.mode == "min" ? INFINITY : -INFINITY;
+  for (const auto& [path, score] : kept.items()) kept_[path] = score.is_null() ? worst : score.get<double>();
   last_saved_step_ = state.value("last_saved_step", int64_t{-1});
 }
 

@@ -47,6 +47,10 @@ class Callback {
   virtual void load_state_dict(const nlohmann::json&) {}
 };
 
+// EarlyStopping and ModelCheckpoint: Lightning calls their on_train_epoch_end
+// after the module's (so they see what it logs), the other callbacks' before.
+bool is_monitoring_callback(const Callback& callback);
+
 struct EarlyStoppingOptions {
   std::string monitor = "val_loss";
   double min_delta = 0.0;
@@ -56,7 +60,11 @@ struct EarlyStoppingOptions {
   bool check_finite = true;
   std::optional<double> stopping_threshold;
   std::optional<double> divergence_threshold;
-  bool check_on_train_epoch_end = false;
+  // nullopt (Lightning's None): at the training epoch's end when validation
+  // runs once per epoch (val_check_interval 1.0, check_val_every_n_epoch 1),
+  // after each validation otherwise.
+  std::optional<bool> check_on_train_epoch_end;
+  bool verbose = false;  // print improvements and the stop reason (to stderr)
 };
 
 // Stops training when the monitored metric stops improving (Lightning's rules).
@@ -73,6 +81,9 @@ class EarlyStopping : public Callback {
   bool update(double value, std::string* reason);
   int wait_count() const { return wait_count_; }
   double best_score() const { return best_score_; }
+  int64_t stopped_epoch() const { return stopped_epoch_; }
+  // Where the check runs in `trainer`'s fit (check_on_train_epoch_end resolved as Lightning's setup does).
+  bool checks_on_train_epoch_end(const Trainer& trainer) const;
 
  private:
   void check(Trainer& trainer);
@@ -89,17 +100,26 @@ struct ModelCheckpointOptions {
   std::string mode = "min";
   int save_top_k = 1;   // -1: all; 0: none
   bool save_last = false;
-  int64_t every_n_train_steps = 0;
-  int64_t every_n_epochs = 1;
+  // At most one of the two may be >= 1 (as Lightning). Both nullopt
+  // (Lightning's None): every epoch. One set: the other is 0 (off).
+  std::optional<int64_t> every_n_train_steps;
+  std::optional<int64_t> every_n_epochs;
+  // nullopt (Lightning's None): at the training epoch's end when there is no
+  // validation or it runs once per epoch (val_check_interval 1.0,
+  // check_val_every_n_epoch 1), after each validation otherwise.
+  std::optional<bool> save_on_train_epoch_end;
 };
 
-// Saves checkpoints (safetensors) after validation or every n steps; keeps
-// the best `save_top_k` by the monitored metric. A file is removed only after
+// Saves checkpoints (safetensors) after validation, at the training epoch's
+// end (saves_on_train_epoch_end) or every n steps; keeps the best
+// `save_top_k` by the monitored metric (a NaN score ranks worst), naming a
+// file whose name is taken "<name>-v1", "-v2", ... A file is removed only after
 // its replacement was written durably.
 class ModelCheckpoint : public Callback {
  public:
   explicit ModelCheckpoint(ModelCheckpointOptions options = {});
   std::string name() const override { return "ModelCheckpoint"; }
+  void on_fit_start(Trainer& trainer, TrainModule& module) override;
   void on_validation_end(Trainer& trainer, TrainModule& module) override;
   void on_train_batch_end(Trainer& trainer, TrainModule& module, int64_t batch_idx) override;
   void on_train_epoch_end(Trainer& trainer, TrainModule& module) override;
@@ -108,17 +128,32 @@ class ModelCheckpoint : public Callback {
 
   const std::string& best_model_path() const { return best_path_; }
   const std::string& last_model_path() const { return last_path_; }
-  // Expands "{epoch}", "{step}" and "{metric}" placeholders (metric values with 4 decimals).
+  // The monitored score of best_model_path (nullopt without a monitor or before a save).
+  std::optional<double> best_model_score() const;
+  // Kept checkpoints and their scores (Lightning's best_k_models).
+  const std::map<std::string, double>& best_k_models() const { return kept_; }
+  // Whether the top-k checkpoints are written at the training epoch's end
+  // rather than after validation, in `trainer`'s fit (Lightning's rule).
+  bool saves_on_train_epoch_end(const Trainer& trainer) const;
+  // Expands "{epoch}", "{step}" and "{metric}" placeholders (metric values with
+  // 4 decimals, a metric not logged as 0), with Python's format specs of the
+  // forms "{epoch:02d}" and "{val_loss:.2f}".
   static std::string format_filename(const std::string& pattern, int64_t epoch, int64_t step,
                                      const std::map<std::string, double>& metrics);
 
  private:
-  void save(Trainer& trainer, TrainModule& module);
+  // Lightning's _should_skip_saving_checkpoint: fast_dev_run, outside fit, or this step already saved.
+  bool skip_saving(const Trainer& trainer) const;
+  // The top-k checkpoint when `top_k`, then last.safetensors (save_last).
+  void save(Trainer& trainer, bool top_k);
   std::string folder(Trainer& trainer) const;
   ModelCheckpointOptions options_;
+  int64_t every_n_train_steps_ = 0, every_n_epochs_ = 1;  // resolved as Lightning's __init_triggers
   std::map<std::string, double> kept_;  // path -> score
   std::string best_path_, last_path_;
-  int64_t last_saved_step_ = -1;
+  // Lightning's _last_global_step_saved starts at 0: nothing is saved before the first step.
+  int64_t last_saved_step_ = 0;
+  bool validated_ = false;  // a validation ran in this fit: a missing monitor is an error, not a skip
 };
 
 }  // namespace kiln

@@ -33,7 +33,9 @@ void CSVLogger::log_metrics(const std::map<std::string, double>& metrics, int64_
     text.precision(9);
     text << value;
     row[key] = text.str();
-    if (std::find(columns_.begin(), columns_.end(), key) == columns_.end()) columns_.push_back(key);
+    // Lightning's _ExperimentWriter keeps the columns sorted (epoch and step among them).
+    auto at = std::lower_bound(columns_.begin(), columns_.end(), key);
+    if (at == columns_.end() || *at != key) columns_.insert(at, key);
   }
   rows_.push_back(std::move(row));
 }

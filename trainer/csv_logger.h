@@ -1,6 +1,6 @@
 // CSVLogger in Lightning's layout: <root>/lightning_logs/version_N/metrics.csv
 // (one row per logging call: epoch, step and the metrics; the header is the
-// union of every key seen, rewritten when a new key appears) and hparams.yaml.
+// sorted union of every key seen, rewritten when a new key appears) and hparams.yaml.
 #pragma once
 
 #include <map>

@@ -13,12 +13,12 @@ LearningRateMonitor::LearningRateMonitor(LearningRateMonitorOptions options) : o
 
 void LearningRateMonitor::on_train_start(Trainer& trainer, TrainModule&) {
   // Only rank 0 holds loggers under "ddp"; the other ranks read the flags that
-  // give rank 0 its loggers, so that every rank throws alike.
+  // give rank 0 its loggers, so that every rank throws alike. fast_dev_run
+  // passes: Lightning swaps the loggers for a DummyLogger there (kiln for none).
   const TrainerOptions& options = trainer.options();
-  const bool has_logger = trainer.is_global_zero() ? !trainer.loggers().empty()
-                                                   : options.logger && options.fast_dev_run == 0;
-  KILN_CHECK(has_logger,
-             "Cannot use LearningRateMonitor callback with a Trainer that has no logger (logger=false or fast_dev_run)");
+  const bool has_logger = trainer.is_global_zero() && options.fast_dev_run == 0 ? !trainer.loggers().empty()
+                                                                                : options.logger;
+  KILN_CHECK(has_logger, "Cannot use LearningRateMonitor callback with a Trainer that has no logger (logger=false)");
   last_logged_step_ = -1;
 }
 

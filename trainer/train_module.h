@@ -137,8 +137,8 @@ class TrainModule {
   virtual void on_validation_epoch_end() {}
 
   // Records a metric of the current stage. Defaults as Lightning: in training
-  // on_step=true, on_epoch=false; in validation and test on_step=false,
-  // on_epoch=true. `value` stays on its device; epoch values are averaged
+  // on_step=true, on_epoch=false; in validation and test, and in
+  // on_train_epoch_end, on_step=false, on_epoch=true. `value` stays on its device; epoch values are averaged
   // (weighted by batch_size) when the epoch ends (and over the ranks with DDP).
   void log(const std::string& name, const Tensor& value, std::optional<bool> on_step = std::nullopt,
            std::optional<bool> on_epoch = std::nullopt, bool prog_bar = false, int64_t batch_size = 1);
@@ -186,7 +186,7 @@ class TrainModule {
   std::vector<std::pair<Tensor, bool>> freeze_other_optimizers(size_t index);
 
   Trainer* trainer_ = nullptr;
-  std::string stage_ = "train";  // "train", "validate", "test"
+  std::string stage_ = "train";  // "train", "train_epoch_end", "validate", "test"
   std::map<std::string, LoggedValue> logged_;
   std::vector<std::string> order_;
   std::vector<std::pair<Tensor, bool>> toggled_state_;  // toggle_optimizer's saved flags

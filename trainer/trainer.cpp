@@ -17,26 +17,6 @@
 
 namespace kiln {
 
-std::chrono::seconds parse_max_time(const std::string& text) {
-  int64_t parts[4] = {0, 0, 0, 0};
-  int count = 0;
-  std::string current;
-  for (char c : text + ":") {
-    if (c == ':') {
-      KILN_CHECK(!current.empty() && count < 4, "max_time: expected \"DD:HH:MM:SS\" or seconds, got '", text, "'");
-      parts[count++] = std::stoll(current);
-      current.clear();
-    } else {
-      KILN_CHECK(std::isdigit(static_cast<unsigned char>(c)), "max_time: expected \"DD:HH:MM:SS\" or seconds, got '",
-                 text, "'");
-      current += c;
-    }
-  }
-  if (count == 1) return std::chrono::seconds(parts[0]);
-  KILN_CHECK(count == 4, "max_time: expected \"DD:HH:MM:SS\" or seconds, got '", text, "'");
-  return std::chrono::seconds(((parts[0] * 24 + parts[1]) * 60 + parts[2]) * 60 + parts[3]);
-}
-
 namespace {
 // The accumulation factor of `epoch` under `schedule` (1 before its first key).
 int64_t scheduled_factor(const std::map<int64_t, int64_t>& schedule, int64_t epoch) {
@@ -114,6 +94,7 @@ Trainer::Trainer(TrainerOptions options)
     KILN_CHECK(epoch >= 0 && k >= 1, "Trainer: accumulation_schedule: invalid entry {", epoch, ": ", k, "}");
   }
   adopt_accumulation_scheduler(options_);
+  resolve_trainer_flags(options_);  // after the checks: they judge the flags as given
   // Lightning's order: ModelCheckpoint callbacks last.
   std::stable_partition(options_.callbacks.begin(), options_.callbacks.end(), [](const auto& callback) {
     return dynamic_cast<const ModelCheckpoint*>(callback.get()) == nullptr;
@@ -166,8 +147,10 @@ std::string Trainer::strategy_action(const char* hook) const {
   return std::string(strategy_.name() == "ddp" ? "[Strategy]DDPStrategy." : "[Strategy]SingleDeviceStrategy.") + hook;
 }
 
-void Trainer::call_callbacks(const char* hook_name, const std::function<void(Callback&)>& hook) {
+void Trainer::call_callbacks(const char* hook_name, const std::function<void(Callback&)>& hook,
+                             std::optional<bool> monitoring) {
   for (auto& callback : options_.callbacks) {
+    if (monitoring && is_monitoring_callback(*callback) != *monitoring) continue;
     auto scope = profiler_->profile("[Callback]" + callback->name() + "." + hook_name);
     hook(*callback);
   }
@@ -386,6 +369,12 @@ std::map<std::string, double> Trainer::evaluate(TrainModule& module, DataLoader&
     }
     ++index;
   }
+  if (stage != "test") {
+    // Lightning's order: on_validation_epoch_end, then the epoch's metrics
+    // (what it logs included), then on_validation_end (in the callers).
+    auto hook_scope = profiler_->profile(module_action("on_validation_epoch_end"));
+    module.on_validation_epoch_end();
+  }
   std::map<std::string, double> metrics = collect_epoch_metrics(module, "");
   module.logged_ = std::move(training_logged);
   module.order_ = std::move(training_order);
@@ -439,6 +428,7 @@ void Trainer::train_epoch(TrainModule& module, DataLoader& train_loader, DataLoa
   if (val_loader) {
     val_batches = options_.overfit_batches.positive() ? train_limit(val_loader->size()) : val_limit(val_loader->size());
   }
+  val_batches_ = val_batches;
   // As Lightning: limit_val_batches=0 turns validation (and its callbacks) off.
   const bool validate_this_epoch =
       val_batches > 0 &&
@@ -448,10 +438,11 @@ void Trainer::train_epoch(TrainModule& module, DataLoader& train_loader, DataLoa
   int64_t val_every = 0;
   if (options_.val_check_interval.is_count()) {
     val_every = static_cast<int64_t>(options_.val_check_interval.value());
-    KILN_CHECK(!validate_this_epoch || !options_.check_val_every_n_epoch || val_every <= train_batches_,
-               "Trainer: val_check_interval (", val_every,
-               ") must be less than or equal to the number of the training batches (", train_batches_,
-               "). To disable validation set limit_val_batches to 0");
+    // As Lightning's FitLoop.setup_data: refused with or without validation.
+    KILN_CHECK(!options_.check_val_every_n_epoch || val_every <= train_batches_, "Trainer: val_check_interval (",
+               val_every, ") must be less than or equal to the number of the training batches (", train_batches_,
+               "). If you want to disable validation set limit_val_batches to 0.0 instead. If you want to validate "
+               "based on the total training batches, set check_val_every_n_epoch=None");
   } else {
     val_every = std::max<int64_t>(
         1, static_cast<int64_t>(options_.val_check_interval.value() * static_cast<double>(train_batches_)));
@@ -470,12 +461,8 @@ void Trainer::train_epoch(TrainModule& module, DataLoader& train_loader, DataLoa
   auto validate = [&] {
     validation_pending_ = false;
     call_callbacks("on_validation_start", [&](Callback& c) { c.on_validation_start(*this, module); });
-    evaluate(module, *val_loader, "validate", val_batches, true);
+    evaluate(module, *val_loader, "validate", val_batches, true);  // on_validation_epoch_end included
     call_callbacks("on_validation_end", [&](Callback& c) { c.on_validation_end(*this, module); });
-    {
-      auto hook_scope = profiler_->profile(module_action("on_validation_epoch_end"));
-      module.on_validation_epoch_end();
-    }
     module.model().train();
   };
   // Resumed from a checkpoint written between a batch and the validation due after it.
@@ -552,8 +539,13 @@ void Trainer::train_epoch(TrainModule& module, DataLoader& train_loader, DataLoa
                            batch_in_epoch_ == train_batches_;
       if (refresh && pending_progress_) print_progress(terminal, epoch_start);
     }
-    if (validation_due) validate();
-    if (agree_to_stop()) break;
+    // As Lightning's _should_check_val_fx: a stop request (max_steps aside) validates first.
+    bool stop = agree_to_stop();
+    if (validation_due || (stop && validate_this_epoch && stop_reason.rfind("max_steps", 0) != 0)) {
+      validate();
+      stop = agree_to_stop();
+    }
+    if (stop) break;
   }
   if (terminal) std::fprintf(stderr, "\n");
   std::map<std::string, double> train_metrics = collect_epoch_metrics(module, "");
@@ -561,11 +553,19 @@ void Trainer::train_epoch(TrainModule& module, DataLoader& train_loader, DataLoa
   if (batch_in_epoch_ >= train_batches_) {  // not when a limit stopped the epoch midway
     if (!epoch_end_hooks_done_) {  // a checkpoint written by these hooks resumes after them
       epoch_end_hooks_done_ = true;
+      // Lightning's order: the other callbacks, the module, then EarlyStopping
+      // and ModelCheckpoint, which so see the epoch values the module's hook logs.
+      const auto epoch_end = [&](Callback& c) { c.on_train_epoch_end(*this, module); };
+      call_callbacks("on_train_epoch_end", epoch_end, /*monitoring=*/false);
       {
         auto hook_scope = profiler_->profile(module_action("on_train_epoch_end"));
+        module.stage_ = "train_epoch_end";  // log() defaults to on_epoch there
         module.on_train_epoch_end();
+        module.stage_ = "train";
       }
-      call_callbacks("on_train_epoch_end", [&](Callback& c) { c.on_train_epoch_end(*this, module); });
+      const std::map<std::string, double> hook_metrics = collect_epoch_metrics(module, "");
+      if (!hook_metrics.empty()) log_to_loggers(hook_metrics, global_step_ - 1);
+      call_callbacks("on_train_epoch_end", epoch_end, /*monitoring=*/true);
     }
     for (OptimizerConfig& config : optimizers_) {
       // Manual optimization steps its schedules itself (Lightning).
@@ -703,8 +703,10 @@ void Trainer::fit(TrainModule& module, DataLoader& train_loader, DataLoader* val
     callback_metrics_.clear();
   }
   should_stop = false;
-  call_callbacks("on_train_start", [&](Callback& c) { c.on_train_start(*this, module); });
-  while (max_epochs < 0 || epoch_ < max_epochs) {
+  // As Lightning's FitLoop.skip: without training batches (limit_train_batches=0) no training hooks or epochs.
+  const bool trains = train_batches_ > 0;
+  if (trains) call_callbacks("on_train_start", [&](Callback& c) { c.on_train_start(*this, module); });
+  while (trains && (max_epochs < 0 || epoch_ < max_epochs)) {
     // A resumed run continues its epoch where the loader stopped.
     if (batch_in_epoch_ == 0) train.set_epoch(static_cast<uint64_t>(epoch_));
     {
@@ -724,11 +726,11 @@ void Trainer::fit(TrainModule& module, DataLoader& train_loader, DataLoader* val
       epoch_end_hooks_done_ = false;
     }
     const bool hard_limit = stop_reason.rfind("max_", 0) == 0;
+    // Otherwise a request stays (Lightning never clears should_stop): training
+    // stops as soon as min_epochs and min_steps are met, mid-epoch included.
     if (should_stop && (minimum || hard_limit)) break;
-    should_stop = false;
-    stop_reason.clear();
   }
-  call_callbacks("on_train_end", [&](Callback& c) { c.on_train_end(*this, module); });
+  if (trains) call_callbacks("on_train_end", [&](Callback& c) { c.on_train_end(*this, module); });
   call_callbacks("on_fit_end", [&](Callback& c) { c.on_fit_end(*this, module); });
   {
     auto hook_scope = profiler_->profile(module_action("on_fit_end"));

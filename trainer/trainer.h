@@ -60,7 +60,9 @@ struct TrainerOptions {
   BatchesOrFraction limit_test_batches = 1.0;
   int64_t num_sanity_val_steps = 2;  // -1: every validation batch
   int64_t log_every_n_steps = 50;
-  int64_t fast_dev_run = 0;  // n > 0: n batches of train, val and test, no checkpoints or logs
+  // n > 0: n batches of train, val and test (max_steps=n, one validation at
+  // the epoch's end, no sanity check), no checkpoints, logs or early stopping.
+  int64_t fast_dev_run = 0;
   // > 0: train on the first batches only, the same ones every epoch (no
   // shuffling), and validate on those same training batches; a number of
   // batches or a fraction, as limit_*.
@@ -96,6 +98,13 @@ struct TrainerOptions {
 
 // Parses "DD:HH:MM:SS" or a number of seconds; throws kiln::Error otherwise.
 std::chrono::seconds parse_max_time(const std::string& text);
+
+// What Lightning's Trainer makes of its flags before running (trainer/setup.py,
+// callback_connector.py): fast_dev_run=n sets max_steps=n and validates once
+// at the epoch's end (val_check_interval 1.0, check_val_every_n_epoch 1,
+// num_sanity_val_steps 0); a ModelCheckpoint with enable_checkpointing=false
+// is refused. Throws kiln::Error for a refused combination.
+void resolve_trainer_flags(TrainerOptions& options);
 
 class Trainer {
  public:
@@ -171,6 +180,9 @@ class Trainer {
   // user's loader with another sampler.
   DataLoader* train_loader() { return train_loader_; }
   int64_t num_training_batches() const { return train_batches_; }
+  // Batches each validation of fit runs (after limit_val_batches; 0 without a
+  // validation loader), set when each training epoch starts.
+  int64_t num_val_batches() const { return val_batches_; }
   // Makes the loader fit trains on (train_loader(); with overfit_batches also
   // the copy that validates on the same batches) yield batches of `batch_size`
   // and recomputes num_training_batches(), which the limits, the validation
@@ -250,8 +262,10 @@ class Trainer {
   // "[Strategy]<Strategy>.<hook>" (SingleDeviceStrategy or DDPStrategy).
   std::string module_action(const char* hook) const;
   std::string strategy_action(const char* hook) const;
-  // Runs `hook` on every callback, each timed as "[Callback]<name>.<hook_name>".
-  void call_callbacks(const char* hook_name, const std::function<void(Callback&)>& hook);
+  // Runs `hook` on every callback, each timed as "[Callback]<name>.<hook_name>";
+  // with `monitoring`, only on those is_monitoring_callback says (or does not).
+  void call_callbacks(const char* hook_name, const std::function<void(Callback&)>& hook,
+                      std::optional<bool> monitoring = std::nullopt);
   bool minimum_done() const;
   // With a scaler: unscales `optimizer`'s gradients, once per step, before
   // callbacks and clipping look at them (Lightning's MixedPrecision plugin).
@@ -284,6 +298,7 @@ class Trainer {
   bool validation_pending_ = false;
   bool fitting_ = false;
   int64_t train_batches_ = 0;
+  int64_t val_batches_ = 0;
   bool is_last_batch_ = false;
   std::map<std::string, double> callback_metrics_;
   std::vector<std::shared_ptr<Logger>> loggers_;
