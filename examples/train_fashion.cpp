@@ -278,7 +278,7 @@ int main(int argc, char** argv) {
     checkpointing.monitor = "val_acc";
     checkpointing.mode = "max";
     checkpointing.save_last = true;
-    checkpointing.filename = "epoch={epoch}-step={step}-val_acc={val_acc}";
+    checkpointing.filename = "{epoch}-{step}-{val_acc}";  // "epoch=9-step=4680-val_acc=0.9239"
     auto early_stopping = std::make_shared<EarlyStopping>(stopping);
     auto model_checkpoint = std::make_shared<ModelCheckpoint>(checkpointing);
     // The Trainer keeps its callbacks in its options.

@@ -520,7 +520,7 @@ TEST_CASE("StochasticWeightAveraging: resumed from a checkpoint taken after SWA 
     module.options.make_scheduler = testing::step_lr(5, 0.5);
     ModelCheckpointOptions checkpointing;
     checkpointing.dirpath = folder.string();
-    checkpointing.filename = "epoch={epoch}";
+    checkpointing.filename = "{epoch}";
     checkpointing.save_top_k = -1;
     auto swa = std::make_shared<StochasticWeightAveraging>(swa_options);
     TrainerOptions options = quiet_options();

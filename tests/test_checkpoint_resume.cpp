@@ -231,7 +231,7 @@ EpochEndRun run_epochs(const fs::path& root, const fs::path& checkpoints, bool v
   options.max_epochs = 4;
   ModelCheckpointOptions checkpointing;
   checkpointing.dirpath = checkpoints.string();
-  checkpointing.filename = "epoch={epoch}";
+  checkpointing.filename = "{epoch}";
   checkpointing.save_top_k = -1;
   if (validate) {
     checkpointing.monitor = "val_loss";

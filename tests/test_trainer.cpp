@@ -244,6 +244,7 @@ TEST_CASE("ModelCheckpoint keeps the best save_top_k and formats file names") {
   checkpointing.save_top_k = 2;
   checkpointing.save_last = true;
   checkpointing.filename = "e{epoch}-{val_loss}";
+  checkpointing.auto_insert_metric_name = false;  // bare values: the loss is read back from the name
   auto callback = std::make_shared<ModelCheckpoint>(checkpointing);
   options.callbacks = {callback};
   DataLoader train(data, loader_options(4));
@@ -264,8 +265,13 @@ TEST_CASE("ModelCheckpoint keeps the best save_top_k and formats file names") {
   std::sort(kept.begin(), kept.end());
   CHECK(callback->best_model_path() == kept[0].second);
   CHECK(fs::exists(callback->last_model_path()));
-  CHECK(ModelCheckpoint::format_filename("epoch={epoch}-step={step}-{acc}", 2, 30, {{"acc", 0.91234}}) ==
+  CHECK(ModelCheckpoint::format_filename("epoch={epoch}-step={step}-{acc}", 2, 30, {{"acc", 0.91234}}, false) ==
         "epoch=2-step=30-0.9123");
+  // Lightning's default (auto_insert_metric_name=True), its "epoch=epoch=" gotcha included.
+  CHECK(ModelCheckpoint::format_filename("{epoch}-{step}-{acc}", 2, 30, {{"acc", 0.91234}}) ==
+        "epoch=2-step=30-acc=0.9123");
+  CHECK(ModelCheckpoint::format_filename("epoch={epoch}", 2, 30, {}) == "epoch=epoch=2");
+  CHECK(ModelCheckpointOptions{}.filename == "{epoch}-{step}");
   fs::remove_all(root);
 }
 

@@ -206,7 +206,7 @@ TEST_CASE("ModelCheckpoint: nothing saved at step 0; a NaN score ranks worst; a 
     ModelCheckpointOptions checkpointing;
     checkpointing.save_top_k = -1;
     checkpointing.dirpath = (root / "steps").string();
-    checkpointing.filename = "step={step}";
+    checkpointing.filename = "{step}";
     options.callbacks = {std::make_shared<ModelCheckpoint>(checkpointing)};
     DataLoader train(data, loader_options(4));
     DataLoader val(data, loader_options(8));
@@ -230,7 +230,7 @@ TEST_CASE("ModelCheckpoint: nothing saved at step 0; a NaN score ranks worst; a 
     ModelCheckpointOptions checkpointing;
     checkpointing.monitor = "val_loss";
     checkpointing.dirpath = (root / "nan").string();
-    checkpointing.filename = "epoch={epoch}";
+    checkpointing.filename = "{epoch}";
     auto checkpoint = std::make_shared<ModelCheckpoint>(checkpointing);
     options.callbacks = {checkpoint};
     DataLoader train(data, loader_options(8));
@@ -448,7 +448,7 @@ TEST_CASE("Trainer: on_train_epoch_end calls the other callbacks, the module, th
   ModelCheckpointOptions checkpointing;
   checkpointing.monitor = "epoch_score";
   checkpointing.dirpath = (root / "checkpoints").string();
-  checkpointing.filename = "epoch={epoch}";
+  checkpointing.filename = "{epoch}";
   auto checkpoint = std::make_shared<ModelCheckpoint>(checkpointing);
   EarlyStoppingOptions stopping;
   stopping.monitor = "epoch_score";
@@ -511,7 +511,7 @@ TEST_CASE("ModelCheckpoint: a file name already taken gets a -v1 suffix instead 
   ModelCheckpointOptions checkpointing;
   checkpointing.save_top_k = -1;
   checkpointing.dirpath = (root / "checkpoints").string();
-  checkpointing.filename = "epoch={epoch}";
+  checkpointing.filename = "{epoch}";
   options.callbacks = {std::make_shared<ModelCheckpoint>(checkpointing)};
   DataLoader train(data, loader_options(4));
   DataLoader val(data, loader_options(16));
@@ -528,9 +528,12 @@ TEST_CASE("ModelCheckpoint: a file name already taken gets a -v1 suffix instead 
 // "{val_loss:.2f}"), and a missing key written as 0 ("{missing:d}" -> "missing=0").
 TEST_CASE("ModelCheckpoint: file names take Python format specs; a metric not logged is 0") {
   const std::map<std::string, double> metrics = {{"val_loss", 0.123456}};
-  CHECK(ModelCheckpoint::format_filename("e{epoch:03d}-s{step:d}-{val_loss:.2f}", 5, 30, metrics) == "e005-s30-0.12");
-  CHECK(ModelCheckpoint::format_filename("{val_loss:.1e}-{missing:.1f}-{other}", 0, 0, metrics) ==
+  CHECK(ModelCheckpoint::format_filename("e{epoch:03d}-s{step:d}-{val_loss:.2f}", 5, 30, metrics, false) ==
+        "e005-s30-0.12");
+  CHECK(ModelCheckpoint::format_filename("{val_loss:.1e}-{missing:.1f}-{other}", 0, 0, metrics, false) ==
         "1.2e-01-0.0-0.0000");
+  CHECK(ModelCheckpoint::format_filename("{epoch:02d}-{val_loss:.2f}-{missing:d}", 5, 30, metrics) ==
+        "epoch=05-val_loss=0.12-missing=0");
   CHECK_THROWS_WITH_AS(ModelCheckpoint::format_filename("{val_loss:>8}", 0, 0, metrics),
                        doctest::Contains("unsupported format '>8'"), Error);
 }

@@ -151,7 +151,8 @@ ModelCheckpoint::ModelCheckpoint(ModelCheckpointOptions options) : options_(std:
 }
 
 std::string ModelCheckpoint::format_filename(const std::string& pattern, int64_t epoch, int64_t step,
-                                             const std::map<std::string, double>& metrics) {
+                                             const std::map<std::string, double>& metrics,
+                                             bool auto_insert_metric_name) {
   std::string out;
   for (size_t i = 0; i < pattern.size(); ++i) {
     if (pattern[i] != '{') {
@@ -176,6 +177,7 @@ std::string ModelCheckpoint::format_filename(const std::string& pattern, int64_t
                                 std::string("dfeg").find(spec.back()) != std::string::npos),
                "ModelCheckpoint: filename '", pattern, "': unsupported format '", spec,
                "' (expected forms like 02d, .2f, .3e, g)");
+    if (auto_insert_metric_name) out += key + "=";
     char text[64];
     if (spec.empty() ? whole : spec.back() == 'd') {
       const std::string format = "%" + (spec.empty() ? std::string() : spec.substr(0, spec.size() - 1)) + "lld";
@@ -245,7 +247,8 @@ void ModelCheckpoint::save(Trainer& trainer, bool top_k) {
                                  : static_cast<int>(kept_.size()) == options_.save_top_k ? worst
                                                                                          : "";
     const std::string stem =
-        format_filename(options_.filename, trainer.current_epoch(), trainer.global_step(), metrics);
+        format_filename(options_.filename, trainer.current_epoch(), trainer.global_step(), metrics,
+                        options_.auto_insert_metric_name);
     std::string path = (fs::path(dir) / (stem + ".safetensors")).string();
     // As Lightning's version counter: a name taken by another file gets "-v1", "-v2", ...
     for (int version = 1; fs::exists(path) && path != replaced; ++version) {

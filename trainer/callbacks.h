@@ -95,7 +95,9 @@ class EarlyStopping : public Callback {
 
 struct ModelCheckpointOptions {
   std::string dirpath;  // empty: <log dir>/checkpoints
-  std::string filename = "epoch={epoch}-step={step}";
+  std::string filename = "{epoch}-{step}";  // "epoch=3-step=120" with auto_insert_metric_name
+  // "{val_loss}" is written "val_loss=0.1234" (Lightning's default; false: "0.1234").
+  bool auto_insert_metric_name = true;
   std::string monitor;  // empty: keep the latest
   std::string mode = "min";
   int save_top_k = 1;   // -1: all; 0: none
@@ -137,9 +139,11 @@ class ModelCheckpoint : public Callback {
   bool saves_on_train_epoch_end(const Trainer& trainer) const;
   // Expands "{epoch}", "{step}" and "{metric}" placeholders (metric values with
   // 4 decimals, a metric not logged as 0), with Python's format specs of the
-  // forms "{epoch:02d}" and "{val_loss:.2f}".
+  // forms "{epoch:02d}" and "{val_loss:.2f}"; with auto_insert_metric_name each
+  // is preceded by "<name>=", as Lightning's (so "epoch={epoch}" gives "epoch=epoch=3" there too).
   static std::string format_filename(const std::string& pattern, int64_t epoch, int64_t step,
-                                     const std::map<std::string, double>& metrics);
+                                     const std::map<std::string, double>& metrics,
+                                     bool auto_insert_metric_name = true);
 
  private:
   // Lightning's _should_skip_saving_checkpoint: fast_dev_run, outside fit, or this step already saved.
