@@ -47,6 +47,7 @@ TrainerOptions quiet_options() {
   TrainerOptions options;
   options.accelerator = "cpu";
   options.logger = false;
+  options.enable_checkpointing = false;  // no default ModelCheckpoint writing into the working folder
   options.enable_progress_bar = false;
   return options;
 }

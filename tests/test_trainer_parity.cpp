@@ -286,6 +286,32 @@ TEST_CASE("Trainer: a ModelCheckpoint with enable_checkpointing=false is refused
                        Error);
 }
 
+// callback_connector.py _configure_checkpoint_callbacks: enable_checkpointing (the
+// default) without a ModelCheckpoint adds ModelCheckpoint(): the latest epoch's
+// checkpoint only, in <log dir>/checkpoints (<default_root_dir>/checkpoints without a logger).
+TEST_CASE("Trainer: enable_checkpointing adds a default ModelCheckpoint keeping the latest epoch") {
+  fs::path root = testing::fresh_folder("parity", "default_checkpoint");
+  auto data = regression_data(16);
+  for (bool enabled : {true, false}) {
+    CAPTURE(enabled);
+    testing::Regression module;
+    TrainerOptions options = quiet_options(root / (enabled ? "on" : "off"));
+    options.max_epochs = 2;
+    options.enable_checkpointing = enabled;
+    DataLoader train(data, loader_options(4));
+    Trainer trainer(options);
+    const auto checkpoints =
+        std::count_if(trainer.options().callbacks.begin(), trainer.options().callbacks.end(),
+                      [](const auto& callback) { return dynamic_cast<const ModelCheckpoint*>(callback.get()); });
+    CHECK(checkpoints == (enabled ? 1 : 0));
+    trainer.fit(module, train);
+    const fs::path folder = root / (enabled ? "on" : "off") / "checkpoints";
+    CHECK(fs::exists(folder / "epoch=1-step=8.safetensors") == enabled);
+    CHECK(fs::exists(folder / "epoch=0-step=4.safetensors") == false);  // replaced by the next epoch's
+  }
+  fs::remove_all(root);
+}
+
 // setup.py _init_debugging_flags: max_steps=n, num_sanity_val_steps 0,
 // val_check_interval 1.0, check_val_every_n_epoch 1; the loggers become a
 // DummyLogger, so LearningRateMonitor finds "a logger".

@@ -78,7 +78,7 @@ struct TrainerOptions {
   std::string strategy = "auto";
   std::optional<uint64_t> seed;
   std::string default_root_dir = ".";
-  bool enable_checkpointing = true;
+  bool enable_checkpointing = true;  // without a ModelCheckpoint among the callbacks: adds one (Lightning)
   bool enable_progress_bar = true;
   bool logger = true;  // false: no logging at all
   // Loggers to write to; empty (and logger true): one CSVLogger under default_root_dir.
@@ -103,7 +103,7 @@ std::chrono::seconds parse_max_time(const std::string& text);
 // callback_connector.py): fast_dev_run=n sets max_steps=n and validates once
 // at the epoch's end (val_check_interval 1.0, check_val_every_n_epoch 1,
 // num_sanity_val_steps 0); a ModelCheckpoint with enable_checkpointing=false
-// is refused. Throws kiln::Error for a refused combination.
+// is refused, and enable_checkpointing without one adds ModelCheckpoint(). Throws kiln::Error for a refused combination.
 void resolve_trainer_flags(TrainerOptions& options);
 
 class Trainer {

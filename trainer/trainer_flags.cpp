@@ -34,6 +34,11 @@ void resolve_trainer_flags(TrainerOptions& options) {
                   [](const auto& callback) { return dynamic_cast<const ModelCheckpoint*>(callback.get()); });
   KILN_CHECK(options.enable_checkpointing || !has_checkpoint_callback, "Trainer was configured with "
              "enable_checkpointing=false but found a ModelCheckpoint in its callbacks; remove one");
+  // ... and without one, enable_checkpointing adds ModelCheckpoint() (the latest checkpoint, in
+  // <log dir>/checkpoints, or <default_root_dir>/checkpoints without a logger).
+  if (options.enable_checkpointing && !has_checkpoint_callback) {
+    options.callbacks.push_back(std::make_shared<ModelCheckpoint>());
+  }
   // Lightning's _init_debugging_flags: the limits themselves stay in Trainer::limit.
   if (options.fast_dev_run > 0) {
     options.max_steps = options.fast_dev_run;
