@@ -27,6 +27,9 @@
 # KILN_TEST_TIMEOUT / KILN_SANITIZER_TIMEOUT / KILN_BENCH_TIMEOUT (seconds).
 set -euo pipefail
 
+# --help prints the text above and touches nothing.
+case "${1:-}" in -h | --help) sed -n '2,27p' "$0"; exit 0 ;; esac
+
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build="${KILN_GPU_BUILD_DIR:-$repo/build-gpu}"
 out="${OUT:-$build/out}"
