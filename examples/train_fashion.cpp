@@ -5,7 +5,6 @@
 // test pass that prints the accuracy and logs it as test_acc.
 #include <CLI/CLI.hpp>
 
-#include <charconv>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -153,25 +152,10 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   examples::add_batches_or_fraction_flag(app, "--val-check-interval", trainer_options.val_check_interval,
                                          "Validate every N batches (4) or every fraction of an epoch (0.25)");
-  app.add_option_function<std::string>(
-         "--check-val-every-n-epoch",
-         [&](const std::string& text) {
-           trainer_options.check_val_every_n_epoch =
-               examples::is_none(text) ? std::nullopt : std::optional<int64_t>(std::stoll(text));
-         },
-         "Validate every N epochs; None: every --val-check-interval batches counted across epochs")
-      ->type_name("INT|None")
-      ->default_str("1")
-      ->check(CLI::Validator(
-          [](std::string& text) -> std::string {
-            int64_t epochs = 0;
-            const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), epochs);
-            if (examples::is_none(text) || (error == std::errc() && end == text.data() + text.size() && epochs > 0)) {
-              return {};
-            }
-            return "expected a positive number of epochs or None, got '" + text + "'";
-          },
-          ""));
+  examples::add_integer_or_none_flag(app, "--check-val-every-n-epoch", trainer_options.check_val_every_n_epoch, 1,
+                                     "expected a positive number of epochs or None",
+                                     "Validate every N epochs; None: every --val-check-interval batches counted "
+                                     "across epochs");
   examples::add_batches_or_fraction_flag(app, "--limit-val-batches", trainer_options.limit_val_batches,
                                          "Validation batches: a number (4) or a fraction (0.25)");
   app.add_option("--fast-dev-run", trainer_options.fast_dev_run, "Run N batches of train/val/test as a smoke test")

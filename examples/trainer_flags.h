@@ -8,6 +8,7 @@
 
 #include <charconv>
 #include <cstdint>
+#include <limits>
 #include <optional>
 #include <string>
 
@@ -43,6 +44,34 @@ struct TrainerFlagHandles {
 // Lightning's CLI spelling of None for an optional flag ("None", "none" or "null").
 inline bool is_none(const std::string& text) { return text == "None" || text == "none" || text == "null"; }
 
+// `text` as a whole integer (nothing before or after it), or nullopt.
+inline std::optional<int64_t> parse_integer(const std::string& text) {
+  int64_t value = 0;
+  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (error != std::errc() || end != text.data() + text.size()) return std::nullopt;
+  return value;
+}
+
+// A Lightning int-or-None flag bound to `target` (None: nullopt). Text that is
+// neither, or an integer below `minimum`, is refused at parse time with
+// "<expected>, got '<text>'".
+inline CLI::Option* add_integer_or_none_flag(CLI::App& app, const std::string& name, std::optional<int64_t>& target,
+                                             int64_t minimum, const std::string& expected,
+                                             const std::string& description) {
+  auto check = [minimum, expected](std::string& text) -> std::string {
+    const std::optional<int64_t> value = parse_integer(text);
+    if (is_none(text) || (value && *value >= minimum)) return {};
+    return expected + ", got '" + text + "'";
+  };
+  return app
+      .add_option_function<std::string>(
+          name, [&target](const std::string& text) { target = is_none(text) ? std::nullopt : parse_integer(text); },
+          description)
+      ->type_name("INT|None")
+      ->default_str(target ? std::to_string(*target) : "None")
+      ->check(CLI::Validator(check, ""));
+}
+
 // A Lightning int-or-float flag bound to `target` (trainer/batches_or_fraction.h):
 // "4" is four batches, "0.25" a quarter of an epoch, "1.0" the whole epoch.
 // A value that is neither, or out of range, is refused at parse time.
@@ -69,22 +98,11 @@ inline CLI::Option* add_batches_or_fraction_flag(CLI::App& app, const std::strin
 inline TrainerFlagHandles add_trainer_flags(CLI::App& app, TrainerFlags& flags) {
   TrainerOptions& options = flags.trainer;
   TrainerFlagHandles handles;
-  app.add_option_function<std::string>(
-         "--max-epochs",
-         [&options](const std::string& text) {
-           options.max_epochs = is_none(text) ? std::nullopt : std::optional<int64_t>(std::stoll(text));
-         },
-         "Stop after this many epochs (-1: no limit; None: 1000 unless --max-steps or --max-time is set)")
-      ->type_name("INT|None")
-      ->default_str(options.max_epochs ? std::to_string(*options.max_epochs) : "None")
-      ->check(CLI::Validator(
-          [](std::string& text) -> std::string {
-            int64_t epochs = 0;
-            const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), epochs);
-            if (is_none(text) || (error == std::errc() && end == text.data() + text.size())) return {};
-            return "expected a number of epochs (-1: no limit) or None, got '" + text + "'";
-          },
-          ""));
+  // Any integer passes here: the Trainer says what is wrong with values below -1.
+  add_integer_or_none_flag(app, "--max-epochs", options.max_epochs, std::numeric_limits<int64_t>::min(),
+                           "expected a number of epochs (-1: no limit) or None",
+                           "Stop after this many epochs (-1: no limit; None: 1000 unless --max-steps or --max-time "
+                           "is set)");
   app.add_option("--max-steps", options.max_steps, "Stop after this many optimizer steps (-1: no limit)")
       ->capture_default_str();
   add_batches_or_fraction_flag(app, "--limit-train-batches", options.limit_train_batches,
