@@ -13,6 +13,14 @@ namespace kiln {
 
 namespace fs = std::filesystem;
 
+namespace {
+// Whether fit validates once per epoch, at its end: Lightning's `val_check_interval
+// == 1.0 and check_val_every_n_epoch == 1` (Python's 1 == 1.0: one batch counts too).
+bool validates_once_per_epoch(const TrainerOptions& o) {
+  return o.val_check_interval.value() == 1.0 && o.check_val_every_n_epoch == int64_t{1};
+}
+}  // namespace
+
 bool is_monitoring_callback(const Callback& callback) {
   return dynamic_cast<const EarlyStopping*>(&callback) != nullptr ||
          dynamic_cast<const ModelCheckpoint*>(&callback) != nullptr;
@@ -75,10 +83,8 @@ bool EarlyStopping::update(double current, std::string* reason) {
 }
 
 bool EarlyStopping::checks_on_train_epoch_end(const Trainer& trainer) const {
-  // Lightning's setup(): `val_check_interval == 1.0` (Python's 1 == 1.0 too) and check_val_every_n_epoch == 1.
-  const TrainerOptions& o = trainer.options();
-  return options_.check_on_train_epoch_end.value_or(o.val_check_interval.value() == 1.0 &&
-                                                    o.check_val_every_n_epoch == int64_t{1});
+  // Lightning's setup().
+  return options_.check_on_train_epoch_end.value_or(validates_once_per_epoch(trainer.options()));
 }
 
 void EarlyStopping::check(Trainer& trainer) {
@@ -203,11 +209,9 @@ std::optional<double> ModelCheckpoint::best_model_score() const {
 
 bool ModelCheckpoint::saves_on_train_epoch_end(const Trainer& trainer) const {
   if (options_.save_on_train_epoch_end) return *options_.save_on_train_epoch_end;
-  // Lightning's _should_save_on_train_epoch_end.
+  // Lightning's _should_save_on_train_epoch_end: also without validation (at the training epoch's end).
   const TrainerOptions& o = trainer.options();
-  if (o.check_val_every_n_epoch != int64_t{1}) return false;
-  if (trainer.num_val_batches() == 0) return true;  // no validation: at the training epoch's end
-  return o.val_check_interval.value() == 1.0;
+  return validates_once_per_epoch(o) || (o.check_val_every_n_epoch == int64_t{1} && trainer.num_val_batches() == 0);
 }
 
 bool ModelCheckpoint::skip_saving(const Trainer& trainer) const {

@@ -330,6 +330,11 @@ std::map<std::string, double> Trainer::collect_epoch_metrics(TrainModule& module
   return epoch_metrics;
 }
 
+void Trainer::log_epoch_metrics(TrainModule& module) {
+  const std::map<std::string, double> metrics = collect_epoch_metrics(module, "");
+  if (!metrics.empty()) log_to_loggers(metrics, global_step_ - 1);
+}
+
 std::map<std::string, double> Trainer::evaluate(TrainModule& module, DataLoader& loader, const std::string& stage,
                                                 int64_t limit_batches, bool log_metrics) {
   nn::Module& model = module.model();
@@ -548,8 +553,7 @@ void Trainer::train_epoch(TrainModule& module, DataLoader& train_loader, DataLoa
     if (stop) break;
   }
   if (terminal) std::fprintf(stderr, "\n");
-  std::map<std::string, double> train_metrics = collect_epoch_metrics(module, "");
-  if (!train_metrics.empty()) log_to_loggers(train_metrics, global_step_ - 1);
+  log_epoch_metrics(module);
   if (batch_in_epoch_ >= train_batches_) {  // not when a limit stopped the epoch midway
     if (!epoch_end_hooks_done_) {  // a checkpoint written by these hooks resumes after them
       epoch_end_hooks_done_ = true;
@@ -563,8 +567,7 @@ void Trainer::train_epoch(TrainModule& module, DataLoader& train_loader, DataLoa
         module.on_train_epoch_end();
         module.stage_ = "train";
       }
-      const std::map<std::string, double> hook_metrics = collect_epoch_metrics(module, "");
-      if (!hook_metrics.empty()) log_to_loggers(hook_metrics, global_step_ - 1);
+      log_epoch_metrics(module);  // what the module's hook logged
       call_callbacks("on_train_epoch_end", epoch_end, /*monitoring=*/true);
     }
     for (OptimizerConfig& config : optimizers_) {

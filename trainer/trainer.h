@@ -103,7 +103,8 @@ std::chrono::seconds parse_max_time(const std::string& text);
 // callback_connector.py): fast_dev_run=n sets max_steps=n and validates once
 // at the epoch's end (val_check_interval 1.0, check_val_every_n_epoch 1,
 // num_sanity_val_steps 0); a ModelCheckpoint with enable_checkpointing=false
-// is refused, and enable_checkpointing without one adds ModelCheckpoint(). Throws kiln::Error for a refused combination.
+// is refused, and enable_checkpointing without one adds ModelCheckpoint().
+// Throws kiln::Error for a refused combination.
 void resolve_trainer_flags(TrainerOptions& options);
 
 class Trainer {
@@ -248,6 +249,8 @@ class Trainer {
   void save_loggers();
   void print_progress(bool terminal, std::chrono::steady_clock::time_point epoch_start);
   std::map<std::string, double> collect_epoch_metrics(TrainModule& module, const std::string& prefix);
+  // The training epoch's values logged so far (collect_epoch_metrics), written to the loggers.
+  void log_epoch_metrics(TrainModule& module);
   // `requested` itself, or for "last" the newest last.safetensors under
   // default_root_dir/lightning_logs (kiln::Error when there is none).
   std::string resolve_checkpoint_path(const std::string& requested) const;
