@@ -105,6 +105,8 @@ TEST_CASE("EarlyStopping: check_on_train_epoch_end None checks at the epoch's en
   strict.callbacks = {std::make_shared<EarlyStopping>()};
   DataLoader train2(data, loader_options(4));
   CHECK_THROWS_WITH_AS(Trainer(strict).fit(unvalidated, train2), doctest::Contains("'val_loss' was not logged"), Error);
+  // As Lightning's message, it names what was logged instead (here: nothing).
+  CHECK_THROWS_WITH_AS(Trainer(strict).fit(unvalidated, train2), doctest::Contains("logged: none"), Error);
   fs::remove_all(root);
 }
 
@@ -272,6 +274,8 @@ TEST_CASE("ModelCheckpoint: nothing saved at step 0; a NaN score ranks worst; a 
     DataLoader train2(data, loader_options(4));
     CHECK_THROWS_WITH_AS(Trainer(options).fit(other, train2, &val), doctest::Contains("could not find the monitored"),
                          Error);
+    CHECK_THROWS_WITH_AS(Trainer(options).fit(other, train2, &val),
+                         doctest::Contains("returned metrics: 'val_loss'."), Error);
   }
   fs::remove_all(root);
 }

@@ -19,6 +19,14 @@ namespace {
 bool validates_once_per_epoch(const TrainerOptions& o) {
   return o.val_check_interval.value() == 1.0 && o.check_val_every_n_epoch == int64_t{1};
 }
+
+// "'a', 'b'" (or "none"): the names a monitor could have used, for its error message.
+std::string logged_metric_names(const std::map<std::string, double>& metrics) {
+  if (metrics.empty()) return "none";
+  std::string names;
+  for (const auto& [name, value] : metrics) names += (names.empty() ? "'" : ", '") + name + "'";
+  return names;
+}
 }  // namespace
 
 bool is_monitoring_callback(const Callback& callback) {
@@ -93,7 +101,8 @@ void EarlyStopping::check(Trainer& trainer) {
   auto it = metrics.find(options_.monitor);
   if (it == metrics.end()) {
     KILN_CHECK(!options_.strict, "EarlyStopping: the monitored metric '", options_.monitor,
-               "' was not logged (log it in validation_step, or set strict=false)");
+               "' was not logged (log it in validation_step, or set strict=false); logged: ",
+               logged_metric_names(metrics));
     return;
   }
   std::string reason;
@@ -231,8 +240,8 @@ void ModelCheckpoint::save(Trainer& trainer, bool top_k) {
     auto it = metrics.find(options_.monitor);
     // As Lightning: an error once a validation has run, before that no top-k checkpoint (Lightning warns).
     KILN_CHECK(it != metrics.end() || !validated_, "ModelCheckpoint(monitor='", options_.monitor,
-               "') could not find the monitored key in the returned metrics. HINT: did you call log('",
-               options_.monitor, "', value) in the TrainModule?");
+               "') could not find the monitored key in the returned metrics: ", logged_metric_names(metrics),
+               ". HINT: did you call log('", options_.monitor, "', value) in the TrainModule?");
     if (it == metrics.end()) top_k = false;
     // As Lightning: a NaN score is kept as the worst possible one.
     if (it != metrics.end()) score = std::isnan(it->second) ? (minimize ? INFINITY : -INFINITY) : it->second;
