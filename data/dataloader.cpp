@@ -30,8 +30,12 @@ uint64_t mix_seed(uint64_t seed) {
   return z ^ (z >> 31);
 }
 
+// Everything workers read to make an epoch's batches. It is immutable once made:
+// load_state_dict may change the loader's seed while a cancelled worker is
+// still finishing an example of the old plan.
 struct EpochPlan {
   uint64_t epoch = 0;
+  uint64_t augment_seed = 0;
   std::vector<int64_t> indices;  // the sampler's order
   int64_t num_batches = 0;
 };
@@ -101,6 +105,7 @@ struct DataLoader::Impl {
   std::shared_ptr<const EpochPlan> make_plan(uint64_t for_epoch) const {
     auto made = std::make_shared<EpochPlan>();
     made->epoch = for_epoch;
+    made->augment_seed = augment_seed;
     made->indices = sampler->indices(for_epoch);
     KILN_ASSERT(static_cast<int64_t>(made->indices.size()) == sampler->size(), sampler->name(), " returned ",
                 made->indices.size(), " indices, its size() says ", sampler->size());
@@ -123,7 +128,7 @@ struct DataLoader::Impl {
       dataset->get_into(index, input + row * input_bytes, target + row * target_bytes);
       if (!options.transforms.empty()) {
         apply_transforms(options.transforms, reinterpret_cast<float*>(input + row * input_bytes), layout.input.shape,
-                         augment_seed, epoch_plan.epoch, index, scratch.data());
+                         epoch_plan.augment_seed, epoch_plan.epoch, index, scratch.data());
       }
     }
     return std::move(buffer).finish(count);
