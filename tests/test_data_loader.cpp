@@ -237,6 +237,25 @@ TEST_CASE("dataloader: a state_dict taken mid-epoch resumes with exactly the sam
   CHECK_THROWS_WITH_AS(original.load_state_dict(nlohmann::json::object()), doctest::Contains("malformed state"), Error);
 }
 
+// For scripts/sanitize.sh thread: the data set is slow, so the workers are
+// mid-example when the state is loaded; anything they read from the loader
+// rather than from their epoch plan (the augmentation seed did) is a data race.
+TEST_CASE("dataloader: load_state_dict while workers are mid-batch resumes exactly") {
+  auto slow = std::make_shared<FaultyDataset>(24, /*bad=*/-1, /*sleep_us=*/3000);
+  DataLoaderOptions options{.batch_size = 4, .shuffle = true, .seed = 7, .num_workers = 2,
+                            .transforms = augmentation()};
+  DataLoader reference(slow, options);
+  reference.next();
+  reference.next();
+  const nlohmann::json state = reference.state_dict();
+  const auto expected = epoch_snapshots(reference);
+  options.seed = 8;
+  DataLoader busy(slow, options);
+  busy.next();  // its workers go on making the next batches, 3 ms per example
+  busy.load_state_dict(state);
+  CHECK(epoch_snapshots(busy) == expected);
+}
+
 TEST_CASE("dataloader: a distributed sampler drives the order") {
   auto data = numbered(10);
   std::vector<int64_t> all;
