@@ -48,6 +48,8 @@ std::vector<uint8_t> read_raw(const std::string& path) {
   return bytes;
 }
 
+}  // namespace
+
 std::vector<uint8_t> gunzip(const std::vector<uint8_t>& compressed, const std::string& path) {
   // Size hint: the last member's ISIZE trailer (length mod 2^32), bounded by
   // deflate's largest ratio (1032:1) so that a corrupted trailer cannot make
@@ -110,6 +112,8 @@ std::vector<uint8_t> gunzip(const std::vector<uint8_t>& compressed, const std::s
   out.resize(produced);
   return out;
 }
+
+namespace {
 
 // Type byte -> (element size, name).
 struct IdxType {
@@ -187,20 +191,26 @@ Tensor parse_idx(std::vector<uint8_t> bytes, const std::string& name, IdxRole ro
              " dimensions need ", header_bytes, ")");
 
   Shape shape(ndim);
-  uint64_t count = 1;
-  bool overflow = false;
+  // The product counts a zero size as 1: an empty tensor's strides are that
+  // product, so it must fit as well (0x2^32x2^32x2^32 holds nothing but overflows).
+  uint64_t extent = 1;
+  bool overflow = false, empty_dim = false;
   std::string dims_text;
   for (int d = 0; d < ndim; ++d) {
     const uint32_t size = load_be32(bytes.data() + 4 + 4 * d);
     shape[d] = size;
     dims_text += (d ? "x" : "") + std::to_string(size);
-    overflow |= __builtin_mul_overflow(count, static_cast<uint64_t>(size), &count);
+    empty_dim |= size == 0;
+    overflow |= __builtin_mul_overflow(extent, static_cast<uint64_t>(std::max<uint32_t>(size, 1)), &extent);
   }
   uint64_t payload = 0;
-  overflow |= __builtin_mul_overflow(count, static_cast<uint64_t>(type->size), &payload);
+  overflow |= __builtin_mul_overflow(extent, static_cast<uint64_t>(type->size), &payload);
   overflow |= payload > static_cast<uint64_t>(std::numeric_limits<int64_t>::max());
-  KILN_CHECK(!overflow, name, ": dimensions ", dims_text, " overflow: their product times the ", type->size,
+  KILN_CHECK(!overflow, name, ": dimensions ", dims_text, " overflow: their product",
+             empty_dim ? " (zero sizes counted as 1)" : "", " times the ", type->size,
              "-byte element size does not fit in 64 bits");
+  const uint64_t count = empty_dim ? 0 : extent;
+  if (empty_dim) payload = 0;
   const uint64_t available = bytes.size() - header_bytes;
   KILN_CHECK(available >= payload, name, ": truncated payload: the header says ", dims_text, " ", type->name, " = ",
              payload, " bytes but only ", available, " follow the ", header_bytes, "-byte header");

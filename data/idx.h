@@ -36,6 +36,10 @@ Tensor parse_idx(std::vector<uint8_t> bytes, const std::string& name, IdxRole ro
 // mismatch) or trailing bytes after the last member.
 std::vector<uint8_t> read_file_bytes(const std::string& path);
 
+// read_file_bytes' decompression of bytes already in memory (for the fuzz
+// target); `name` goes into errors, which are read_file_bytes'.
+std::vector<uint8_t> gunzip(const std::vector<uint8_t>& compressed, const std::string& name);
+
 // Checks that an images tensor (N, ...) and a labels tensor (M) from IDX files
 // belong together: N == M and every label is in [0, num_classes).
 void check_idx_images_labels(const Tensor& images, const Tensor& labels, int64_t num_classes,

@@ -209,6 +209,18 @@ TEST_CASE("idx: huge dimensions overflow or exceed the file, without allocating"
   CHECK_ERROR_HAS(error_of([&] { read_idx(huge_gz, IdxRole::images); }), "truncated payload");
 }
 
+TEST_CASE("idx: a zero size does not hide an overflow of the other sizes (fuzz finding)") {
+  TempDir dir;
+  // No payload, but the empty tensor's strides (the product of the other sizes) would overflow int64.
+  std::string path = write(dir, "empty-overflow", idx_header(0x0B, {0xE8001600u, 0, 75, 0x7095BADFu}));
+  CHECK_ERROR_HAS(error_of([&] { read_idx(path); }), path.c_str(), "dimensions 3892319744x0x75x1888860895 overflow",
+                  "zero sizes counted as 1");
+  // Empty files of sizes in range still read.
+  Tensor none = read_idx(write(dir, "no-images", idx_header(0x08, {0, 28, 28})), IdxRole::images);
+  CHECK(none.shape() == Shape{0, 28, 28});
+  CHECK(read_idx(write(dir, "no-floats", idx_header(0x0D, {3, 0}))).shape() == Shape{3, 0});
+}
+
 TEST_CASE("idx: corrupted and truncated gzip") {
   TempDir dir;
   const Bytes compressed = gzip(images_file(4, 8, 8));
