@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -38,6 +39,17 @@ bool parse_safetensors_dtype(const std::string& name, DType* dtype) {
     }
   }
   return false;
+}
+
+// A JSON array of non-negative integers. Floats, negatives and bools are
+// refused, not converted: a float out of range converts with undefined behaviour.
+bool unsigned_integers(const nlohmann::json& value, std::vector<uint64_t>* out) {
+  if (!value.is_array()) return false;
+  for (const nlohmann::json& item : value) {
+    if (!item.is_number_unsigned()) return false;
+    out->push_back(item.get<uint64_t>());
+  }
+  return true;
 }
 
 void write_all(int fd, const void* data, size_t bytes, const std::string& path) {
@@ -150,20 +162,31 @@ SafetensorsFile load_safetensors(const std::string& path) {
       continue;
     }
     try {
-      Entry entry{name, DType::f32, info.at("shape").get<Shape>(), 0, 0};
+      Entry entry{name, DType::f32, {}, 0, 0};
       KILN_CHECK(parse_safetensors_dtype(info.at("dtype").get<std::string>(), &entry.dtype), "load_safetensors: '",
                  path, "': tensor '", name, "' has unsupported dtype ", info.at("dtype").dump());
-      auto offsets = info.at("data_offsets").get<std::vector<uint64_t>>();
-      KILN_CHECK(offsets.size() == 2 && offsets[0] <= offsets[1] && offsets[1] <= data_size, "load_safetensors: '",
-                 path, "': tensor '", name, "' has data offsets outside the ", data_size, " data bytes");
+      std::vector<uint64_t> shape, offsets;
+      KILN_CHECK(unsigned_integers(info.at("shape"), &shape), "load_safetensors: '", path, "': tensor '", name,
+                 "' has shape ", info.at("shape").dump(), " (expected an array of non-negative integers)");
+      KILN_CHECK(unsigned_integers(info.at("data_offsets"), &offsets) && offsets.size() == 2, "load_safetensors: '",
+                 path, "': tensor '", name, "' has data_offsets ", info.at("data_offsets").dump(),
+                 " (expected two non-negative integers)");
+      KILN_CHECK(offsets[0] <= offsets[1] && offsets[1] <= data_size, "load_safetensors: '", path, "': tensor '",
+                 name, "' has data offsets outside the ", data_size, " data bytes");
       entry.begin = offsets[0];
       entry.end = offsets[1];
-      uint64_t expected = dtype_size(entry.dtype);
-      for (int64_t size : entry.shape) {
-        KILN_CHECK(size >= 0 && (size == 0 || expected <= UINT64_MAX / static_cast<uint64_t>(size)),
-                   "load_safetensors: '", path, "': tensor '", name, "' has an invalid shape");
-        expected *= static_cast<uint64_t>(size);
+      // The product counts a zero size as 1: an empty tensor's strides are that product, so it must fit too.
+      uint64_t extent = dtype_size(entry.dtype);
+      bool empty_dim = false;
+      for (uint64_t size : shape) {
+        const bool overflow = __builtin_mul_overflow(extent, std::max<uint64_t>(size, 1), &extent);
+        KILN_CHECK(!overflow && extent <= static_cast<uint64_t>(INT64_MAX), "load_safetensors: '", path,
+                   "': tensor '", name, "' has shape ", info.at("shape").dump(),
+                   " whose sizes overflow 64 bits (zero sizes counted as 1)");
+        empty_dim |= size == 0;
+        entry.shape.push_back(static_cast<int64_t>(size));
       }
+      const uint64_t expected = empty_dim ? 0 : extent;
       KILN_CHECK(expected == entry.end - entry.begin, "load_safetensors: '", path, "': tensor '", name, "' of shape ",
                  shape_str(entry.shape), " needs ", expected, " bytes but has ", entry.end - entry.begin);
       entries.push_back(entry);
@@ -185,6 +208,14 @@ SafetensorsFile load_safetensors(const std::string& path) {
     file.seekg(static_cast<std::streamoff>(8 + header_size + entry.begin));
     file.read(static_cast<char*>(tensor.data_ptr()), static_cast<std::streamsize>(entry.end - entry.begin));
     KILN_CHECK(file.good() || entry.end == entry.begin, "load_safetensors: reading '", path, "' failed");
+    if (entry.dtype == DType::b8) {
+      // Any other byte is not a bool: reading it as one is undefined behaviour.
+      const auto* bytes = static_cast<const uint8_t*>(tensor.data_ptr());
+      const uint64_t count = entry.end - entry.begin;
+      const uint64_t bad = std::find_if(bytes, bytes + count, [](uint8_t byte) { return byte > 1; }) - bytes;
+      KILN_CHECK(bad == count, "load_safetensors: '", path, "': BOOL tensor '", entry.name, "' holds the byte ",
+                 static_cast<int>(bytes[bad]), " at element ", bad, " (expected 0 or 1)");
+    }
     result.tensors.emplace_back(entry.name, tensor);
   }
   return result;

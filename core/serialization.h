@@ -29,7 +29,7 @@ void save_safetensors(const std::string& path, const NamedTensorList& tensors,
 
 // Reads and validates a file: header length, JSON, dtypes, shapes against
 // data offsets, offsets inside the data and not overlapping, no trailing
-// bytes. Throws kiln::Error naming the file and the problem.
+// bytes, BOOL bytes 0 or 1. Throws kiln::Error naming the file and the problem.
 SafetensorsFile load_safetensors(const std::string& path);
 
 }  // namespace kiln

@@ -120,3 +120,53 @@ TEST_CASE("safetensors load rejects truncated, corrupt and inconsistent files wi
   check_load_fails(folder / "absent.safetensors", "cannot open");
   fs::remove_all(folder);
 }
+
+namespace {
+// A safetensors file from its JSON header and data (the header length is prepended).
+std::string safetensors_bytes(const std::string& header, const std::string& data) {
+  std::string bytes(8, '\0');
+  for (int i = 0; i < 8; ++i) bytes[i] = static_cast<char>(header.size() >> (8 * i));
+  return bytes + header + data;
+}
+}  // namespace
+
+TEST_CASE("safetensors load rejects a BOOL byte other than 0 or 1 (fuzz finding)") {
+  fs::path folder = temp_folder();
+  fs::path good = folder / "mask.safetensors";
+  const std::string header = R"({"mask":{"dtype":"BOOL","shape":[3],"data_offsets":[0,3]}})";
+  write_bytes(good, safetensors_bytes(header, std::string("\x01\x00\x01", 3)));
+  CHECK(load_safetensors(good.string()).tensors.at(0).second.to(DType::f32).to_vector<float>() ==
+        std::vector<float>{1, 0, 1});
+  fs::path bad = folder / "bad-mask.safetensors";
+  write_bytes(bad, safetensors_bytes(header, std::string("\x01\x00\x5b", 3)));
+  check_load_fails(bad, "BOOL tensor 'mask' holds the byte 91 at element 2 (expected 0 or 1)");
+  fs::remove_all(folder);
+}
+
+TEST_CASE("safetensors load rejects shapes and offsets that are not non-negative integers (fuzz finding)") {
+  fs::path folder = temp_folder();
+  fs::path path = folder / "bad.safetensors";
+  const std::string data(8, '\0');
+  auto header = [](const std::string& shape, const std::string& offsets) {
+    return R"({"w":{"dtype":"F32","shape":)" + shape + R"(,"data_offsets":)" + offsets + "}}";
+  };
+  // An integer too large for 64 bits is parsed as a float: converting it back was undefined behaviour.
+  write_bytes(path, safetensors_bytes(header("[2]", "[358888888888888888888888888888888888888888888888888888888888"
+                                                    "888888888888888888888888888888,8]"), data));
+  check_load_fails(path, "has data_offsets [3.5888");
+  for (const char* shape : {"[2.5]", "[true]", "[-2]", "[[2]]", "2"}) {
+    write_bytes(path, safetensors_bytes(header(shape, "[0,8]"), data));
+    check_load_fails(path, "(expected an array of non-negative integers)");
+  }
+  write_bytes(path, safetensors_bytes(header("[2]", "[0,8.0]"), data));
+  check_load_fails(path, "(expected two non-negative integers)");
+  // An empty tensor whose other sizes overflow: its strides would.
+  write_bytes(path, safetensors_bytes(header("[0,1099511627776,1099511627776]", "[0,0]"), ""));
+  check_load_fails(path, "whose sizes overflow 64 bits");
+  // In range, the same header loads.
+  write_bytes(path, safetensors_bytes(header("[1,2]", "[0,8]"), data));
+  CHECK(load_safetensors(path.string()).tensors.at(0).second.shape() == Shape{1, 2});
+  write_bytes(path, safetensors_bytes(header("[0,1048576,1048576]", "[0,0]"), ""));
+  CHECK(load_safetensors(path.string()).tensors.at(0).second.shape() == Shape{0, 1048576, 1048576});
+  fs::remove_all(folder);
+}
