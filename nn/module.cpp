@@ -197,9 +197,9 @@ StateDict Module::state_dict() const {
 void Module::load_state_dict(const StateDict& state, bool strict) {
   StateDict own = state_dict();
   std::set<std::string> seen;
-  std::vector<std::string> unexpected, mismatched;
+  std::vector<std::string> unexpected, mismatched, mistyped;
   for (const auto& [name, value] : state) {
-    auto it = std::find_if(own.begin(), own.end(), [&](const auto& entry) { return entry.first == name; });
+    auto it = std::find_if(own.begin(), own.end(), [&name = name](const auto& entry) { return entry.first == name; });
     if (it == own.end()) {
       unexpected.push_back(name);
       continue;
@@ -208,6 +208,10 @@ void Module::load_state_dict(const StateDict& state, bool strict) {
     if (value.shape() != it->second.shape()) {
       mismatched.push_back(name + " (checkpoint " + shape_str(value.shape()) + ", model " +
                            shape_str(it->second.shape()) + ")");
+    } else if (is_floating(value.dtype()) && !is_floating(it->second.dtype())) {
+      // Floats into an integer buffer (num_batches_tracked): a NaN or huge value converts with undefined behaviour.
+      mistyped.push_back(name + " (checkpoint " + std::string(dtype_name(value.dtype())) + ", model " +
+                         std::string(dtype_name(it->second.dtype())) + ")");
     }
   }
   std::vector<std::string> missing;
@@ -220,14 +224,15 @@ void Module::load_state_dict(const StateDict& state, bool strict) {
     return text;
   };
   const bool key_errors = strict && (!missing.empty() || !unexpected.empty());
-  KILN_CHECK(!key_errors && mismatched.empty(), "load_state_dict for ", type_name(), ": ",
+  KILN_CHECK(!key_errors && mismatched.empty() && mistyped.empty(), "load_state_dict for ", type_name(), ": ",
              missing.empty() || !strict ? "" : "missing keys: " + join(missing) + "; ",
              unexpected.empty() || !strict ? "" : "unexpected keys: " + join(unexpected) + "; ",
-             mismatched.empty() ? "" : "shape mismatch: " + join(mismatched));
+             mismatched.empty() ? "" : "shape mismatch: " + join(mismatched) + "; ",
+             mistyped.empty() ? "" : "floating values for an integer tensor: " + join(mistyped));
   // Nothing is written until every key has been checked.
   NoGradGuard no_grad;
   for (const auto& [name, value] : state) {
-    auto it = std::find_if(own.begin(), own.end(), [&](const auto& entry) { return entry.first == name; });
+    auto it = std::find_if(own.begin(), own.end(), [&name = name](const auto& entry) { return entry.first == name; });
     if (it != own.end()) it->second.copy_(value);
   }
 }

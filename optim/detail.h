@@ -10,6 +10,10 @@
 
 namespace kiln::optim::detail {
 
+// The largest step count a loaded state may hold: kernels increment counts and
+// schedules evaluate them as doubles (exact to 2^53), and no run gets near it.
+constexpr int64_t kMaxStepCount = int64_t{1} << 53;
+
 // The stream kernels run on for tensors on `device` (nullptr for the CPU).
 cuda::Stream stream_of(Device device);
 

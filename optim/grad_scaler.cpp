@@ -2,6 +2,8 @@
 // found-inf flags on the device (see grad_scaler.h for the semantics).
 #include "optim/grad_scaler.h"
 
+#include <cmath>
+
 #include "core/autograd.h"
 #include "core/ops.h"
 #include "kernels/optim.h"
@@ -9,14 +11,28 @@
 
 namespace kiln::optim {
 
-GradScaler::GradScaler(const GradScalerOptions& options) : options_(options) {
-  KILN_CHECK(options.init_scale > 0, "GradScaler: init_scale must be positive, got ", options.init_scale);
-  KILN_CHECK(options.growth_factor > 1.0, "GradScaler: growth_factor must be > 1, got ", options.growth_factor);
-  KILN_CHECK(options.backoff_factor > 0 && options.backoff_factor < 1.0,
-             "GradScaler: backoff_factor must be in (0, 1), got ", options.backoff_factor);
-  KILN_CHECK(options.growth_interval > 0, "GradScaler: growth_interval must be positive, got ",
-             options.growth_interval);
+namespace {
+// The constructor's rules, for loaded options as well.
+void check_options(const GradScalerOptions& options, const char* who) {
+  KILN_CHECK(options.init_scale > 0, who, ": init_scale must be positive, got ", options.init_scale);
+  KILN_CHECK(options.growth_factor > 1.0, who, ": growth_factor must be > 1, got ", options.growth_factor);
+  KILN_CHECK(options.backoff_factor > 0 && options.backoff_factor < 1.0, who,
+             ": backoff_factor must be in (0, 1), got ", options.backoff_factor);
+  // The growth tracker that counts up to it is an int32 (as torch's).
+  KILN_CHECK(options.growth_interval > 0 && options.growth_interval <= INT32_MAX, who,
+             ": growth_interval must be in [1, 2^31 - 1], got ", options.growth_interval);
 }
+
+// A member of a saved state that must be a number (an integer when `integer`).
+const nlohmann::json& saved_number(const nlohmann::json& meta, const char* key, bool integer) {
+  KILN_CHECK(meta.contains(key) && (integer ? meta.at(key).is_number_integer() : meta.at(key).is_number()),
+             "GradScaler.load_state_dict: ", key, " is ", meta.contains(key) ? meta.at(key).dump() : "missing",
+             integer ? " (expected an integer)" : " (expected a number)");
+  return meta.at(key);
+}
+}  // namespace
+
+GradScaler::GradScaler(const GradScalerOptions& options) : options_(options) { check_options(options, "GradScaler"); }
 
 void GradScaler::lazy_init(Device device) {
   if (scale_.defined()) {
@@ -146,22 +162,42 @@ void GradScaler::load_state_dict(const StateDict& dict) {
   // would silently turn loss scaling off); `enabled` itself is never loaded.
   if (!options_.enabled) return;
   NoGradGuard no_grad;
-  KILN_CHECK(dict.meta.value("scaler", std::string()) == "GradScaler",
+  // Everything is checked before anything changes.
+  const nlohmann::json& meta = dict.meta;
+  KILN_CHECK(meta.is_object() && meta.contains("scaler") && meta.at("scaler") == "GradScaler",
              "GradScaler.load_state_dict: the state is not a GradScaler's");
-  KILN_CHECK(dict.meta.value("enabled", true),
+  KILN_CHECK(!meta.contains("enabled") || meta.at("enabled").is_boolean(),
+             "GradScaler.load_state_dict: enabled is ", meta.at("enabled").dump(), " (expected true or false)");
+  KILN_CHECK(meta.value("enabled", true),
              "GradScaler.load_state_dict: the source state was saved from a disabled instance of GradScaler");
-  options_.init_scale = dict.meta.at("init_scale").get<double>();
-  options_.growth_factor = dict.meta.at("growth_factor").get<double>();
-  options_.backoff_factor = dict.meta.at("backoff_factor").get<double>();
-  options_.growth_interval = dict.meta.at("growth_interval").get<int64_t>();
+  GradScalerOptions options = options_;
+  options.init_scale = saved_number(meta, "init_scale", false).get<double>();
+  options.growth_factor = saved_number(meta, "growth_factor", false).get<double>();
+  options.backoff_factor = saved_number(meta, "backoff_factor", false).get<double>();
+  options.growth_interval = saved_number(meta, "growth_interval", true).get<int64_t>();
+  check_options(options, "GradScaler.load_state_dict");
   auto scale = dict.tensors.find("scale");
   auto tracker = dict.tensors.find("_growth_tracker");
   if (tracker == dict.tensors.end()) tracker = dict.tensors.find("growth_tracker");  // kiln's older name
   KILN_CHECK((scale == dict.tensors.end()) == (tracker == dict.tensors.end()),
              "GradScaler.load_state_dict: expected both scale and _growth_tracker, or neither");
-  if (scale == dict.tensors.end()) return;
+  if (scale == dict.tensors.end()) {
+    options_ = options;
+    return;
+  }
   KILN_CHECK(scale->second.numel() == 1 && tracker->second.numel() == 1,
              "GradScaler.load_state_dict: scale and _growth_tracker must have one element");
+  // The tracker counts steps (a float's NaN would convert with undefined behaviour) up to growth_interval.
+  KILN_CHECK(!is_floating(tracker->second.dtype()), "GradScaler.load_state_dict: _growth_tracker has dtype ",
+             dtype_name(tracker->second.dtype()), " (expected an integer)");
+  const double saved_scale = scale->second.to(DType::f64).item<double>();
+  const int64_t saved_tracker = tracker->second.to(DType::i64).item<int64_t>();
+  KILN_CHECK(std::isfinite(saved_scale) && saved_scale > 0, "GradScaler.load_state_dict: scale is ", saved_scale,
+             " (expected a positive finite number)");
+  KILN_CHECK(saved_tracker >= 0 && saved_tracker < options.growth_interval, "GradScaler.load_state_dict: ",
+             "_growth_tracker is ", saved_tracker, " (expected in [0, growth_interval = ", options.growth_interval,
+             "))");
+  options_ = options;
   if (scale_.defined()) {
     scale_.copy_(scale->second.reshape({}));
     growth_tracker_.copy_(tracker->second.reshape({}));

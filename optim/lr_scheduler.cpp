@@ -104,18 +104,33 @@ StateDict LRScheduler::state_dict() const {
 
 void LRScheduler::load_state_dict(const StateDict& dict) {
   NoGradGuard no_grad;
-  KILN_CHECK(dict.meta.value("scheduler", std::string()) == name_, "load_state_dict: the state is of a '",
-             dict.meta.value("scheduler", std::string()), "' scheduler, this is ", name_);
-  KILN_CHECK(dict.meta.value("groups", int64_t{-1}) == optimizer_.num_groups(), "load_state_dict: the state has ",
-             dict.meta.value("groups", int64_t{-1}), " parameter groups, the optimizer ", optimizer_.num_groups());
+  // Members of another JSON type are mismatches (nlohmann's value() would throw its own exception).
+  auto member = [&](const char* key) {
+    return dict.meta.is_object() && dict.meta.contains(key) ? dict.meta.at(key) : nlohmann::json();
+  };
+  const nlohmann::json name = member("scheduler"), groups = member("groups");
+  KILN_CHECK(name.is_string() && name.get<std::string>() == name_, "load_state_dict: the state is of a '",
+             name.is_string() ? name.get<std::string>() : name.dump(), "' scheduler, this is ", name_);
+  KILN_CHECK(groups.is_number_integer() && groups.get<int64_t>() == optimizer_.num_groups(),
+             "load_state_dict: the state has ", groups.dump(), " parameter groups, the optimizer ",
+             optimizer_.num_groups());
   auto it = dict.tensors.find("last_epoch");
   KILN_CHECK(it != dict.tensors.end() && it->second.numel() == 1, "load_state_dict: last_epoch is missing");
-  last_epoch_.copy_(it->second.reshape({}));
+  // An integer: a float's NaN or out-of-range value would convert with undefined behaviour.
+  KILN_CHECK(!is_floating(it->second.dtype()), "load_state_dict: last_epoch has dtype ",
+             dtype_name(it->second.dtype()), ", expected an integer step count");
+  const int64_t last_epoch = it->second.to(DType::i64).reshape({}).item<int64_t>();
+  KILN_CHECK(last_epoch >= 0 && last_epoch <= detail::kMaxStepCount, "load_state_dict: last_epoch is ", last_epoch,
+             " (expected a step count in [0, 2^53])");
+  std::vector<Tensor> base_lr;
   for (size_t g = 0; g < base_lr_.size(); ++g) {
     auto base = dict.tensors.find("base_lr." + std::to_string(g));
-    KILN_CHECK(base != dict.tensors.end(), "load_state_dict: base_lr.", g, " is missing");
-    base_lr_[g].copy_(base->second.reshape({}));
+    KILN_CHECK(base != dict.tensors.end() && base->second.numel() == 1, "load_state_dict: base_lr.", g,
+               " is missing");
+    base_lr.push_back(base->second.reshape({}));
   }
+  last_epoch_.copy_(it->second.reshape({}));
+  for (size_t g = 0; g < base_lr_.size(); ++g) base_lr_[g].copy_(base_lr[g]);
   apply(false, false);
 }
 

@@ -3,6 +3,7 @@
 // dictionaries. The update kernels are in kernels/{cpu,cuda}/optim.*.
 #include "optim/optimizer.h"
 
+#include <charconv>
 #include <set>
 
 #include "core/autograd.h"
@@ -18,11 +19,52 @@ bool is_16bit(DType dtype) { return dtype == DType::f16 || dtype == DType::bf16;
 // Optimizer state is kept in float, or double for double params.
 DType state_dtype(DType param_dtype) { return param_dtype == DType::f64 ? DType::f64 : DType::f32; }
 
-void copy_checked(Tensor& destination, const Tensor& source, const std::string& what) {
+Tensor saved_tensor(const StateDict& dict, const std::string& name) {
+  auto it = dict.tensors.find(name);
+  return it == dict.tensors.end() ? Tensor() : it->second;
+}
+
+// A saved tensor fits the state tensor it is copied into: present, same
+// shape, and a step count is an integer (a NaN or a float out of range
+// converts with undefined behaviour) in [0, 2^53] (the kernels increment it
+// and schedules use it as a double).
+void check_saved(const Tensor& source, const Shape& shape, bool step_count, const std::string& what) {
   KILN_CHECK(source.defined(), "load_state_dict: ", what, " is missing");
-  KILN_CHECK(source.shape() == destination.shape(), "load_state_dict: ", what, " has shape ",
-             shape_str(source.shape()), ", expected ", shape_str(destination.shape()));
-  destination.copy_(source);
+  KILN_CHECK(source.shape() == shape, "load_state_dict: ", what, " has shape ", shape_str(source.shape()),
+             ", expected ", shape_str(shape));
+  if (!step_count) return;
+  KILN_CHECK(!is_floating(source.dtype()), "load_state_dict: ", what, " has dtype ", dtype_name(source.dtype()),
+             ", expected an integer step count");
+  const int64_t count = source.to(DType::i64).item<int64_t>();
+  KILN_CHECK(count >= 0 && count <= detail::kMaxStepCount, "load_state_dict: ", what, " is ", count,
+             " (expected a step count in [0, 2^53])");
+}
+
+// A number of a saved parameter group (nlohmann would turn a bool into one).
+double number_in(const nlohmann::json& group, const char* key, size_t g) {
+  const nlohmann::json& value = group.at(key);
+  KILN_CHECK(value.is_number(), "load_state_dict: ", key, " of group ", g, " is ", value.dump(), ", not a number");
+  return value.get<double>();
+}
+
+// A saved state's key: a parameter index in decimal, as state_dict writes it.
+int64_t parameter_index(const std::string& key, int64_t num_params) {
+  int64_t index = -1;
+  const auto [end, error] = std::from_chars(key.data(), key.data() + key.size(), index);
+  KILN_CHECK(error == std::errc() && end == key.data() + key.size() && std::to_string(index) == key &&
+                 index >= 0 && index < num_params,
+             "load_state_dict: state for parameter '", key, "' (expected an index in [0, ", num_params, "))");
+  return index;
+}
+
+// The constructor's rules for hyperparameters, also applied to loaded ones.
+void check_group_options(const GroupOptions& o, const std::string& kind, size_t g) {
+  KILN_CHECK(o.lr >= 0, kind, ": invalid learning rate ", o.lr, " in group ", g, " (expected >= 0)");
+  KILN_CHECK(o.weight_decay >= 0, kind, ": invalid weight_decay ", o.weight_decay, " in group ", g,
+             " (expected >= 0)");
+  KILN_CHECK(o.momentum >= 0, kind, ": invalid momentum/beta1 ", o.momentum, " in group ", g, " (expected >= 0)");
+  KILN_CHECK(o.beta2 >= 0 && o.beta2 < 1, kind, ": invalid beta2 ", o.beta2, " in group ", g,
+             " (expected in [0, 1))");
 }
 }  // namespace
 
@@ -38,14 +80,7 @@ Optimizer::Optimizer(std::vector<ParamGroup> groups, const GroupOptions& default
     group.options.weight_decay = groups[g].weight_decay.value_or(defaults.weight_decay);
     group.options.momentum = groups[g].momentum.value_or(defaults.momentum);
     group.options.beta2 = groups[g].beta2.value_or(defaults.beta2);
-    const GroupOptions& o = group.options;
-    KILN_CHECK(o.lr >= 0, kind, ": invalid learning rate ", o.lr, " in group ", g, " (expected >= 0)");
-    KILN_CHECK(o.weight_decay >= 0, kind, ": invalid weight_decay ", o.weight_decay, " in group ", g,
-               " (expected >= 0)");
-    KILN_CHECK(o.momentum >= 0, kind, ": invalid momentum/beta1 ", o.momentum, " in group ", g,
-               " (expected >= 0)");
-    KILN_CHECK(o.beta2 >= 0 && o.beta2 < 1, kind, ": invalid beta2 ", o.beta2, " in group ", g,
-               " (expected in [0, 1))");
+    check_group_options(group.options, kind, g);
     for (const Tensor& p : groups[g].params) {
       const int64_t index = static_cast<int64_t>(params_.size());
       KILN_CHECK(p.defined(), kind, ": ", detail::param_label(p, index), " is undefined");
@@ -280,69 +315,73 @@ StateDict Optimizer::state_dict() const {
 
 void Optimizer::load_state_dict(const StateDict& dict) {
   NoGradGuard no_grad;
-  const nlohmann::json& meta = dict.meta;
-  KILN_CHECK(meta.contains("optimizer") && meta["optimizer"].is_string(),
-             "load_state_dict: the state has no optimizer name");
-  KILN_CHECK(meta["optimizer"].get<std::string>() == name(), "load_state_dict: the state is of a ",
-             meta["optimizer"].get<std::string>(), " optimizer, this is ", name());
-  const nlohmann::json& groups = meta.at("param_groups");
-  KILN_CHECK(groups.size() == groups_.size(), "load_state_dict: the state has ", groups.size(),
-             " parameter groups, the optimizer ", groups_.size());
-  for (size_t g = 0; g < groups_.size(); ++g) {
-    const auto indices = groups[g].at("params").get<std::vector<int64_t>>();
-    KILN_CHECK(indices.size() == groups_[g].indices.size(), "load_state_dict: group ", g, " of the state has ",
-               indices.size(), " parameters, the optimizer's ", groups_[g].indices.size());
-  }
-  // Check every state entry before changing anything.
-  const nlohmann::json& state = meta.at("state");
-  for (const auto& [key, entry] : state.items()) {
-    const int64_t index = std::stoll(key);
-    KILN_CHECK(index >= 0 && index < num_params(), "load_state_dict: state for parameter ", index, " of ",
-               num_params());
-    const auto names = entry.at("buffers").get<std::vector<std::string>>();
-    KILN_CHECK(names == buffer_names(group_of_[index]), "load_state_dict: ", detail::param_label(params_[index], index),
-               " has ", names.size(), " saved buffers that differ from this optimizer's (",
-               nlohmann::json(buffer_names(group_of_[index])).dump(), " expected, got ", nlohmann::json(names).dump(),
-               ")");
-    for (const std::string& name : names) {
-      auto it = dict.tensors.find("state." + key + "." + name);
-      KILN_CHECK(it != dict.tensors.end(), "load_state_dict: tensor state.", key, ".", name, " is missing");
-      KILN_CHECK(it->second.shape() == params_[index].shape(), "load_state_dict: state.", key, ".", name,
-                 " has shape ", shape_str(it->second.shape()), ", the parameter ",
-                 shape_str(params_[index].shape()));
+  // Everything is read and checked before anything changes; a malformed JSON
+  // structure is a kiln::Error like any other mismatch.
+  std::vector<GroupOptions> options(groups_.size());
+  std::vector<std::pair<int64_t, std::string>> entries;  // (parameter index, key) of the saved states
+  try {
+    const nlohmann::json& meta = dict.meta;
+    KILN_CHECK(meta.is_object() && meta.contains("optimizer") && meta.at("optimizer").is_string(),
+               "load_state_dict: the state has no optimizer name");
+    KILN_CHECK(meta.at("optimizer").get<std::string>() == name(), "load_state_dict: the state is of a ",
+               meta.at("optimizer").get<std::string>(), " optimizer, this is ", name());
+    const nlohmann::json& groups = meta.at("param_groups");
+    KILN_CHECK(groups.is_array() && groups.size() == groups_.size(), "load_state_dict: the state has ",
+               groups.is_array() ? std::to_string(groups.size()) : "no list of", " parameter groups, the optimizer ",
+               groups_.size());
+    for (size_t g = 0; g < groups_.size(); ++g) {
+      const nlohmann::json& group = groups.at(g);
+      const nlohmann::json& indices = group.at("params");
+      KILN_CHECK(indices.is_array() && indices.size() == groups_[g].indices.size(), "load_state_dict: group ", g,
+                 " of the state has ", indices.is_array() ? std::to_string(indices.size()) : "no list of",
+                 " parameters, the optimizer's ", groups_[g].indices.size());
+      options[g] = {number_in(group, "lr", g), number_in(group, "weight_decay", g), number_in(group, "momentum", g),
+                    number_in(group, "beta2", g)};
+      check_group_options(options[g], "load_state_dict", g);
+      const std::string prefix = "group." + std::to_string(g) + ".";
+      check_saved(saved_tensor(dict, prefix + "lr"), {}, false, prefix + "lr");
+      check_saved(saved_tensor(dict, prefix + "momentum"), {}, false, prefix + "momentum");
     }
+    check_saved(saved_tensor(dict, "step"), {}, true, "step");
+    const nlohmann::json& state = meta.at("state");
+    KILN_CHECK(state.is_object(), "load_state_dict: the state's \"state\" is not an object");
+    for (const auto& [key, entry] : state.items()) {
+      const int64_t index = parameter_index(key, num_params());
+      const auto names = entry.at("buffers").get<std::vector<std::string>>();
+      KILN_CHECK(names == buffer_names(group_of_[index]), "load_state_dict: ",
+                 detail::param_label(params_[index], index), " has ", names.size(),
+                 " saved buffers that differ from this optimizer's (",
+                 nlohmann::json(buffer_names(group_of_[index])).dump(), " expected, got ",
+                 nlohmann::json(names).dump(), ")");
+      const std::string prefix = "state." + key + ".";
+      const Shape& shape = params_[index].shape();
+      for (const std::string& name : names) check_saved(saved_tensor(dict, prefix + name), shape, false, prefix + name);
+      check_saved(saved_tensor(dict, prefix + "step"), {}, true, prefix + "step");
+      const Tensor master = saved_tensor(dict, prefix + "master");
+      if (master.defined() && is_16bit(params_[index].dtype())) check_saved(master, shape, false, prefix + "master");
+      entries.emplace_back(index, key);
+    }
+  } catch (const nlohmann::json::exception& error) {
+    KILN_THROW("load_state_dict: malformed ", name(), " state: ", error.what());
   }
+
   for (size_t g = 0; g < groups_.size(); ++g) {
-    GroupOptions& o = groups_[g].options;
-    o.lr = groups[g].at("lr").get<double>();
-    o.weight_decay = groups[g].at("weight_decay").get<double>();
-    o.momentum = groups[g].at("momentum").get<double>();
-    o.beta2 = groups[g].at("beta2").get<double>();
+    groups_[g].options = options[g];
     const std::string prefix = "group." + std::to_string(g) + ".";
-    copy_checked(step_state_.lr[g], dict.tensors.count(prefix + "lr") ? dict.tensors.at(prefix + "lr") : Tensor(),
-                 prefix + "lr");
-    copy_checked(step_state_.momentum[g],
-                 dict.tensors.count(prefix + "momentum") ? dict.tensors.at(prefix + "momentum") : Tensor(),
-                 prefix + "momentum");
+    step_state_.lr[g].copy_(saved_tensor(dict, prefix + "lr"));
+    step_state_.momentum[g].copy_(saved_tensor(dict, prefix + "momentum"));
   }
-  copy_checked(step_state_.step, dict.tensors.count("step") ? dict.tensors.at("step") : Tensor(), "step");
+  step_state_.step.copy_(saved_tensor(dict, "step"));
   for (auto& s : state_) s = ParamState();
-  for (const auto& [key, entry] : state.items()) {
-    const int64_t index = std::stoll(key);
+  for (const auto& [index, key] : entries) {
     ParamState& s = ensure_state(index);
     const std::string prefix = "state." + key + ".";
-    auto tensor_or_none = [&](const std::string& name) {
-      auto it = dict.tensors.find(prefix + name);
-      return it == dict.tensors.end() ? Tensor() : it->second;
-    };
-    copy_checked(s.step, tensor_or_none("step"), prefix + "step");
-    if (s.master.defined()) {
-      // A state saved without master weights (e.g. from fp32 params) starts from the parameter.
-      Tensor master = tensor_or_none("master");
-      if (master.defined()) copy_checked(s.master, master, prefix + "master");
-    }
+    s.step.copy_(saved_tensor(dict, prefix + "step"));
+    // A state saved without master weights (e.g. from fp32 params) starts from the parameter.
+    const Tensor master = saved_tensor(dict, prefix + "master");
+    if (s.master.defined() && master.defined()) s.master.copy_(master);
     const std::vector<std::string> names = buffer_names(group_of_[index]);
-    for (size_t k = 0; k < names.size(); ++k) copy_checked(s.buffers[k], tensor_or_none(names[k]), prefix + names[k]);
+    for (size_t k = 0; k < names.size(); ++k) s.buffers[k].copy_(saved_tensor(dict, prefix + names[k]));
   }
 }
 

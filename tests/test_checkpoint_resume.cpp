@@ -1,23 +1,28 @@
 // Trainer checkpoints: several optimizers (manual optimization), the
 // single-optimizer layout of older files, and resuming from checkpoints
 // written at an epoch's end (by ModelCheckpoint from on_train_epoch_end or
-// on_validation_end), each compared bit for bit with an uninterrupted run.
+// on_validation_end), each compared bit for bit with an uninterrupted run;
+// and corrupt files (fuzz findings), each a kiln::Error naming the file.
 #include <doctest/doctest.h>
 
 #include <unistd.h>
 
 #include <cmath>
 #include <filesystem>
+#include <limits>
 #include <nlohmann/json.hpp>
 
 #include "core/generator.h"
 #include "core/ops.h"
 #include "core/serialization.h"
 #include "data/dataloader.h"
+#include "nn/conv.h"
 #include "nn/layers.h"
+#include "optim/grad_scaler.h"
 #include "optim/lr_scheduler.h"
 #include "tests/support/test_util.h"
 #include "tests/support/trainer_fixtures.h"
+#include "trainer/checkpoint_io.h"
 #include "trainer/trainer.h"
 
 using namespace kiln;
@@ -313,4 +318,147 @@ TEST_CASE("Resume from a checkpoint written after a batch whose validation was d
   CHECK(resumed_validations == 2);  // the pending one after batch 2, then after batch 4
   CHECK(resumed_val_loss == full_val_loss);
   fs::remove_all(root);
+}
+
+// ---------------------------------------------------------------- corrupt files (fuzz findings)
+namespace {
+// A small MLP with BatchNorm (an integer buffer), Adam, StepLR and a loss scaler, after one scaled step: every
+// section of a checkpoint has state.
+struct SmallRun {
+  std::shared_ptr<nn::Sequential> model = std::make_shared<nn::Sequential>(std::vector<nn::ModulePtr>{
+      std::make_shared<nn::Linear>(3, 2), std::make_shared<nn::Tanh>(), std::make_shared<nn::BatchNorm1d>(2)});
+  optim::Adam optimizer{model->parameters(), optim::AdamOptions{.lr = 0.01}};
+  optim::StepLR scheduler{optimizer, 2, 0.5};
+  optim::GradScaler scaler{optim::GradScalerOptions{.init_scale = 1024.0, .growth_interval = 3}};
+  std::vector<OptimizerSlot> slots() { return {{&optimizer, &scheduler}}; }
+};
+
+using MetadataEdit = std::function<void(nlohmann::json&)>;
+using TensorEdit = std::function<void(NamedTensorList&)>;
+
+// A SmallRun's checkpoint with its "kiln" metadata and its tensors changed.
+std::string corrupt_checkpoint(const fs::path& folder, const MetadataEdit& edit_metadata,
+                               const TensorEdit& edit_tensors = [](NamedTensorList&) {}) {
+  SmallRun run;
+  Tensor out = run.model->forward(arange(0.0, 6.0, 1.0, {.dtype = DType::f32}).reshape({2, 3}));
+  run.scaler.scale(mean(out * out)).backward();
+  run.scaler.step(run.optimizer);
+  run.scaler.update();
+  run.scheduler.step();
+  const std::string path = (folder / "corrupt.safetensors").string();
+  save_trainer_checkpoint(path, *run.model, run.slots(), TrainerCheckpoint{}, &run.scaler);
+  SafetensorsFile file = load_safetensors(path);
+  nlohmann::json meta = nlohmann::json::parse(file.metadata.at("kiln"));
+  edit_metadata(meta);
+  edit_tensors(file.tensors);
+  save_safetensors(path, file.tensors, {{"kiln", meta.dump()}});
+  return path;
+}
+
+void replace_tensor(NamedTensorList& tensors, const std::string& name, const Tensor& value) {
+  for (auto& [key, tensor] : tensors) {
+    if (key == name) tensor = value;
+  }
+}
+
+// Reads `path` and loads it into a fresh SmallRun; every error must be a
+// kiln::Error that names the file and contains `expected`.
+void check_load_fails(const std::string& path, const std::string& expected) {
+  SmallRun run;
+  std::string message;
+  try {
+    const TrainerCheckpointFile file = read_trainer_checkpoint(path, *run.model, 1);
+    load_checkpoint_model(file, *run.model);
+    load_checkpoint_optimizers(file, run.slots());
+    load_checkpoint_scaler(file, &run.scaler);
+    load_checkpoint_rng(file);
+  } catch (const Error& error) {
+    message = error.message();
+  } catch (const std::exception& error) {
+    message = std::string("not a kiln::Error: ") + error.what();
+  }
+  CHECK_MESSAGE(message.find(path) != std::string::npos, "no error naming the file: '", message, "'");
+  CHECK_MESSAGE(message.find(expected) != std::string::npos, "expected '", expected, "' in: '", message, "'");
+}
+}  // namespace
+
+TEST_CASE("Checkpoint: a malformed optimizer state is a kiln::Error naming the file (fuzz finding)") {
+  fs::path folder = fresh_folder("corrupt_optimizer");
+  // Optimizer::load_state_dict let nlohmann's exceptions (and std::stoll's) escape.
+  const std::vector<std::pair<MetadataEdit, std::string>> cases = {
+      {[](nlohmann::json& meta) { meta["optimizer"].erase("param_groups"); }, "key 'param_groups' not found"},
+      {[](nlohmann::json& meta) { meta["optimizer"]["state"]["0"].erase("buffers"); }, "key 'buffers' not found"},
+      {[](nlohmann::json& meta) { meta["optimizer"]["param_groups"][0].erase("beta2"); }, "key 'beta2' not found"},
+      {[](nlohmann::json& meta) { meta["optimizer"]["param_groups"] = 3; }, "the state has no list of parameter"},
+      {[](nlohmann::json& meta) { meta["optimizer"]["param_groups"][0]["lr"] = "fast"; },
+       "lr of group 0 is \"fast\", not a number"},
+      {[](nlohmann::json& meta) { meta["optimizer"]["param_groups"][0]["beta2"] = 1.5; }, "invalid beta2 1.5"},
+      {[](nlohmann::json& meta) { meta["optimizer"]["state"]["x"] = meta["optimizer"]["state"]["0"]; },
+       "state for parameter 'x' (expected an index in [0, 4))"},
+  };
+  for (const auto& [edit, expected] : cases) check_load_fails(corrupt_checkpoint(folder, edit), expected);
+  // A float step count was converted with undefined behaviour, a negative one accepted, and the largest
+  // int64 overflows when the next step increments it.
+  const std::vector<std::pair<TensorEdit, std::string>> tensor_cases = {
+      {[](NamedTensorList& t) { replace_tensor(t, "optimizer.state.0.step", full({}, NAN)); },
+       "state.0.step has dtype float32, expected an integer step count"},
+      {[](NamedTensorList& t) { replace_tensor(t, "optimizer.step", full({}, -3, {.dtype = DType::i64})); },
+       "step is -3 (expected a step count in [0, 2^53])"},
+      {[](NamedTensorList& t) {
+         replace_tensor(t, "optimizer.state.1.step", tensor<int64_t>({std::numeric_limits<int64_t>::max()}, {}));
+       },
+       "state.1.step is 9223372036854775807 (expected a step count in [0, 2^53])"},
+  };
+  for (const auto& [edit, expected] : tensor_cases) {
+    check_load_fails(corrupt_checkpoint(folder, [](nlohmann::json&) {}, edit), expected);
+  }
+  fs::remove_all(folder);
+}
+
+TEST_CASE("Checkpoint: bad generator states, counters, schedule and scaler states name the file (fuzz finding)") {
+  fs::path folder = fresh_folder("corrupt_progress");
+  const std::vector<std::pair<MetadataEdit, std::string>> cases = {
+      // Device::parse's error did not name the file.
+      {[](nlohmann::json& meta) { meta["rng"]["c0u"] = meta["rng"]["cpu"]; }, "corrupt generator state: Device"},
+      // Floats out of range were converted to integers with undefined behaviour; negatives were accepted.
+      {[](nlohmann::json& meta) { meta["rng"]["cpu"][0] = 1e300; }, "corrupt generator state for cpu"},
+      {[](nlohmann::json& meta) { meta["epoch"] = 1e300; }, "\"epoch\" is 1e+300 (expected an integer >= 0)"},
+      {[](nlohmann::json& meta) { meta["global_step"] = -5; }, "\"global_step\" is -5 (expected an integer >= 0)"},
+      {[](nlohmann::json& meta) { meta["num_optimizers"] = 1.5; }, "\"num_optimizers\" is 1.5"},
+      {[](nlohmann::json& meta) { meta["scheduler"]["scheduler"] = 7; }, "the state is of a '7' scheduler"},
+      {[](nlohmann::json& meta) { meta["scheduler"]["groups"] = 1.5; }, "the state has 1.5 parameter groups"},
+      {[](nlohmann::json& meta) { meta["scaler"]["growth_interval"] = 1e300; },
+       "growth_interval is 1e+300 (expected an integer)"},
+      {[](nlohmann::json& meta) { meta["scaler"]["growth_interval"] = 0; }, "growth_interval must be in [1, 2^31 - 1]"},
+      // nlohmann's value() threw its own exception for a header that is not an object.
+      {[](nlohmann::json& meta) { meta = nlohmann::json::array(); }, "corrupt metadata: not a JSON object"},
+  };
+  for (const auto& [edit, expected] : cases) check_load_fails(corrupt_checkpoint(folder, edit), expected);
+  const std::vector<std::pair<TensorEdit, std::string>> tensor_cases = {
+      // Floats for integer counters converted with undefined behaviour.
+      {[](NamedTensorList& t) { replace_tensor(t, "model.2.num_batches_tracked", full({}, NAN)); },
+       "floating values for an integer tensor: 2.num_batches_tracked (checkpoint float32, model int64)"},
+      {[](NamedTensorList& t) { replace_tensor(t, "scheduler.last_epoch", full({}, NAN)); },
+       "last_epoch has dtype float32, expected an integer step count"},
+      {[](NamedTensorList& t) { replace_tensor(t, "scheduler.last_epoch", full({}, -1, {.dtype = DType::i64})); },
+       "last_epoch is -1 (expected a step count in [0, 2^53])"},
+      {[](NamedTensorList& t) { replace_tensor(t, "scaler._growth_tracker", full({}, NAN)); },
+       "_growth_tracker has dtype float32 (expected an integer)"},
+      {[](NamedTensorList& t) { replace_tensor(t, "scaler._growth_tracker", full({}, 7, {.dtype = DType::i32})); },
+       "_growth_tracker is 7 (expected in [0, growth_interval = 3))"},
+      {[](NamedTensorList& t) { replace_tensor(t, "scaler.scale", full({}, 0.0)); },
+       "scale is 0 (expected a positive finite number)"},
+  };
+  for (const auto& [edit, expected] : tensor_cases) {
+    check_load_fails(corrupt_checkpoint(folder, [](nlohmann::json&) {}, edit), expected);
+  }
+  // The unedited file loads.
+  SmallRun run;
+  const std::string path = corrupt_checkpoint(folder, [](nlohmann::json&) {});
+  const TrainerCheckpointFile file = read_trainer_checkpoint(path, *run.model, 1);
+  load_checkpoint_optimizers(file, run.slots());
+  load_checkpoint_scaler(file, &run.scaler);
+  CHECK(run.scaler.get_scale() == 1024.0);
+  CHECK(run.scheduler.last_epoch().item<int64_t>() == 1);
+  fs::remove_all(folder);
 }

@@ -1,5 +1,7 @@
 #include "trainer/checkpoint_io.h"
 
+#include <limits>
+
 #include "core/generator.h"
 #include "core/serialization.h"
 #include "kernels/cuda/runtime.h"
@@ -25,6 +27,38 @@ void restore_generators(const nlohmann::json& states) {
     const Device device = Device::parse(name);
     if (device.is_cuda() && device.index >= cuda::device_count()) continue;
     default_generator(device).set_state({value.at(0).get<uint64_t>(), value.at(1).get<uint64_t>()});
+  }
+}
+
+// An integer of the metadata, at least `min`: nlohmann's get<int64_t> would
+// convert a float, with undefined behaviour out of range. `fallback` is the
+// value of a key that older files lack.
+int64_t integer_in(const nlohmann::json& meta, const char* key, int64_t min, const std::string& path,
+                   std::optional<int64_t> fallback = std::nullopt) {
+  if (!meta.contains(key) && fallback) return *fallback;
+  KILN_CHECK(meta.contains(key), "load checkpoint '", path, "': corrupt metadata: no \"", key, "\"");
+  const nlohmann::json& value = meta.at(key);
+  const bool integer = value.is_number_unsigned()
+                           ? value.get<uint64_t>() <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max())
+                           : value.is_number_integer();
+  KILN_CHECK(integer && value.get<int64_t>() >= min, "load checkpoint '", path, "': corrupt metadata: \"", key,
+             "\" is ", value.dump(), " (expected an integer >= ", min, ")");
+  return value.get<int64_t>();
+}
+
+// The generator states as generator_states() writes them: {device: [seed, offset]}.
+void check_generator_states(const nlohmann::json& states, const std::string& path) {
+  KILN_CHECK(states.is_object(), "load checkpoint '", path, "': corrupt metadata: \"rng\" is not an object");
+  for (const auto& [name, value] : states.items()) {
+    try {
+      Device::parse(name);
+    } catch (const Error& error) {
+      KILN_THROW("load checkpoint '", path, "': corrupt generator state: ", error.message());
+    }
+    KILN_CHECK(value.is_array() && value.size() == 2 && value.at(0).is_number_unsigned() &&
+                   value.at(1).is_number_unsigned(),
+               "load checkpoint '", path, "': corrupt generator state for ", name, ": ", value.dump(),
+               " (expected [seed, offset], two non-negative integers)");
   }
 }
 
@@ -86,12 +120,15 @@ TrainerCheckpointFile read_trainer_checkpoint(const std::string& path, const nn:
   } catch (const nlohmann::json::exception& error) {
     KILN_THROW("load checkpoint '", path, "': corrupt metadata: ", error.what());
   }
-  KILN_CHECK(meta.value("format", "") == kFormat, "load checkpoint '", path, "': unknown format '",
-             meta.value("format", ""), "'");
-  KILN_CHECK(meta.value("model_type", "") == model.type_name(), "load checkpoint '", path, "': it holds a ",
-             meta.value("model_type", "?"), " but the model is a ", model.type_name());
+  KILN_CHECK(meta.is_object(), "load checkpoint '", path, "': corrupt metadata: not a JSON object");
+  const nlohmann::json format = meta.contains("format") ? meta.at("format") : nlohmann::json("");
+  KILN_CHECK(format == kFormat, "load checkpoint '", path, "': unknown format ", format.dump());
+  const nlohmann::json model_type = meta.contains("model_type") ? meta.at("model_type") : nlohmann::json("?");
+  KILN_CHECK(model_type == model.type_name(), "load checkpoint '", path, "': it holds a ",
+             model_type.is_string() ? model_type.get<std::string>() : model_type.dump(), " but the model is a ",
+             model.type_name());
   // Checkpoints written before several optimizers were supported hold one.
-  const size_t saved_optimizers = meta.value("num_optimizers", size_t{1});
+  const auto saved_optimizers = static_cast<size_t>(integer_in(meta, "num_optimizers", 0, path, 1));
   KILN_CHECK(saved_optimizers == num_optimizers, "load checkpoint '", path, "': it holds ", saved_optimizers,
              " optimizer(s) but configure_optimizers returned ", num_optimizers);
   TrainerCheckpointFile out;
@@ -116,10 +153,10 @@ TrainerCheckpointFile read_trainer_checkpoint(const std::string& path, const nn:
       out.scaler->meta = meta.at("scaler");
       destinations["scaler."] = &out.scaler->tensors;
     }
-    out.progress.epoch = meta.at("epoch").get<int64_t>();
-    out.progress.global_step = meta.at("global_step").get<int64_t>();
-    out.progress.batch_in_epoch = meta.at("batch_in_epoch").get<int64_t>();
-    out.progress.total_batches = meta.value("total_batches", int64_t{-1});
+    out.progress.epoch = integer_in(meta, "epoch", 0, path);
+    out.progress.global_step = integer_in(meta, "global_step", 0, path);
+    out.progress.batch_in_epoch = integer_in(meta, "batch_in_epoch", 0, path);
+    out.progress.total_batches = integer_in(meta, "total_batches", -1, path, -1);
     out.progress.epoch_end_hooks_done = meta.value("epoch_end_hooks_done", false);
     out.progress.validation_pending = meta.value("validation_pending", false);
     out.progress.loader_state = meta.at("loader");
@@ -127,6 +164,7 @@ TrainerCheckpointFile read_trainer_checkpoint(const std::string& path, const nn:
     out.progress.callback_states = meta.at("callbacks").get<std::map<std::string, nlohmann::json>>();
     out.progress.hyperparameters = meta.value("hyperparameters", std::map<std::string, std::string>{});
     out.rng = meta.at("rng");
+    check_generator_states(out.rng, path);
   } catch (const nlohmann::json::exception& error) {
     KILN_THROW("load checkpoint '", path, "': corrupt metadata: ", error.what());
   }
