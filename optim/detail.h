@@ -10,9 +10,11 @@
 
 namespace kiln::optim::detail {
 
-// The largest step count a loaded state may hold: kernels increment counts and
-// schedules evaluate them as doubles (exact to 2^53), and no run gets near it.
-constexpr int64_t kMaxStepCount = int64_t{1} << 53;
+// A saved step count (one element) read back for a load_state_dict: it must
+// be an integer (a float's NaN or out-of-range value converts with undefined
+// behaviour) in [0, 2^53] (kernels increment counts and schedules evaluate
+// them as doubles, exact to 2^53; no run gets near it). Throws naming `what`.
+int64_t saved_step_count(const Tensor& saved, const std::string& what);
 
 // The stream kernels run on for tensors on `device` (nullptr for the CPU).
 cuda::Stream stream_of(Device device);

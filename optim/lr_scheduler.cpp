@@ -116,12 +116,7 @@ void LRScheduler::load_state_dict(const StateDict& dict) {
              optimizer_.num_groups());
   auto it = dict.tensors.find("last_epoch");
   KILN_CHECK(it != dict.tensors.end() && it->second.numel() == 1, "load_state_dict: last_epoch is missing");
-  // An integer: a float's NaN or out-of-range value would convert with undefined behaviour.
-  KILN_CHECK(!is_floating(it->second.dtype()), "load_state_dict: last_epoch has dtype ",
-             dtype_name(it->second.dtype()), ", expected an integer step count");
-  const int64_t last_epoch = it->second.to(DType::i64).reshape({}).item<int64_t>();
-  KILN_CHECK(last_epoch >= 0 && last_epoch <= detail::kMaxStepCount, "load_state_dict: last_epoch is ", last_epoch,
-             " (expected a step count in [0, 2^53])");
+  detail::saved_step_count(it->second, "last_epoch");
   std::vector<Tensor> base_lr;
   for (size_t g = 0; g < base_lr_.size(); ++g) {
     auto base = dict.tensors.find("base_lr." + std::to_string(g));

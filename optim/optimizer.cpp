@@ -25,19 +25,12 @@ Tensor saved_tensor(const StateDict& dict, const std::string& name) {
 }
 
 // A saved tensor fits the state tensor it is copied into: present, same
-// shape, and a step count is an integer (a NaN or a float out of range
-// converts with undefined behaviour) in [0, 2^53] (the kernels increment it
-// and schedules use it as a double).
+// shape, and a step count passes detail::saved_step_count.
 void check_saved(const Tensor& source, const Shape& shape, bool step_count, const std::string& what) {
   KILN_CHECK(source.defined(), "load_state_dict: ", what, " is missing");
   KILN_CHECK(source.shape() == shape, "load_state_dict: ", what, " has shape ", shape_str(source.shape()),
              ", expected ", shape_str(shape));
-  if (!step_count) return;
-  KILN_CHECK(!is_floating(source.dtype()), "load_state_dict: ", what, " has dtype ", dtype_name(source.dtype()),
-             ", expected an integer step count");
-  const int64_t count = source.to(DType::i64).item<int64_t>();
-  KILN_CHECK(count >= 0 && count <= detail::kMaxStepCount, "load_state_dict: ", what, " is ", count,
-             " (expected a step count in [0, 2^53])");
+  if (step_count) detail::saved_step_count(source, what);
 }
 
 // A number of a saved parameter group (nlohmann would turn a bool into one).
@@ -67,6 +60,17 @@ void check_group_options(const GroupOptions& o, const std::string& kind, size_t 
              " (expected in [0, 1))");
 }
 }  // namespace
+
+namespace detail {
+int64_t saved_step_count(const Tensor& saved, const std::string& what) {
+  KILN_CHECK(!is_floating(saved.dtype()), "load_state_dict: ", what, " has dtype ", dtype_name(saved.dtype()),
+             ", expected an integer step count");
+  const int64_t count = saved.to(DType::i64).reshape({}).item<int64_t>();
+  KILN_CHECK(count >= 0 && count <= (int64_t{1} << 53), "load_state_dict: ", what, " is ", count,
+             " (expected a step count in [0, 2^53])");
+  return count;
+}
+}  // namespace detail
 
 Optimizer::Optimizer(std::vector<ParamGroup> groups, const GroupOptions& defaults, const char* kind) {
   KILN_CHECK(!groups.empty(), kind, ": no parameter groups were given");
