@@ -9,6 +9,8 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "core/extent.h"
+
 namespace kiln {
 
 namespace {
@@ -175,20 +177,19 @@ SafetensorsFile load_safetensors(const std::string& path) {
                  name, "' has data offsets outside the ", data_size, " data bytes");
       entry.begin = offsets[0];
       entry.end = offsets[1];
-      // The product counts a zero size as 1: an empty tensor's strides are that product, so it must fit too.
-      uint64_t extent = dtype_size(entry.dtype);
-      bool empty_dim = false;
       for (uint64_t size : shape) {
-        const bool overflow = __builtin_mul_overflow(extent, std::max<uint64_t>(size, 1), &extent);
-        KILN_CHECK(!overflow && extent <= static_cast<uint64_t>(INT64_MAX), "load_safetensors: '", path,
-                   "': tensor '", name, "' has shape ", info.at("shape").dump(),
-                   " whose sizes overflow 64 bits (zero sizes counted as 1)");
-        empty_dim |= size == 0;
+        KILN_CHECK(size <= static_cast<uint64_t>(INT64_MAX), "load_safetensors: '", path, "': tensor '", name,
+                   "' has shape ", info.at("shape").dump(), " whose sizes overflow 64 bits");
         entry.shape.push_back(static_cast<int64_t>(size));
       }
-      const uint64_t expected = empty_dim ? 0 : extent;
-      KILN_CHECK(expected == entry.end - entry.begin, "load_safetensors: '", path, "': tensor '", name, "' of shape ",
-                 shape_str(entry.shape), " needs ", expected, " bytes but has ", entry.end - entry.begin);
+      // An empty tensor's strides count zero sizes as 1, so they must fit too.
+      const std::optional<ContiguousExtent> extent =
+          contiguous_extent(entry.shape, static_cast<int64_t>(dtype_size(entry.dtype)));
+      KILN_CHECK(extent.has_value(), "load_safetensors: '", path, "': tensor '", name, "' has shape ",
+                 info.at("shape").dump(), " whose sizes overflow 64 bits (zero sizes counted as 1)");
+      KILN_CHECK(static_cast<uint64_t>(extent->nbytes) == entry.end - entry.begin, "load_safetensors: '", path,
+                 "': tensor '", name, "' of shape ", shape_str(entry.shape), " needs ", extent->nbytes,
+                 " bytes but has ", entry.end - entry.begin);
       entries.push_back(entry);
     } catch (const nlohmann::json::exception& error) {
       KILN_THROW("load_safetensors: '", path, "': malformed entry for tensor '", name, "': ", error.what());

@@ -3,12 +3,14 @@
 // the random factories in core/ops/random.cpp.
 #include "core/tensor.h"
 
+#include <algorithm>
 #include <cmath>
 #include <iomanip>
 #include <numeric>
 #include <sstream>
 
 #include "core/autograd.h"
+#include "core/extent.h"
 #include "core/ops.h"
 #include "core/ops/broadcast.h"
 #include "kernels/copy.h"
@@ -35,10 +37,25 @@ Shape contiguous_strides(const Shape& shape) {
   return strides;
 }
 
+std::optional<ContiguousExtent> contiguous_extent(const Shape& shape, int64_t element_size) {
+  int64_t outer_stride = 1;  // zeros counted as 1, as in contiguous_strides
+  bool empty = false;
+  for (int64_t size : shape) {
+    if (size < 0 || __builtin_mul_overflow(outer_stride, std::max<int64_t>(size, 1), &outer_stride)) return {};
+    empty |= size == 0;
+  }
+  ContiguousExtent extent{.numel = empty ? 0 : outer_stride, .nbytes = 0};
+  if (__builtin_mul_overflow(extent.numel, element_size, &extent.nbytes)) return {};
+  return extent;
+}
+
 int64_t shape_numel(const Shape& shape) {
-  int64_t n = 1;
-  for (int64_t size : shape) n *= size;
-  return n;
+  const std::optional<ContiguousExtent> extent = contiguous_extent(shape, 1);
+  KILN_CHECK(extent.has_value(), "shape ", shape_str(shape), " is invalid: ",
+             std::ranges::any_of(shape, [](int64_t size) { return size < 0; })
+                 ? "a size is negative"
+                 : "the product of its sizes (zeros counted as 1) does not fit in 64 bits");
+  return extent->numel;
 }
 
 int64_t wrap_dim(int64_t dim, int64_t ndim, const char* op) {
@@ -621,9 +638,12 @@ Tensor empty(const Shape& shape, const TensorOptions& options) {
   for (int64_t size : shape) KILN_CHECK(size >= 0, "empty: negative size in shape ", shape_str(shape));
   KILN_CHECK(!options.requires_grad || is_floating(options.dtype),
              "empty: only floating tensors can require grad, got ", dtype_name(options.dtype));
+  const std::optional<ContiguousExtent> extent =
+      contiguous_extent(shape, static_cast<int64_t>(dtype_size(options.dtype)));
+  KILN_CHECK(extent.has_value(), "empty: shape ", shape_str(shape), " of ", dtype_name(options.dtype),
+             " overflows 64 bits: its element count (zeros counted as 1) or byte count does not fit");
   auto impl = std::make_shared<TensorImpl>();
-  impl->storage = make_storage(static_cast<size_t>(shape_numel(shape)) * dtype_size(options.dtype), options.device,
-                               options.pinned);
+  impl->storage = make_storage(static_cast<size_t>(extent->nbytes), options.device, options.pinned);
   impl->shape = shape;
   impl->strides = contiguous_strides(shape);
   impl->dtype = options.dtype;
@@ -640,11 +660,20 @@ Tensor empty_strided(const Shape& shape, const Shape& strides, const TensorOptio
     KILN_CHECK(shape[i] >= 0 && strides[i] >= 0, "empty_strided: negative size or stride");
     if (shape[i] == 0) extent = 0;
   }
+  bool overflow = false;
   if (extent != 0) {
-    for (size_t i = 0; i < shape.size(); ++i) extent += (shape[i] - 1) * strides[i];
+    for (size_t i = 0; i < shape.size(); ++i) {
+      int64_t reach = 0;
+      overflow |= __builtin_mul_overflow(shape[i] - 1, strides[i], &reach);
+      overflow |= __builtin_add_overflow(extent, reach, &extent);
+    }
   }
+  int64_t nbytes = 0;
+  overflow = overflow || __builtin_mul_overflow(extent, static_cast<int64_t>(dtype_size(options.dtype)), &nbytes);
+  KILN_CHECK(!overflow, "empty_strided: sizes ", shape_str(shape), " with strides ", shape_str(strides),
+             " reach past 2^63 bytes");
   auto impl = std::make_shared<TensorImpl>();
-  impl->storage = make_storage(static_cast<size_t>(extent) * dtype_size(options.dtype), options.device, options.pinned);
+  impl->storage = make_storage(static_cast<size_t>(nbytes), options.device, options.pinned);
   impl->shape = shape;
   impl->strides = strides;
   impl->dtype = options.dtype;

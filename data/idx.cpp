@@ -8,8 +8,9 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
-#include <limits>
 #include <memory>
+
+#include "core/extent.h"
 
 namespace kiln {
 
@@ -139,7 +140,9 @@ template <typename Wide, typename Narrow>
 void convert_big_endian(const uint8_t* source, Wide* out, int64_t count) {
   for (int64_t i = 0; i < count; ++i) {
     std::make_unsigned_t<Narrow> bits = 0;
-    for (size_t b = 0; b < sizeof(Narrow); ++b) bits = static_cast<decltype(bits)>((bits << 8) | source[i * sizeof(Narrow) + b]);
+    for (size_t b = 0; b < sizeof(Narrow); ++b) {
+      bits = static_cast<decltype(bits)>((bits << 8) | source[i * sizeof(Narrow) + b]);
+    }
     Narrow value;
     std::memcpy(&value, &bits, sizeof(Narrow));
     out[i] = static_cast<Wide>(value);
@@ -191,33 +194,23 @@ Tensor parse_idx(std::vector<uint8_t> bytes, const std::string& name, IdxRole ro
              " dimensions need ", header_bytes, ")");
 
   Shape shape(ndim);
-  // The product counts a zero size as 1: an empty tensor's strides are that
-  // product, so it must fit as well (0x2^32x2^32x2^32 holds nothing but overflows).
-  uint64_t extent = 1;
-  bool overflow = false, empty_dim = false;
   std::string dims_text;
   for (int d = 0; d < ndim; ++d) {
-    const uint32_t size = load_be32(bytes.data() + 4 + 4 * d);
-    shape[d] = size;
-    dims_text += (d ? "x" : "") + std::to_string(size);
-    empty_dim |= size == 0;
-    overflow |= __builtin_mul_overflow(extent, static_cast<uint64_t>(std::max<uint32_t>(size, 1)), &extent);
+    shape[d] = load_be32(bytes.data() + 4 + 4 * d);
+    dims_text += (d ? "x" : "") + std::to_string(shape[d]);
   }
-  uint64_t payload = 0;
-  overflow |= __builtin_mul_overflow(extent, static_cast<uint64_t>(type->size), &payload);
-  overflow |= payload > static_cast<uint64_t>(std::numeric_limits<int64_t>::max());
-  KILN_CHECK(!overflow, name, ": dimensions ", dims_text, " overflow: their product",
-             empty_dim ? " (zero sizes counted as 1)" : "", " times the ", type->size,
-             "-byte element size does not fit in 64 bits");
-  const uint64_t count = empty_dim ? 0 : extent;
-  if (empty_dim) payload = 0;
+  // 0x2^32x2^32x2^32 holds nothing, but an empty tensor's strides would overflow.
+  const std::optional<ContiguousExtent> extent = contiguous_extent(shape, static_cast<int64_t>(type->size));
+  KILN_CHECK(extent.has_value(), name, ": dimensions ", dims_text, " overflow: their product (zero sizes counted as 1)",
+             " or its product with the ", type->size, "-byte element size does not fit in 64 bits");
+  const int64_t numel = extent->numel;
+  const uint64_t payload = static_cast<uint64_t>(extent->nbytes);
   const uint64_t available = bytes.size() - header_bytes;
   KILN_CHECK(available >= payload, name, ": truncated payload: the header says ", dims_text, " ", type->name, " = ",
              payload, " bytes but only ", available, " follow the ", header_bytes, "-byte header");
   KILN_CHECK(available == payload, name, ": ", available - payload, " trailing bytes after the ", payload,
              "-byte payload (header says ", dims_text, " ", type->name, ")");
 
-  const int64_t numel = static_cast<int64_t>(count);
   const uint8_t* source = bytes.data() + header_bytes;
   switch (type_code) {
     case 0x08: {

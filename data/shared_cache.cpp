@@ -17,6 +17,8 @@
 #include <nlohmann/json.hpp>
 #include <random>
 
+#include "core/extent.h"
+
 namespace kiln {
 
 namespace {
@@ -75,10 +77,8 @@ std::shared_ptr<SharedArrays> try_map(const std::string& path, const std::string
       const Shape shape = entry.at("shape").get<Shape>();
       const uint64_t offset = entry.at("offset").get<uint64_t>(), nbytes = entry.at("nbytes").get<uint64_t>();
       if (offset % kAlign != 0 || offset > length || nbytes > length - offset) return nullptr;
-      for (int64_t size : shape) {
-        if (size < 0) return nullptr;
-      }
-      if (static_cast<uint64_t>(shape_numel(shape)) * dtype_size(dtype) != nbytes) return nullptr;
+      const std::optional<ContiguousExtent> extent = contiguous_extent(shape, static_cast<int64_t>(dtype_size(dtype)));
+      if (!extent.has_value() || static_cast<uint64_t>(extent->nbytes) != nbytes) return nullptr;
       void* data = static_cast<char*>(mapping->address) + offset;
       arrays.emplace_back(entry.at("name").get<std::string>(),
                           from_blob(data, shape, dtype, Device::cpu(), [mapping](void*) {}));

@@ -9,6 +9,7 @@
 #include <numeric>
 
 #include "core/allocator.h"
+#include "core/extent.h"
 #include "core/tensor.h"
 #include "kernels/cuda/runtime.h"
 #include "tests/support/test_util.h"
@@ -423,6 +424,32 @@ TEST_CASE("tensor: error messages name the op and the values") {
     CHECK(error.message().find("view: shape [7] is invalid for 6 elements") != std::string::npos);
     CHECK(std::string(error.what()).find("tensor.cpp:") != std::string::npos);
   }
+}
+
+TEST_CASE("tensor: shapes whose element, byte or stride count overflows 64 bits are refused before allocating") {
+  const auto extent = contiguous_extent({2, 3}, 4);
+  REQUIRE(extent.has_value());
+  CHECK(extent->numel == 6);
+  CHECK(extent->nbytes == 24);
+  CHECK(contiguous_extent({}, 8)->nbytes == 8);
+  CHECK(contiguous_extent({3, 0, 5}, 4)->numel == 0);
+  CHECK_FALSE(contiguous_extent({2, -1}, 4).has_value());
+
+  const int64_t big = int64_t{1} << 32;
+  // 2^62 x 4 elements wrap to 0: without the check this "succeeds" with no storage.
+  CHECK_THROWS_WITH_AS(empty({int64_t{1} << 62, 4}),
+                       Contains("empty: shape [4611686018427387904, 4] of float32 overflows"), Error);
+  // 2^60 float64 elements fit as a count but not as bytes.
+  CHECK_THROWS_WITH_AS(zeros({int64_t{1} << 40, int64_t{1} << 20}, {.dtype = DType::f64}),
+                       Contains("overflows 64 bits"), Error);
+  // Empty, but the strides (zeros counted as 1) would overflow; a view must refuse it too.
+  CHECK_THROWS_WITH_AS(empty({0, big, big}), Contains("overflows 64 bits"), Error);
+  CHECK_THROWS_WITH_AS(empty({0}).view({0, big, big}), Contains("does not fit in 64 bits"), Error);
+  CHECK_THROWS_WITH_AS(empty_strided({big, 2}, {int64_t{1} << 62, 1}), Contains("reach past 2^63 bytes"), Error);
+  // The largest strides that fit are accepted.
+  const Tensor wide_empty = empty({0, int64_t{1} << 31, int64_t{1} << 31});
+  CHECK(wide_empty.numel() == 0);
+  CHECK(wide_empty.strides()[0] == int64_t{1} << 62);
 }
 
 TEST_CASE("tensor: Device::parse and parse_dtype") {
