@@ -172,16 +172,20 @@ KILN_HOST_DEVICE inline ScheduleValue schedule_formula_value(const ScheduleFormu
       break;
     case ScheduleKind::cosine_warm_restarts: {
       int64_t t_cur = step, t_i = f.period;
+      double period = static_cast<double>(t_i);
       if (f.period2 == 1) {
         t_cur = step % f.period;
       } else {
         while (t_cur >= t_i) {  // the restarts of step(): T_cur -= T_i; T_i *= T_mult
           t_cur -= t_i;
+          // A T_i beyond int64 exceeds every step count: this period is the last.
+          const bool last = t_i > INT64_MAX / f.period2;
+          period = static_cast<double>(t_i) * static_cast<double>(f.period2);
+          if (last) break;
           t_i *= f.period2;
         }
       }
-      value.lr = f.eta_min + (base - f.eta_min) *
-                                 (1.0 + ::cos(kPi * static_cast<double>(t_cur) / static_cast<double>(t_i))) / 2.0;
+      value.lr = f.eta_min + (base - f.eta_min) * (1.0 + ::cos(kPi * static_cast<double>(t_cur) / period)) / 2.0;
       break;
     }
     case ScheduleKind::one_cycle: return one_cycle(f, g, step);

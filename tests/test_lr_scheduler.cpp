@@ -7,6 +7,7 @@
 #include <functional>
 
 #include "kernels/cuda/runtime.h"
+#include "kernels/schedule_formulas.h"
 #include "optim/lr_scheduler.h"
 #include "tests/support/test_util.h"
 
@@ -138,6 +139,19 @@ TEST_CASE("CosineAnnealingWarmRestarts restarts after T_0, T_0 * T_mult, ...") {
     }
     check_sequence(s, f, 30, [&](int g, int t) { return seq[g][t]; });
   }
+}
+
+TEST_CASE("CosineAnnealingWarmRestarts: a period beyond int64 is the last one, not a wrapped one") {
+  kernels::ScheduleFormula f;
+  f.kind = kernels::ScheduleKind::cosine_warm_restarts;
+  f.period = int64_t{1} << 30;
+  f.period2 = (int64_t{1} << 40) + 1;  // T_1 = 2^70 + 2^30 wraps to 2^30 in int64
+  f.base_lr[0] = 1.0;
+  const int64_t step = (int64_t{1} << 30) + (int64_t{1} << 29);
+  // T_cur = 2^29 into a period of ~2^70: the lr has barely left base_lr (a wrapped T_1 gives the midpoint 0.5).
+  const double expected = (1.0 + std::cos(kPi * std::ldexp(1.0, 29) / (std::ldexp(1.0, 70) + std::ldexp(1.0, 30)))) / 2;
+  CHECK(kernels::schedule_formula_value(f, 0, step, std::nan("")).lr == doctest::Approx(expected).epsilon(1e-15));
+  CHECK(kernels::schedule_formula_value(f, 0, step, std::nan("")).lr > 0.999);
 }
 
 TEST_CASE("OneCycleLR at steps 0, 29, 30, 99 of 100, with momentum cycling") {
