@@ -544,10 +544,15 @@ Tensor& Tensor::copy_(const Tensor& source, bool non_blocking) {
   }
   Tensor landing = is_contiguous() ? *this : empty(shape(), TensorOptions{.dtype = dtype(), .device = dst_device});
   if (dst_device.is_cuda() && src_device.is_cuda()) {
-    // Peer copy between devices; ordered after the source device's work.
+    // Peer copy between devices, ordered after the source device's work. It
+    // waits for its end too: the source stream knows nothing of the copy, so
+    // its later work could overwrite the source, and the staging buffer goes
+    // back to the source stream's pool when this returns.
     cuda::stream_synchronize(cuda::current_stream(src_device.index));
-    cuda::memcpy_async(landing.data_ptr(), staged.data_ptr(), nbytes(), cuda::CopyKind::device_to_device,
-                       cuda::current_stream(dst_device.index));
+    cuda::DeviceGuard on_destination(dst_device.index, "copy_ between devices");
+    const cuda::Stream stream = cuda::current_stream(dst_device.index);
+    cuda::memcpy_async(landing.data_ptr(), staged.data_ptr(), nbytes(), cuda::CopyKind::device_to_device, stream);
+    cuda::stream_synchronize(stream);
   } else if (dst_device.is_cuda()) {
     cuda::memcpy_async(landing.data_ptr(), staged.data_ptr(), nbytes(), cuda::CopyKind::host_to_device,
                        cuda::current_stream(dst_device.index));

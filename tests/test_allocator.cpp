@@ -9,6 +9,7 @@
 #include <map>
 #include <set>
 #include <string>
+#include <thread>
 
 #include "core/allocator.h"
 #include "core/tensor.h"
@@ -343,6 +344,33 @@ TEST_CASE("allocator: the CUDA caching allocator reuses memory and keeps statist
   CHECK(std::strlen(properties.name) > 0);
   MESSAGE("GPU: " << std::string(properties.name) << ", " << properties.multiprocessor_count << " SMs, L2 "
                   << properties.l2_cache_bytes / MiB << " MiB, sm_" << properties.major << properties.minor);
+}
+
+TEST_CASE("allocator: a thread that never chose a device takes the process's device [gpu]") {
+  KILN_REQUIRE_GPU();
+  // A data-loader worker or the NCCL watchdog on a rank that uses cuda:N must
+  // not create a context on GPU 0 with its first CUDA call (meaningful with 2+ GPUs).
+  const int before = cuda::current_device();
+  const int device = cuda::device_count() - 1;
+  cuda::set_device(device);
+  int seen = -1, guarded = -1, after_guard = -1;
+  bool pinned = false;
+  std::thread worker([&] {
+    std::shared_ptr<void> buffer = allocate_pinned(64);  // a pinned batch buffer, the worker's first CUDA call
+    pinned = cuda::is_pinned(buffer.get());
+    seen = cuda::current_device();
+    {
+      cuda::DeviceGuard guard(0, "test guard");
+      guarded = cuda::current_device();
+    }
+    after_guard = cuda::current_device();  // restored to the process's device, not to CUDA's default 0
+  });
+  worker.join();
+  cuda::set_device(before);
+  CHECK(pinned);
+  CHECK(seen == device);
+  CHECK(guarded == 0);
+  CHECK(after_guard == device);
 }
 
 }  // namespace kiln

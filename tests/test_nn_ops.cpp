@@ -425,4 +425,22 @@ TEST_CASE("conv2d on CUDA: channels-last input gives a channels-last output equa
   KILN_CHECK_CLOSE(y.cpu(), reference.cpu(), 1e-5, 1e-5);
 }
 
+TEST_CASE("conv2d on CUDA: tensors on a GPU other than the current one run there [gpu]") {
+  KILN_REQUIRE_GPU();
+  if (cuda::device_count() < 2) {
+    MESSAGE("SKIPPED (needs 2 GPUs): conv2d on cuda:1 while cuda:0 is current");
+    return;
+  }
+  const Tensor x = tensor<double>(random_values(2 * 3 * 9 * 9, 5), {2, 3, 9, 9}).to(DType::f32);
+  const Tensor w = tensor<double>(random_values(4 * 3 * 3 * 3, 6), {4, 3, 3, 3}).to(DType::f32);
+  const Tensor b = tensor<double>(random_values(4, 7), {4}).to(DType::f32);
+  const Tensor reference = conv2d(x, w, b, 1, 1);
+  // cuDNN's handle for cuda:1 used while cuda:0 is current fails or runs on the wrong device.
+  cuda::DeviceGuard current(0, "test");
+  const Device other = Device::cuda(1);
+  const Tensor y = conv2d(x.to(other), w.to(other), b.to(other), 1, 1);
+  CHECK(cuda::current_device() == 0);
+  KILN_CHECK_CLOSE(y.cpu(), reference, 1e-4, 1e-4);
+}
+
 }  // namespace kiln::testing

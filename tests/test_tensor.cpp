@@ -506,6 +506,22 @@ TEST_CASE("tensor: to(cuda) round trip [gpu]") {
   CHECK(floats(g.to(DType::f16).to(DType::f32)) == floats(x));
 }
 
+TEST_CASE("tensor: a copy between two GPUs is complete when it returns [gpu]") {
+  KILN_REQUIRE_GPU();
+  if (cuda::device_count() < 2) {
+    MESSAGE("SKIPPED (needs 2 GPUs): copies from cuda:0 to cuda:1");
+    return;
+  }
+  const Tensor values = iota({512, 1024});
+  Tensor source = values.to(Device::cuda(0));
+  // Transposed: staged in a cuda:0 buffer that returns to cuda:0's pool at once.
+  const Tensor copied = source.t().to(Device::cuda(1));
+  source.fill_(-1.0);                                          // later work on the source stream
+  const Tensor reuse = full({1024, 512}, -2.0, {.device = Device::cuda(0)});  // may take the staging buffer
+  CHECK(floats(copied.cpu()) == floats(values.t().contiguous()));
+  CHECK(sum(reuse).item<double>() == -2.0 * 1024 * 512);
+}
+
 TEST_CASE("tensor: non_blocking copy into pinned memory [gpu]") {
   KILN_REQUIRE_GPU();
   Tensor device_values = arange(0, 4096, 1, {.dtype = DType::f32, .device = Device::cuda(0)});

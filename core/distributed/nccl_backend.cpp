@@ -10,6 +10,7 @@
 // backend broken; every later call and Work::wait() throws kiln::Error.
 #include <condition_variable>
 #include <deque>
+#include <optional>
 #include <thread>
 
 #include "core/distributed/process_group.h"
@@ -183,6 +184,15 @@ class NcclBackend final : public Backend {
   // Polls pending collectives; aborts the communicator on a timeout or an
   // asynchronous error. comm_mutex_ keeps an abort from racing a launch.
   void watch() {
+    // This thread's CUDA calls (event queries) run on the communicator's
+    // device: on a new thread's default device 0 they would create a context
+    // there, a few hundred MB of GPU 0 for every rank that uses another GPU.
+    std::optional<cuda::DeviceGuard> on_device;
+    try {
+      on_device.emplace(device_, "NCCL watchdog");
+    } catch (const Error& e) {
+      mark_broken(std::string("NCCL watchdog: ") + e.message());
+    }
     for (;;) {
       std::string failure;
       {

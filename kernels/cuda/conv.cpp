@@ -3,7 +3,8 @@
 //
 // Invariants:
 //  - One cudnnHandle_t per (thread, device), bound to the caller's stream on
-//    every call; handles return to a pool when their thread exits (cuDNN
+//    every call and used with its device current (a DeviceGuard per call);
+//    handles return to a pool when their thread exits (cuDNN
 //    handles are costly to create and must not be shared by threads at once).
 //  - Algorithms: cudnnGet*_v7 heuristics, cached per key; in benchmark mode
 //    cudnnFind*AlgorithmEx once per key (it synchronizes), cached, counted.
@@ -459,6 +460,7 @@ struct BiasDescriptor {
 
 void conv2d_forward_cuda(const Conv2dParams& p, const ConvCudaConfig& config, const void* x, const void* weight,
                          const void* bias, void* y, const WorkspaceAllocator& workspace) {
+  cuda::DeviceGuard guard(config.device, "conv2d (cuDNN)");  // cuDNN works on the current device
   run(Direction::forward, p, config, {x, weight, nullptr, y}, workspace);
   if (bias != nullptr) {
     cudnnHandle_t handle = handle_for(config.device, config.stream);
@@ -471,15 +473,18 @@ void conv2d_forward_cuda(const Conv2dParams& p, const ConvCudaConfig& config, co
 
 void conv2d_backward_input_cuda(const Conv2dParams& p, const ConvCudaConfig& config, const void* weight,
                                 const void* dy, void* dx, const WorkspaceAllocator& workspace) {
+  cuda::DeviceGuard guard(config.device, "conv2d backward (cuDNN)");
   run(Direction::backward_data, p, config, {nullptr, weight, dy, dx}, workspace);
 }
 
 void conv2d_backward_weight_cuda(const Conv2dParams& p, const ConvCudaConfig& config, const void* x, const void* dy,
                                  void* dweight, const WorkspaceAllocator& workspace) {
+  cuda::DeviceGuard guard(config.device, "conv2d backward (cuDNN)");
   run(Direction::backward_filter, p, config, {x, nullptr, dy, dweight}, workspace);
 }
 
 void conv2d_backward_bias_cuda(const Conv2dParams& p, const ConvCudaConfig& config, const void* dy, void* dbias) {
+  cuda::DeviceGuard guard(config.device, "conv2d backward (cuDNN)");
   cudnnHandle_t handle = handle_for(config.device, config.stream);
   Descriptors d(p, config);
   BiasDescriptor b(p, config);

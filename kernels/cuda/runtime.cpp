@@ -7,6 +7,9 @@
 //    caller's current device afterwards.
 //  - Out-of-memory is not an error here (raw_malloc / host_alloc_pinned return
 //    nullptr and clear the error); every other failure throws via KILN_CUDA_CHECK.
+//  - A thread that never chose a device (a data-loader worker, the NCCL
+//    watchdog) takes the device the process chose with set_device before its
+//    first CUDA call, instead of the CUDA default 0 (see adopt_process_device).
 #include "kernels/cuda/runtime.h"
 
 #include <cuda_runtime_api.h>
@@ -26,6 +29,23 @@ namespace {
 
 std::atomic<uint64_t> device_to_host_copies{0};
 std::atomic<uint64_t> synchronizations{0};
+
+// The device last chosen with set_device by any thread; -1 before the first.
+std::atomic<int> process_device{-1};
+// Whether this thread chose its device or already adopted process_device.
+thread_local bool thread_has_device = false;
+
+// A new thread starts on device 0, and its first CUDA call (cudaHostAlloc for
+// a pinned batch, cudaPointerGetAttributes, an event query) creates device 0's
+// primary context: a few hundred MB on GPU 0 for every rank of a job whose
+// ranks use cuda:1, cuda:2, ... (and a DeviceGuard restoring 0 would create
+// it too). Such a thread takes the process's device instead, once.
+void adopt_process_device() {
+  if (thread_has_device) return;
+  thread_has_device = true;
+  const int device = process_device.load(std::memory_order_relaxed);
+  if (device > 0 && cudaSetDevice(device) != cudaSuccess) (void)cudaGetLastError();
+}
 
 void check_device(int device, const char* what) {
   const int count = device_count();
@@ -89,6 +109,7 @@ cudaEvent_t as_event(Event event) { return static_cast<cudaEvent_t>(event); }
 
 DeviceGuard::DeviceGuard(int device, const char* what) {
   check_device(device, what);
+  adopt_process_device();  // so that the destructor restores that device, not 0
   KILN_CUDA_CHECK(cudaGetDevice(&previous_));
   if (previous_ != device) KILN_CUDA_CHECK(cudaSetDevice(device));
   device_ = device;
@@ -119,10 +140,13 @@ bool compiled_with_cuda() { return true; }
 void set_device(int device) {
   check_device(device, "set_device");
   KILN_CUDA_CHECK(cudaSetDevice(device));
+  thread_has_device = true;
+  process_device.store(device, std::memory_order_relaxed);
 }
 
 int current_device() {
   if (device_count() == 0) return 0;
+  adopt_process_device();
   int device = 0;
   KILN_CUDA_CHECK(cudaGetDevice(&device));
   return device;
@@ -161,6 +185,7 @@ size_t device_total_memory(int device) {
 
 void* host_alloc_pinned(size_t bytes) {
   KILN_CHECK(device_count() > 0, "pinned memory: no CUDA device is available");
+  adopt_process_device();
   void* pointer = nullptr;
   // Portable: pinned for every device's context, so any GPU can copy from it.
   const cudaError_t status = cudaHostAlloc(&pointer, bytes, cudaHostAllocPortable);
@@ -174,11 +199,13 @@ void* host_alloc_pinned(size_t bytes) {
 
 void host_free_pinned(void* pointer) {
   if (pointer == nullptr) return;
+  adopt_process_device();
   KILN_CUDA_CHECK(cudaFreeHost(pointer));
 }
 
 bool is_pinned(const void* pointer) {
   if (pointer == nullptr || device_count() == 0) return false;
+  adopt_process_device();
   cudaPointerAttributes attributes{};
   if (cudaPointerGetAttributes(&attributes, pointer) != cudaSuccess) {
     (void)cudaGetLastError();
@@ -188,6 +215,7 @@ bool is_pinned(const void* pointer) {
 }
 
 void memcpy_async(void* dst, const void* src, size_t bytes, CopyKind kind, Stream stream) {
+  adopt_process_device();
   if (kind == CopyKind::device_to_host) device_to_host_copies.fetch_add(1, std::memory_order_relaxed);
   if (bytes == 0) return;
   KILN_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, to_cuda(kind), as_stream(stream)));
@@ -226,6 +254,7 @@ void destroy_stream(Stream stream) {
 }
 
 void stream_synchronize(Stream stream) {
+  adopt_process_device();
   synchronizations.fetch_add(1, std::memory_order_relaxed);
   KILN_CUDA_CHECK(cudaStreamSynchronize(as_stream(stream)));
 }
@@ -238,6 +267,7 @@ void device_synchronize(int device) {
 
 Event create_event(bool timing) {
   KILN_CHECK(device_count() > 0, "create_event: no CUDA device is available");
+  adopt_process_device();
   cudaEvent_t event = nullptr;
   // Events without timing are cheaper to record and to wait on.
   KILN_CUDA_CHECK(cudaEventCreateWithFlags(&event, timing ? cudaEventDefault : cudaEventDisableTiming));
@@ -258,11 +288,13 @@ void stream_wait_event(Stream stream, Event event) {
 }
 
 void event_synchronize(Event event) {
+  adopt_process_device();
   synchronizations.fetch_add(1, std::memory_order_relaxed);
   KILN_CUDA_CHECK(cudaEventSynchronize(as_event(event)));
 }
 
 bool event_query(Event event) {
+  adopt_process_device();
   const cudaError_t status = cudaEventQuery(as_event(event));
   if (status == cudaErrorNotReady) {
     (void)cudaGetLastError();  // "not ready" is an answer, not an error
