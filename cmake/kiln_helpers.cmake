@@ -1,8 +1,9 @@
-# Warnings for kiln's own targets. -Wno-restrict: GCC 12 at -O3 reports false
-# positives inside std::string concatenation (GCC bug 105329).
+# Warnings for kiln's own targets. -Wno-restrict (GCC only): GCC 12 at -O3
+# reports false positives inside std::string concatenation (GCC bug 105329).
 function(kiln_warnings target)
   target_compile_options(${target} PRIVATE
-    $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wpedantic -Wno-missing-field-initializers -Wno-restrict>
+    $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wpedantic -Wno-missing-field-initializers>
+    $<$<AND:$<COMPILE_LANGUAGE:CXX>,$<CXX_COMPILER_ID:GNU>>:-Wno-restrict>
     $<$<AND:$<COMPILE_LANGUAGE:CXX>,$<BOOL:${KILN_WERROR}>>:-Werror>
     $<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=-Wall --expt-relaxed-constexpr>
     $<$<AND:$<COMPILE_LANGUAGE:CUDA>,$<BOOL:${KILN_WERROR}>>:-Werror=all-warnings>)

@@ -44,7 +44,7 @@ Batch BatchBuffer::finish(int64_t count) && {
 }
 
 BatchBufferPool::BatchBufferPool(const ExampleLayout& layout, int64_t batch_size, bool pinned, size_t max_free)
-    : layout_(layout), batch_size_(batch_size), pinned_(pinned), max_free_(max_free) {
+    : layout_(layout), pinned_(pinned), max_free_(max_free) {
   target_offset_ = align64(layout.input.nbytes() * static_cast<size_t>(batch_size));
   block_bytes_ = std::max<size_t>(align64(target_offset_ + layout.target.nbytes() * static_cast<size_t>(batch_size)), 64);
 }

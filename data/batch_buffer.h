@@ -54,7 +54,6 @@ class BatchBufferPool : public std::enable_shared_from_this<BatchBufferPool> {
   void free_block(void* block) const;
 
   ExampleLayout layout_;
-  int64_t batch_size_;
   bool pinned_;
   size_t max_free_;
   size_t target_offset_, block_bytes_;

@@ -76,7 +76,7 @@ class NcclBackend final : public Backend {
  public:
   NcclBackend(TCPStore& store, const std::string& prefix, int rank, int size, int device,
               std::chrono::milliseconds timeout)
-      : state_(std::make_shared<NcclState>()), rank_(rank), size_(size), device_(device), timeout_(timeout) {
+      : state_(std::make_shared<NcclState>()), device_(device), timeout_(timeout) {
     state_->where = "NCCL, rank " + std::to_string(rank) + " of " + std::to_string(size) + ", cuda:" +
                     std::to_string(device);
     KILN_CHECK(cuda::compiled_with_cuda(), "ProcessGroup: a CUDA tensor needs NCCL, but kiln was built without CUDA");
@@ -233,7 +233,7 @@ class NcclBackend final : public Backend {
   }
 
   std::shared_ptr<NcclState> state_;
-  int rank_, size_, device_;
+  int device_;
   std::chrono::milliseconds timeout_;
   nccl::Comm comm_ = nullptr;
   cuda::Stream stream_ = nullptr;
