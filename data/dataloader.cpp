@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "core/allocator.h"
+#include "core/saved_json.h"
 #include "data/batch_buffer.h"
 #include "data/resident.h"
 
@@ -336,28 +337,26 @@ nlohmann::json DataLoader::state_dict() const {
 
 void DataLoader::load_state_dict(const nlohmann::json& state) {
   Impl& d = *impl_;
-  uint64_t epoch = 0, seed = 0;
-  int64_t position = 0, batch_size = 0, num_samples = 0;
-  try {
-    epoch = state.at("epoch").get<uint64_t>();
-    position = state.at("position").get<int64_t>();
-    seed = state.at("seed").get<uint64_t>();
-    batch_size = state.at("batch_size").get<int64_t>();
-    num_samples = state.at("num_samples").get<int64_t>();
-  } catch (const nlohmann::json::exception& e) {
-    KILN_THROW("DataLoader::load_state_dict: malformed state (", e.what(), ")");
-  }
+  // Everything is read and checked before anything changes. Integers only:
+  // get<> would truncate a float position and wrap a negative epoch or seed around.
+  constexpr std::string_view where = "DataLoader::load_state_dict: malformed state";
+  const uint64_t epoch = saved_json::unsigned_integer_at(state, "epoch", where);
+  const uint64_t seed = saved_json::unsigned_integer_at(state, "seed", where);
+  const int64_t position = saved_json::integer_at(state, "position", where, 0);
+  const int64_t batch_size = saved_json::integer_at(state, "batch_size", where, 1);
+  const int64_t num_samples = saved_json::integer_at(state, "num_samples", where, 0);
   KILN_CHECK(batch_size == d.options.batch_size, "DataLoader::load_state_dict: the state was saved with batch_size ",
              batch_size, ", this loader has ", d.options.batch_size);
   KILN_CHECK(num_samples == d.sampler->size(), "DataLoader::load_state_dict: the state was saved with ", num_samples,
              " samples per epoch, this loader has ", d.sampler->size());
+  // The number of batches depends on the batch size and the sample count (just checked), not on the seed.
+  KILN_CHECK(position <= d.batches_per_epoch(), "DataLoader::load_state_dict: position ", position,
+             " is outside the epoch's ", d.batches_per_epoch(), " batches");
   d.cancel_job();
   d.options.seed = seed;
   d.augment_seed = mix_seed(seed);
   if (d.resident) d.resident->set_seed(d.augment_seed);
   if (d.own_sampler) d.make_sampler();
-  KILN_CHECK(position >= 0 && position <= d.batches_per_epoch(), "DataLoader::load_state_dict: position ", position,
-             " is outside the epoch's ", d.batches_per_epoch(), " batches");
   d.epoch = epoch;
   d.position = position;
   d.plan.reset();

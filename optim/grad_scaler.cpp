@@ -6,6 +6,7 @@
 
 #include "core/autograd.h"
 #include "core/ops.h"
+#include "core/saved_json.h"
 #include "kernels/optim.h"
 #include "optim/detail.h"
 
@@ -21,14 +22,6 @@ void check_options(const GradScalerOptions& options, const char* who) {
   // The growth tracker that counts up to it is an int32 (as torch's).
   KILN_CHECK(options.growth_interval > 0 && options.growth_interval <= INT32_MAX, who,
              ": growth_interval must be in [1, 2^31 - 1], got ", options.growth_interval);
-}
-
-// A member of a saved state that must be a number (an integer when `integer`).
-const nlohmann::json& saved_number(const nlohmann::json& meta, const char* key, bool integer) {
-  KILN_CHECK(meta.contains(key) && (integer ? meta.at(key).is_number_integer() : meta.at(key).is_number()),
-             "GradScaler.load_state_dict: ", key, " is ", meta.contains(key) ? meta.at(key).dump() : "missing",
-             integer ? " (expected an integer)" : " (expected a number)");
-  return meta.at(key);
 }
 }  // namespace
 
@@ -171,10 +164,11 @@ void GradScaler::load_state_dict(const StateDict& dict) {
   KILN_CHECK(meta.value("enabled", true),
              "GradScaler.load_state_dict: the source state was saved from a disabled instance of GradScaler");
   GradScalerOptions options = options_;
-  options.init_scale = saved_number(meta, "init_scale", false).get<double>();
-  options.growth_factor = saved_number(meta, "growth_factor", false).get<double>();
-  options.backoff_factor = saved_number(meta, "backoff_factor", false).get<double>();
-  options.growth_interval = saved_number(meta, "growth_interval", true).get<int64_t>();
+  constexpr std::string_view where = "GradScaler.load_state_dict";
+  options.init_scale = saved_json::finite_number_at(meta, "init_scale", where);
+  options.growth_factor = saved_json::finite_number_at(meta, "growth_factor", where);
+  options.backoff_factor = saved_json::finite_number_at(meta, "backoff_factor", where);
+  options.growth_interval = saved_json::integer_at(meta, "growth_interval", where);
   check_options(options, "GradScaler.load_state_dict");
   auto scale = dict.tensors.find("scale");
   auto tracker = dict.tensors.find("_growth_tracker");

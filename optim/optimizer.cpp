@@ -7,6 +7,7 @@
 #include <set>
 
 #include "core/autograd.h"
+#include "core/saved_json.h"
 #include "optim/detail.h"
 
 namespace kiln::optim {
@@ -31,13 +32,6 @@ void check_saved(const Tensor& source, const Shape& shape, bool step_count, cons
   KILN_CHECK(source.shape() == shape, "load_state_dict: ", what, " has shape ", shape_str(source.shape()),
              ", expected ", shape_str(shape));
   if (step_count) detail::saved_step_count(source, what);
-}
-
-// A number of a saved parameter group (nlohmann would turn a bool into one).
-double number_in(const nlohmann::json& group, const char* key, size_t g) {
-  const nlohmann::json& value = group.at(key);
-  KILN_CHECK(value.is_number(), "load_state_dict: ", key, " of group ", g, " is ", value.dump(), ", not a number");
-  return value.get<double>();
 }
 
 // A saved state's key: a parameter index in decimal, as state_dict writes it.
@@ -339,8 +333,11 @@ void Optimizer::load_state_dict(const StateDict& dict) {
       KILN_CHECK(indices.is_array() && indices.size() == groups_[g].indices.size(), "load_state_dict: group ", g,
                  " of the state has ", indices.is_array() ? std::to_string(indices.size()) : "no list of",
                  " parameters, the optimizer's ", groups_[g].indices.size());
-      options[g] = {number_in(group, "lr", g), number_in(group, "weight_decay", g), number_in(group, "momentum", g),
-                    number_in(group, "beta2", g)};
+      const std::string where = "load_state_dict: parameter group " + std::to_string(g);
+      options[g] = {saved_json::finite_number_at(group, "lr", where),
+                    saved_json::finite_number_at(group, "weight_decay", where),
+                    saved_json::finite_number_at(group, "momentum", where),
+                    saved_json::finite_number_at(group, "beta2", where)};
       check_group_options(options[g], "load_state_dict", g);
       const std::string prefix = "group." + std::to_string(g) + ".";
       check_saved(saved_tensor(dict, prefix + "lr"), {}, false, prefix + "lr");

@@ -554,6 +554,34 @@ TEST_CASE("ModelCheckpoint: a file name already taken gets a -v1 suffix instead 
   fs::remove_all(root);
 }
 
+TEST_CASE("ModelCheckpoint: a loaded state cannot make it delete files outside its own folder") {
+  auto data = regression_data(16);
+  fs::path root = testing::fresh_folder("parity", "ckpt_outside");
+  fs::create_directories(root / "outside");
+  fs::create_directories(root / "checkpoints");
+  const fs::path victims[] = {root / "outside" / "victim.safetensors", root / "outside" / "victim.txt",
+                              root / "checkpoints" / "notes.txt"};
+  const fs::path own_stale = root / "checkpoints" / "stale.safetensors";
+  for (const fs::path& file : {victims[0], victims[1], victims[2], own_stale}) std::ofstream(file) << "keep me";
+  ModelCheckpointOptions checkpointing;
+  checkpointing.dirpath = (root / "checkpoints").string();
+  auto callback = std::make_shared<ModelCheckpoint>(checkpointing);
+  // No monitor, save_top_k 1: each save removes every other kept file.
+  nlohmann::json kept = nlohmann::json::object();
+  for (const fs::path& file : {victims[0], victims[1], victims[2], own_stale}) kept[file.string()] = 0.0;
+  callback->load_state_dict({{"best_k_models", kept}, {"best_model_path", own_stale.string()}});
+  testing::Regression module;
+  TrainerOptions options = quiet_options(root);
+  options.max_epochs = 1;
+  options.callbacks = {callback};
+  DataLoader train(data, loader_options(8));
+  Trainer(options).fit(module, train);
+  for (const fs::path& victim : victims) CHECK_MESSAGE(fs::exists(victim), victim.string());
+  CHECK_FALSE(fs::exists(own_stale));  // its own kind of file in its own folder still goes
+  CHECK(fs::exists(callback->best_model_path()));
+  fs::remove_all(root);
+}
+
 // model_checkpoint.py format_checkpoint_name: str.format specs ("{epoch:03d}",
 // "{val_loss:.2f}"), and a missing key written as 0 ("{missing:d}" -> "missing=0").
 TEST_CASE("ModelCheckpoint: file names take Python format specs; a metric not logged is 0") {

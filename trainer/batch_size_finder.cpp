@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "core/allocator.h"
+#include "core/saved_json.h"
 #include "trainer/finder_support.h"
 #include "trainer/trainer.h"
 
@@ -198,11 +199,24 @@ nlohmann::json BatchSizeFinder::state_dict() const {
   return state;
 }
 
+namespace {
+// The saved size, checked; nullopt for a state saved before a search (Lightning's None).
+std::optional<int64_t> saved_batch_size(const nlohmann::json& state) {
+  constexpr std::string_view where = "BatchSizeFinder.load_state_dict";
+  if (!saved_json::object(state, "state", where).contains("optimal_batch_size")) return std::nullopt;
+  return saved_json::integer_at(state, "optimal_batch_size", where, 1);
+}
+}  // namespace
+
+void BatchSizeFinder::check_state_dict(const nlohmann::json& state) const { saved_batch_size(state); }
+
 void BatchSizeFinder::load_state_dict(const nlohmann::json& state) {
-  if (!state.contains("optimal_batch_size")) return;
-  const int64_t batch_size = state.at("optimal_batch_size").get<int64_t>();
-  KILN_CHECK(batch_size >= 1, "BatchSizeFinder::load_state_dict: invalid optimal_batch_size ", batch_size);
-  result_ = BatchSizeFinderResult{batch_size, {}};
+  const std::optional<int64_t> batch_size = saved_batch_size(state);
+  if (batch_size) {
+    result_ = BatchSizeFinderResult{*batch_size, {}};
+  } else {
+    result_.reset();
+  }
 }
 
 }  // namespace kiln

@@ -89,6 +89,7 @@ class BatchSizeFinder : public Callback {
   void on_fit_start(Trainer& trainer, TrainModule& module) override;
   void on_load_checkpoint(Trainer& trainer, TrainModule& module, const nlohmann::json& own_state) override;
   nlohmann::json state_dict() const override;  // {"optimal_batch_size": n} once found
+  void check_state_dict(const nlohmann::json& state) const override;
   void load_state_dict(const nlohmann::json& state) override;
 
   // The size fit trains with (Lightning's optimal_batch_size); nullopt before a

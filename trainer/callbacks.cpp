@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <iostream>
 
+#include "core/saved_json.h"
 #include "kernels/error.h"
 #include "trainer/trainer.h"
 
@@ -26,6 +27,80 @@ std::string logged_metric_names(const std::map<std::string, double>& metrics) {
   std::string names;
   for (const auto& [name, value] : metrics) names += (names.empty() ? "'" : ", '") + name + "'";
   return names;
+}
+
+// A saved score: a number, or null for the worst (a file has no infinity; a
+// state_dict() that was not written to one holds it as a number).
+double saved_score(const nlohmann::json& value, const std::string& name, std::string_view where, double worst) {
+  if (value.is_null()) return worst;
+  if (!value.is_number() || std::isnan(value.get<double>())) saved_json::refuse(value, name, where, "a number or null");
+  return value.get<double>();
+}
+
+// EarlyStopping's state_dict, read and checked (as Lightning's, the saved patience wins).
+struct EarlyStoppingState {
+  int wait_count;
+  double best_score;
+  int64_t stopped_epoch;
+  std::optional<int> patience;  // files may lack it
+};
+
+EarlyStoppingState read_early_stopping(const nlohmann::json& state, const std::string& mode) {
+  constexpr std::string_view where = "EarlyStopping.load_state_dict";
+  constexpr int64_t kMaxInt = std::numeric_limits<int>::max();
+  EarlyStoppingState out;
+  out.wait_count = static_cast<int>(saved_json::integer_at(state, "wait_count", where, 0, kMaxInt));
+  out.best_score = saved_score(saved_json::member(state, "best_score", where), "best_score", where,
+                               mode == "min" ? INFINITY : -INFINITY);
+  out.stopped_epoch = saved_json::integer_at(state, "stopped_epoch", where, 0);
+  if (state.contains("patience")) {
+    out.patience = static_cast<int>(saved_json::integer_at(state, "patience", where, 0, kMaxInt));
+  }
+  return out;
+}
+
+// ModelCheckpoint's state_dict, read and checked; keys that older files lack take defaults.
+struct ModelCheckpointState {
+  std::string best_path, last_path;
+  std::map<std::string, double> kept;
+  int64_t last_saved_step;
+};
+
+ModelCheckpointState read_model_checkpoint(const nlohmann::json& state, const std::string& mode) {
+  constexpr std::string_view where = "ModelCheckpoint.load_state_dict";
+  saved_json::object(state, "state", where);
+  auto optional_string = [&](const char* key) {
+    return state.contains(key) ? saved_json::string_at(state, key, where) : std::string();
+  };
+  ModelCheckpointState out;
+  optional_string("monitor");  // not loaded (the callback's own wins), but part of a well-formed state
+  out.best_path = optional_string("best_model_path");
+  out.last_path = optional_string("last_model_path");
+  const double worst = mode == "min" ? INFINITY : -INFINITY;
+  if (state.contains("best_model_score")) saved_score(state.at("best_model_score"), "best_model_score", where, worst);
+  // "kept": the key of files written before Lightning's name was used.
+  const char* kept_key = state.contains("best_k_models") ? "best_k_models" : "kept";
+  if (state.contains(kept_key)) {
+    for (const auto& [path, score] : saved_json::object(state.at(kept_key), kept_key, where).items()) {
+      out.kept[path] = saved_score(score, path, where, worst);
+    }
+  }
+  out.last_saved_step = state.contains("last_saved_step") ? saved_json::integer_at(state, "last_saved_step", where, -1)
+                                                          : -1;
+  return out;
+}
+
+// Removes a checkpoint this callback wrote: only a .safetensors file directly
+// in `dir`. The kept paths come from saved states, and a crafted or foreign
+// checkpoint must not make a run delete files elsewhere (a run resumed into
+// another folder leaves the old one's files, as Lightning does).
+void remove_own_checkpoint(const std::string& path, const std::string& dir) {
+  std::error_code error;
+  const fs::path file = fs::weakly_canonical(path, error);
+  if (error) return;
+  const fs::path folder = fs::weakly_canonical(dir, error);
+  if (error || file.parent_path() != folder || file.extension() != ".safetensors") return;
+  fs::remove(file, error);
 }
 }  // namespace
 
@@ -132,13 +207,15 @@ nlohmann::json EarlyStopping::state_dict() const {
           {"patience", options_.patience}};
 }
 
+void EarlyStopping::check_state_dict(const nlohmann::json& state) const { read_early_stopping(state, options_.mode); }
+
 void EarlyStopping::load_state_dict(const nlohmann::json& state) {
-  wait_count_ = state.at("wait_count").get<int>();
-  best_score_ = state.at("best_score").is_null() ? (options_.mode == "min" ? INFINITY : -INFINITY)
-                                                  : state.at("best_score").get<double>();
-  stopped_epoch_ = state.at("stopped_epoch").get<int64_t>();
+  const EarlyStoppingState saved = read_early_stopping(state, options_.mode);
+  wait_count_ = saved.wait_count;
+  best_score_ = saved.best_score;
+  stopped_epoch_ = saved.stopped_epoch;
   // As Lightning's load_state_dict: the checkpoint's patience wins.
-  if (state.contains("patience")) options_.patience = state.at("patience").get<int>();
+  if (saved.patience) options_.patience = *saved.patience;
 }
 
 // ---------------------------------------------------------------- ModelCheckpoint
@@ -274,14 +351,14 @@ void ModelCheckpoint::save(Trainer& trainer, bool top_k) {
       if (options_.monitor.empty() && options_.save_top_k == 1) {
         for (auto it = kept_.begin(); it != kept_.end();) {
           if (it->first != path) {
-            fs::remove(it->first, error);
+            remove_own_checkpoint(it->first, dir);
             it = kept_.erase(it);
           } else {
             ++it;
           }
         }
       } else if (options_.save_top_k > 0 && static_cast<int>(kept_.size()) > options_.save_top_k) {
-        fs::remove(worst, error);
+        remove_own_checkpoint(worst, dir);
         kept_.erase(worst);
       }
       best_path_.clear();
@@ -330,16 +407,16 @@ nlohmann::json ModelCheckpoint::state_dict() const {
           {"last_saved_step", last_saved_step_}};
 }
 
+void ModelCheckpoint::check_state_dict(const nlohmann::json& state) const {
+  read_model_checkpoint(state, options_.mode);
+}
+
 void ModelCheckpoint::load_state_dict(const nlohmann::json& state) {
-  best_path_ = state.value("best_model_path", "");
-  last_path_ = state.value("last_model_path", "");
-  kept_.clear();
-  // "kept": the key of files written before Lightning's name was used.
-  const nlohmann::json kept = state.contains("best_k_models") ? state.at("best_k_models")
-                                                              : state.value("kept", nlohmann::json::object());
-  const double worst = options_.mode == "min" ? INFINITY : -INFINITY;
-  for (const auto& [path, score] : kept.items()) kept_[path] = score.is_null() ? worst : score.get<double>();
-  last_saved_step_ = state.value("last_saved_step", int64_t{-1});
+  ModelCheckpointState saved = read_model_checkpoint(state, options_.mode);
+  best_path_ = std::move(saved.best_path);
+  last_path_ = std::move(saved.last_path);
+  kept_ = std::move(saved.kept);
+  last_saved_step_ = saved.last_saved_step;
 }
 
 }  // namespace kiln

@@ -44,6 +44,12 @@ class Callback {
   // must load into (StochasticWeightAveraging's SWALR).
   virtual void on_load_checkpoint(Trainer&, TrainModule&, const nlohmann::json& /*own_state*/) {}
   virtual nlohmann::json state_dict() const { return nlohmann::json::object(); }
+  // Throws kiln::Error when load_state_dict would refuse `state`; changes
+  // nothing. fit(ckpt_path) checks every callback's saved state with it before
+  // it applies any part of the checkpoint (the default accepts anything).
+  virtual void check_state_dict(const nlohmann::json& /*state*/) const {}
+  // The built-in callbacks' load_state_dict check everything before they
+  // change anything (kiln::Error naming the key).
   virtual void load_state_dict(const nlohmann::json&) {}
 };
 
@@ -75,6 +81,7 @@ class EarlyStopping : public Callback {
   void on_validation_end(Trainer& trainer, TrainModule& module) override;
   void on_train_epoch_end(Trainer& trainer, TrainModule& module) override;
   nlohmann::json state_dict() const override;
+  void check_state_dict(const nlohmann::json& state) const override;
   void load_state_dict(const nlohmann::json& state) override;
 
   // Feeds one value; returns whether training should stop and why (also used by tests).
@@ -126,6 +133,7 @@ class ModelCheckpoint : public Callback {
   void on_train_batch_end(Trainer& trainer, TrainModule& module, int64_t batch_idx) override;
   void on_train_epoch_end(Trainer& trainer, TrainModule& module) override;
   nlohmann::json state_dict() const override;
+  void check_state_dict(const nlohmann::json& state) const override;
   void load_state_dict(const nlohmann::json& state) override;
 
   const std::string& best_model_path() const { return best_path_; }

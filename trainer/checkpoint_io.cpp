@@ -1,8 +1,7 @@
 #include "trainer/checkpoint_io.h"
 
-#include <limits>
-
 #include "core/generator.h"
+#include "core/saved_json.h"
 #include "core/serialization.h"
 #include "kernels/cuda/runtime.h"
 
@@ -30,20 +29,23 @@ void restore_generators(const nlohmann::json& states) {
   }
 }
 
-// An integer of the metadata, at least `min`: nlohmann's get<int64_t> would
+// Counts of the loop (epochs, steps, batches) are at most 2^53, as optimizer
+// step counts (optim/detail.h): the loop increments them and some reach doubles.
+constexpr int64_t kMaxCount = int64_t{1} << 53;
+
+std::string corrupt_metadata(const std::string& path) { return "load checkpoint '" + path + "': corrupt metadata"; }
+
+// A count of the metadata, at least `min`: nlohmann's get<int64_t> would
 // convert a float, with undefined behaviour out of range. `fallback` is the
 // value of a key that older files lack.
 int64_t integer_in(const nlohmann::json& meta, const char* key, int64_t min, const std::string& path,
                    std::optional<int64_t> fallback = std::nullopt) {
   if (!meta.contains(key) && fallback) return *fallback;
-  KILN_CHECK(meta.contains(key), "load checkpoint '", path, "': corrupt metadata: no \"", key, "\"");
-  const nlohmann::json& value = meta.at(key);
-  const bool integer = value.is_number_unsigned()
-                           ? value.get<uint64_t>() <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max())
-                           : value.is_number_integer();
-  KILN_CHECK(integer && value.get<int64_t>() >= min, "load checkpoint '", path, "': corrupt metadata: \"", key,
-             "\" is ", value.dump(), " (expected an integer >= ", min, ")");
-  return value.get<int64_t>();
+  return saved_json::integer_at(meta, key, corrupt_metadata(path), min, kMaxCount);
+}
+
+bool flag_in(const nlohmann::json& meta, const char* key, const std::string& path) {
+  return meta.contains(key) && saved_json::boolean_at(meta, key, corrupt_metadata(path));
 }
 
 // The generator states as generator_states() writes them: {device: [seed, offset]}.
@@ -140,7 +142,7 @@ TrainerCheckpointFile read_trainer_checkpoint(const std::string& path, const nn:
   try {
     for (size_t i = 0; i < saved_optimizers; ++i) {
       const std::string optimizer_key = slot_name("optimizer", i), scheduler_key = slot_name("scheduler", i);
-      out.optimizers[i].meta = meta.at(optimizer_key);
+      out.optimizers[i].meta = saved_json::member(meta, optimizer_key, corrupt_metadata(path));
       destinations[optimizer_key + "."] = &out.optimizers[i].tensors;
       if (meta.contains(scheduler_key)) {
         out.schedulers[i] = optim::StateDict{};
@@ -157,13 +159,23 @@ TrainerCheckpointFile read_trainer_checkpoint(const std::string& path, const nn:
     out.progress.global_step = integer_in(meta, "global_step", 0, path);
     out.progress.batch_in_epoch = integer_in(meta, "batch_in_epoch", 0, path);
     out.progress.total_batches = integer_in(meta, "total_batches", -1, path, -1);
-    out.progress.epoch_end_hooks_done = meta.value("epoch_end_hooks_done", false);
-    out.progress.validation_pending = meta.value("validation_pending", false);
-    out.progress.loader_state = meta.at("loader");
+    out.progress.epoch_end_hooks_done = flag_in(meta, "epoch_end_hooks_done", path);
+    out.progress.validation_pending = flag_in(meta, "validation_pending", path);
+    // The loader, metrics and callback states are the Trainer's to check (Trainer::load_checkpoint).
+    out.progress.loader_state = saved_json::member(meta, "loader", corrupt_metadata(path));
     out.progress.metrics = meta.value("metrics", nlohmann::json());
-    out.progress.callback_states = meta.at("callbacks").get<std::map<std::string, nlohmann::json>>();
-    out.progress.hyperparameters = meta.value("hyperparameters", std::map<std::string, std::string>{});
-    out.rng = meta.at("rng");
+    const nlohmann::json& callbacks = saved_json::member(meta, "callbacks", corrupt_metadata(path));
+    for (const auto& [name, state] : saved_json::object(callbacks, "callbacks", corrupt_metadata(path)).items()) {
+      out.progress.callback_states[name] = state;
+    }
+    if (meta.contains("hyperparameters")) {
+      const std::string where = corrupt_metadata(path) + ": hyperparameters";
+      const nlohmann::json& hyperparameters = saved_json::object(meta.at("hyperparameters"), "hyperparameters", where);
+      for (const auto& [name, value] : hyperparameters.items()) {
+        out.progress.hyperparameters[name] = saved_json::string(value, name, where);
+      }
+    }
+    out.rng = saved_json::member(meta, "rng", corrupt_metadata(path));
     check_generator_states(out.rng, path);
   } catch (const nlohmann::json::exception& error) {
     KILN_THROW("load checkpoint '", path, "': corrupt metadata: ", error.what());

@@ -4,6 +4,8 @@
 #include <cstring>
 
 #include "core/autograd.h"
+#include "core/extent.h"
+#include "core/saved_json.h"
 #include "trainer/trainer.h"
 
 namespace kiln {
@@ -25,9 +27,8 @@ std::string base64_encode(const unsigned char* data, size_t size) {
   return out;
 }
 
-std::vector<unsigned char> base64_decode(const std::string& text) {
-  KILN_CHECK(text.size() % 4 == 0, "StochasticWeightAveraging state: corrupt tensor data (base64 length ",
-             text.size(), ")");
+std::vector<unsigned char> base64_decode(const std::string& text, const std::string& where) {
+  KILN_CHECK(text.size() % 4 == 0, where, ": corrupt tensor data (base64 length ", text.size(), ")");
   std::vector<unsigned char> out;
   out.reserve(text.size() / 4 * 3);
   for (size_t i = 0; i < text.size(); i += 4) {
@@ -36,7 +37,8 @@ std::vector<unsigned char> base64_decode(const std::string& text) {
     for (size_t k = 0; k < 4; ++k) {
       const char c = text[i + k];
       const char* found = c == '=' ? nullptr : std::strchr(kBase64, c);
-      KILN_CHECK(c == '=' || (found != nullptr && c != '\0'), "StochasticWeightAveraging state: corrupt tensor data");
+      KILN_CHECK(c == '=' || (found != nullptr && c != '\0'), where, ": corrupt tensor data (base64 character ",
+                 static_cast<int>(static_cast<unsigned char>(c)), ")");
       padding += c == '=';
       chunk = (chunk << 6) | (found ? static_cast<uint32_t>(found - kBase64) : 0);
     }
@@ -56,13 +58,96 @@ nlohmann::json tensor_json(const Tensor& tensor) {
           {"data", base64_encode(static_cast<const unsigned char*>(host.data_ptr()), host.nbytes())}};
 }
 
-Tensor tensor_from_json(const nlohmann::json& json) {
-  Tensor tensor = empty(json.at("shape").get<Shape>(), {.dtype = parse_dtype(json.at("dtype").get<std::string>())});
-  const std::vector<unsigned char> bytes = base64_decode(json.at("data").get<std::string>());
-  KILN_CHECK(bytes.size() == tensor.nbytes(), "StochasticWeightAveraging state: tensor data has ", bytes.size(),
-             " bytes, its shape needs ", tensor.nbytes());
-  std::memcpy(tensor.data_ptr(), bytes.data(), bytes.size());
+constexpr std::string_view kLoadWhere = "StochasticWeightAveraging.load_state_dict";
+
+// tensor_json's inverse; the shape and the byte count are checked before anything is allocated.
+Tensor tensor_from_json(const nlohmann::json& json, const std::string& name) {
+  const std::string where = std::string(kLoadWhere) + ": tensor '" + name + "'";
+  saved_json::object(json, name, kLoadWhere);
+  const nlohmann::json& saved_shape = saved_json::member(json, "shape", where);
+  if (!saved_shape.is_array()) saved_json::refuse(saved_shape, "shape", where, "a list of sizes >= 0");
+  Shape shape;
+  for (const nlohmann::json& size : saved_shape) {
+    if (!size.is_number_integer() || size.get<int64_t>() < 0) {
+      saved_json::refuse(saved_shape, "shape", where, "a list of sizes >= 0");
+    }
+    shape.push_back(size.get<int64_t>());
+  }
+  const std::string dtype_text = saved_json::string_at(json, "dtype", where);
+  DType dtype = DType::f32;
+  try {
+    dtype = parse_dtype(dtype_text);
+  } catch (const Error& error) {
+    KILN_THROW(where, ": ", error.message());
+  }
+  const std::vector<unsigned char> bytes = base64_decode(saved_json::string_at(json, "data", where), where);
+  const auto extent = contiguous_extent(shape, static_cast<int64_t>(dtype_size(dtype)));
+  KILN_CHECK(extent && static_cast<uint64_t>(extent->nbytes) == bytes.size(), where, " has ", bytes.size(),
+             " bytes of data, its shape ", shape_str(shape), " needs ",
+             extent ? std::to_string(extent->nbytes) : std::string("more than 2^63"));
+  if (dtype == DType::b8) {  // any other byte is no bool
+    for (unsigned char byte : bytes) KILN_CHECK(byte <= 1, where, " holds a bool other than 0 or 1");
+  }
+  Tensor tensor = empty(shape, {.dtype = dtype});
+  if (!bytes.empty()) std::memcpy(tensor.data_ptr(), bytes.data(), bytes.size());
   return tensor;
+}
+
+// The callback's state_dict, read and checked (the average against the model
+// only in on_load_checkpoint, which sees the model). Keys older files lack take defaults.
+struct SwaState {
+  int64_t latest_update_epoch = -1;
+  bool swa_started = false;
+  std::optional<optim::StateDict> average;
+};
+
+SwaState read_swa_state(const nlohmann::json& state) {
+  saved_json::object(state, "state", kLoadWhere);
+  SwaState out;
+  if (state.contains("latest_update_epoch")) {
+    out.latest_update_epoch = saved_json::integer_at(state, "latest_update_epoch", kLoadWhere, -1);
+  }
+  if (state.contains("swa_started")) out.swa_started = saved_json::boolean_at(state, "swa_started", kLoadWhere);
+  if (state.contains("n_averaged")) saved_json::integer_at(state, "n_averaged", kLoadWhere, 0);
+  if (!state.contains("average_model_state") || state.at("average_model_state").is_null()) {
+    // SWA starts by making its average: a started one without it would average into nothing.
+    KILN_CHECK(!out.swa_started, kLoadWhere, ": \"swa_started\" is true but there is no \"average_model_state\"");
+    return out;
+  }
+  const nlohmann::json& average =
+      saved_json::object(state.at("average_model_state"), "average_model_state", kLoadWhere);
+  const std::string where = std::string(kLoadWhere) + ": average_model_state";
+  const nlohmann::json& meta = saved_json::object(saved_json::member(average, "meta", where), "meta", where);
+  const std::string averager = saved_json::string_at(meta, "averager", where);
+  KILN_CHECK(averager == "AveragedModel", where, ": the average is a '", averager,
+             "' state (expected an AveragedModel's)");
+  saved_json::integer_at(meta, "n_averaged", where, 0);
+  out.average = optim::StateDict{meta, {}};
+  const nlohmann::json& tensors = saved_json::member(average, "tensors", where);
+  for (const auto& [name, tensor] : saved_json::object(tensors, "tensors", where).items()) {
+    out.average->tensors[name] = tensor_from_json(tensor, name);
+  }
+  return out;
+}
+
+// The saved average holds exactly the model's parameters and buffers
+// (AveragedModel's names), each with its shape and dtype.
+void check_average_fits(const optim::StateDict& average, const nn::Module& model) {
+  size_t expected = 0;
+  for (const auto& [prefix, named] : {std::pair{"param.", model.named_parameters()},
+                                      std::pair{"buffer.", model.named_buffers()}}) {
+    for (const auto& [name, tensor] : named) {
+      ++expected;
+      auto it = average.tensors.find(prefix + name);
+      KILN_CHECK(it != average.tensors.end() && it->second.shape() == tensor.shape() &&
+                     it->second.dtype() == tensor.dtype(),
+                 "StochasticWeightAveraging: the saved average's '", prefix, name,
+                 "' is missing or has another shape or dtype than the model's (", shape_str(tensor.shape()), " ",
+                 dtype_name(tensor.dtype()), ")");
+    }
+  }
+  KILN_CHECK(average.tensors.size() == expected, "StochasticWeightAveraging: the saved average holds ",
+             average.tensors.size(), " tensors, the model has ", expected, " parameters and buffers");
 }
 
 optim::AnnealStrategy anneal_strategy(const std::string& name) {
@@ -101,16 +186,11 @@ void StochasticWeightAveraging::on_fit_start(Trainer& trainer, TrainModule& modu
   }
   swa_start_ = std::max<int64_t>(start_epoch - 1, 0);
   swa_end_ = max_epochs - 1;
-  if (!restored_average_.is_null()) {
+  if (restored_average_) {
     average_ = std::make_unique<optim::AveragedModel>(
         module.model(), optim::AveragedModelOptions{options_.device, options_.avg_fn, false});
-    optim::StateDict state;
-    state.meta = restored_average_.at("meta");
-    for (const auto& entry : restored_average_.at("tensors").items()) {
-      state.tensors[entry.key()] = tensor_from_json(entry.value());
-    }
-    average_->load_state_dict(state);
-    restored_average_ = nullptr;
+    average_->load_state_dict(*restored_average_);
+    restored_average_.reset();
   }
   // A run resumed inside the SWA phase continues with the SWALR schedule
   // on_load_checkpoint installed; state loaded otherwise (load_state_dict
@@ -132,8 +212,12 @@ void StochasticWeightAveraging::install_swalr(Trainer& trainer) {
   trainer.set_lr_scheduler(std::move(scheduler), "epoch");
 }
 
-void StochasticWeightAveraging::on_load_checkpoint(Trainer& trainer, TrainModule&, const nlohmann::json& own_state) {
-  if (own_state.value("swa_started", false)) install_swalr(trainer);
+void StochasticWeightAveraging::on_load_checkpoint(Trainer& trainer, TrainModule& module,
+                                                   const nlohmann::json& own_state) {
+  // The average is checked against the model here, where the Trainer's error names the file.
+  const SwaState saved = read_swa_state(own_state);
+  if (saved.average) check_average_fits(*saved.average, module.model());
+  if (saved.swa_started) install_swalr(trainer);
 }
 
 void StochasticWeightAveraging::start(Trainer& trainer, TrainModule& module) {
@@ -173,27 +257,34 @@ void StochasticWeightAveraging::on_train_end(Trainer& trainer, TrainModule& modu
   }
 }
 
+int64_t StochasticWeightAveraging::n_averaged() const {
+  if (average_) return average_->n_averaged();
+  return restored_average_ ? restored_average_->meta.at("n_averaged").get<int64_t>() : 0;  // checked when read
+}
+
 nlohmann::json StochasticWeightAveraging::state_dict() const {
   nlohmann::json state = {{"n_averaged", n_averaged()},
                           {"latest_update_epoch", latest_update_epoch_},
                           {"swa_started", initialized_},
                           {"average_model_state", nullptr}};
-  if (!average_) {
-    state["average_model_state"] = restored_average_;
-  } else {
-    const optim::StateDict average = average_->state_dict();
+  const std::optional<optim::StateDict> average =
+      average_ ? std::optional<optim::StateDict>(average_->state_dict()) : restored_average_;
+  if (average) {
     nlohmann::json tensors = nlohmann::json::object();
-    for (const auto& [name, tensor] : average.tensors) tensors[name] = tensor_json(tensor);
-    state["average_model_state"] = {{"meta", average.meta}, {"tensors", tensors}};
+    for (const auto& [name, tensor] : average->tensors) tensors[name] = tensor_json(tensor);
+    state["average_model_state"] = {{"meta", average->meta}, {"tensors", tensors}};
   }
   return state;
 }
 
+void StochasticWeightAveraging::check_state_dict(const nlohmann::json& state) const { read_swa_state(state); }
+
 void StochasticWeightAveraging::load_state_dict(const nlohmann::json& state) {
-  latest_update_epoch_ = state.value("latest_update_epoch", int64_t{-1});
-  initialized_ = state.value("swa_started", false);
+  SwaState saved = read_swa_state(state);
+  latest_update_epoch_ = saved.latest_update_epoch;
+  initialized_ = saved.swa_started;
   average_.reset();
-  restored_average_ = state.value("average_model_state", nlohmann::json());
+  restored_average_ = std::move(saved.average);
 }
 
 }  // namespace kiln

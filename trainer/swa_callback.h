@@ -51,12 +51,13 @@ class StochasticWeightAveraging : public Callback {
   // tensors (raw bytes, base64, in the JSON: exact). The SWALR schedule's state
   // is the Trainer's (its checkpoint holds the schedule).
   nlohmann::json state_dict() const override;
+  void check_state_dict(const nlohmann::json& state) const override;
   void load_state_dict(const nlohmann::json& state) override;
 
   // 0-based first and last averaged epochs (valid from on_fit_start).
   int64_t swa_start() const { return swa_start_; }
   int64_t swa_end() const { return swa_end_; }
-  int64_t n_averaged() const { return average_ ? average_->n_averaged() : 0; }
+  int64_t n_averaged() const;  // the restored average's count before on_fit_start rebuilds it
   // The running average (null before swa_start).
   const optim::AveragedModel* averaged_model() const { return average_.get(); }
 
@@ -69,7 +70,7 @@ class StochasticWeightAveraging : public Callback {
   bool initialized_ = false;
   std::unique_ptr<optim::AveragedModel> average_;
   int64_t latest_update_epoch_ = -1;
-  nlohmann::json restored_average_;  // from load_state_dict, applied in on_fit_start
+  std::optional<optim::StateDict> restored_average_;  // decoded by load_state_dict, applied in on_fit_start
 };
 
 }  // namespace kiln

@@ -2,6 +2,7 @@
 
 #include <cstdio>
 
+#include "core/saved_json.h"
 #include "trainer/trainer.h"
 
 namespace kiln {
@@ -25,6 +26,22 @@ Timer::Seconds from_parts(const std::map<std::string, double>& parts) {
     total += value * it->second;
   }
   return Timer::Seconds(total);
+}
+
+// The training seconds of a saved state, checked: every stage it holds is a
+// non-negative number of seconds. Files may lack any key (0 s).
+double saved_training_seconds(const nlohmann::json& state) {
+  constexpr std::string_view where = "Timer.load_state_dict";
+  if (!saved_json::object(state, "state", where).contains("time_elapsed")) return 0.0;
+  const nlohmann::json& elapsed = saved_json::object(state.at("time_elapsed"), "time_elapsed", where);
+  double train = 0.0;
+  for (const char* stage : {"train", "validate", "test", "predict"}) {
+    if (!elapsed.contains(stage)) continue;
+    const double seconds = saved_json::finite_number_at(elapsed, stage, where);
+    KILN_CHECK(seconds >= 0, where, ": \"", stage, "\" is ", seconds, " (expected seconds >= 0)");
+    if (std::string_view(stage) == "train") train = seconds;
+  }
+  return train;
 }
 }  // namespace
 
@@ -119,8 +136,13 @@ nlohmann::json Timer::state_dict() const {
   return {{"time_elapsed", elapsed}};
 }
 
+void Timer::check_state_dict(const nlohmann::json& state) const { saved_training_seconds(state); }
+
 void Timer::load_state_dict(const nlohmann::json& state) {
-  offset_ = state.value("time_elapsed", nlohmann::json::object()).value("train", 0.0);
+  offset_ = saved_training_seconds(state);
+  // The saved time is the whole training time so far: a span measured before
+  // (this fit's, not ended) no longer adds to it; on_train_start starts the next.
+  train_ = {};
 }
 
 }  // namespace kiln

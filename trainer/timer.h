@@ -44,6 +44,7 @@ class Timer : public Callback {
   // {"time_elapsed": {"train": s, "validate": s, "test": s, "predict": s}};
   // loading resumes the training count.
   nlohmann::json state_dict() const override;
+  void check_state_dict(const nlohmann::json& state) const override;
   void load_state_dict(const nlohmann::json& state) override;
 
   // Seconds on a monotonic clock when the stage ("train", "validate", "test"

@@ -308,7 +308,7 @@ std::map<std::string, double> Trainer::collect_epoch_metrics(TrainModule& module
   std::map<std::string, std::pair<double, double>> sums;  // name -> (weighted sum, count)
   for (const std::string& name : module.order_) {
     LoggedValue& value = module.logged_[name];
-    // Under ddp a value restored with a zero share (load_metrics_state) still
+    // Under ddp a value restored with a zero share (load_checkpoint) still
     // takes part: every rank must sum the same names.
     if (!value.on_epoch || (value.count == 0 && !strategy_.distributed())) continue;
     const std::string key = prefix + (value.on_step ? name + "_epoch" : name);
@@ -658,7 +658,12 @@ void Trainer::fit(TrainModule& module, DataLoader& train_loader, DataLoader* val
   if (resumed) load_checkpoint(*resumed, module, train);
   train_batches_ = train_limit(train.size());
   // A file from before total_batches was saved: exact when every epoch had this many batches.
-  if (total_batches_ < 0) total_batches_ = epoch_ * train_batches_ + batch_in_epoch_;
+  if (resumed && total_batches_ < 0) {
+    const bool overflow = __builtin_mul_overflow(epoch_, train_batches_, &total_batches_) ||
+                          __builtin_add_overflow(total_batches_, batch_in_epoch_, &total_batches_);
+    KILN_CHECK(!overflow, "load checkpoint '", resumed->path, "': epoch ", epoch_, " of ", train_batches_,
+               " batches overflows the batch count (a corrupt checkpoint)");
+  }
   const int64_t max_epochs = this->max_epochs();
   {
     // A callback's trial steps here (LearningRateFinder's sweep) log through

@@ -119,7 +119,9 @@ class Trainer {
   // last.safetensors under the log dir; resumes exactly where it was written:
   // mid-epoch, or at an epoch's end without repeating the hooks that ran
   // before it was written. Callbacks see their saved state in on_load_checkpoint
-  // before the optimizer and schedule states load (callbacks.h).
+  // before the optimizer and schedule states load (callbacks.h). A checkpoint
+  // that does not load is a kiln::Error naming the file and the part, and
+  // leaves the model, the progress, the callbacks and the loader as they were.
   // With "ddp", every rank calls it: the loaders get a DistributedSampler when
   // they have no sampler of their own.
   void fit(TrainModule& module, DataLoader& train_loader, DataLoader* val_loader = nullptr,
@@ -254,12 +256,14 @@ class Trainer {
   // `requested` itself, or for "last" the newest last.safetensors under
   // default_root_dir/lightning_logs (kiln::Error when there is none).
   std::string resolve_checkpoint_path(const std::string& requested) const;
+  // Checks every part of `file` the Trainer reads (metrics, callback states),
+  // then applies them in Lightning's order; a part that fails to apply (an
+  // optimizer state, the loader's) undoes the parts applied before it.
   void load_checkpoint(const TrainerCheckpointFile& file, TrainModule& module, DataLoader& train_loader);
   std::vector<OptimizerSlot> optimizer_slots();
   // callback_metrics and the module's logged values of the epoch so far, exactly
-  // (doubles as their bits), for checkpoints; and back.
+  // (doubles as their bits), for checkpoints (load_checkpoint reads them back).
   nlohmann::json metrics_state();  // under ddp a collective (every rank calls it)
-  void load_metrics_state(const nlohmann::json& state, TrainModule& module);
   bool time_exceeded() const;
   // Profiler action names, as Lightning's: "[LightningModule]<Module>.<hook>",
   // "[Strategy]<Strategy>.<hook>" (SingleDeviceStrategy or DDPStrategy).

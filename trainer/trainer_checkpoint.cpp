@@ -2,16 +2,96 @@
 // (loop progress, logged epoch values, callback states), writing it, finding
 // "last", and restoring it in Lightning's order. Split from trainer.cpp to keep
 // it small; the file format is checkpoint_io.cpp's.
+//
+// Restoring checks before it changes: the parts the Trainer reads (metrics,
+// callback states) are checked first; the parts that can be checked only as
+// they load (the loader's position needs the batch size a callback may set,
+// the schedule's state the schedule a callback may install) undo, when they
+// fail, what was applied before them. A checkpoint that does not load changes
+// nothing and names the file and the part.
 #include "trainer/trainer.h"
 
 #include <bit>
 #include <filesystem>
+#include <set>
 
+#include "core/autograd.h"
 #include "core/ops.h"
+#include "core/saved_json.h"
 
 namespace kiln {
 
 namespace fs = std::filesystem;
+
+namespace {
+// As checkpoint_io.cpp's loop counts.
+constexpr int64_t kMaxCount = int64_t{1} << 53;
+
+// One epoch value of metrics_state()'s "logged", read and checked.
+struct SavedLoggedValue {
+  std::string name;
+  double sum = 0;
+  int64_t count = 0;
+  bool on_step = false, prog_bar = false;
+};
+
+struct SavedMetrics {
+  std::map<std::string, double> callback_metrics;
+  std::vector<SavedLoggedValue> logged;
+};
+
+// metrics_state()'s layout: {"callback_metrics": {name: bits},
+//                            "logged": [{name, sum (bits), count, on_step, prog_bar}]}.
+SavedMetrics read_metrics(const nlohmann::json& state, const std::string& path) {
+  const std::string where = "load checkpoint '" + path + "': corrupt metadata: metrics";
+  SavedMetrics out;
+  const nlohmann::json& metrics = saved_json::member(state, "callback_metrics", where);
+  for (const auto& [name, bits] : saved_json::object(metrics, "callback_metrics", where).items()) {
+    out.callback_metrics[name] = std::bit_cast<double>(saved_json::unsigned_integer(bits, name, where));
+  }
+  const nlohmann::json& logged = saved_json::member(state, "logged", where);
+  if (!logged.is_array()) saved_json::refuse(logged, "logged", where, "a list");
+  std::set<std::string> names;
+  for (size_t i = 0; i < logged.size(); ++i) {
+    const std::string entry_where = where + ": logged[" + std::to_string(i) + "]";
+    SavedLoggedValue value;
+    value.name = saved_json::string_at(logged[i], "name", entry_where);
+    KILN_CHECK(names.insert(value.name).second, where, ": '", value.name, "' is logged twice");
+    value.sum = std::bit_cast<double>(saved_json::unsigned_integer_at(logged[i], "sum", entry_where));
+    // metrics_state() keeps only values logged at least once.
+    value.count = saved_json::integer_at(logged[i], "count", entry_where, 1, kMaxCount);
+    value.on_step = saved_json::boolean_at(logged[i], "on_step", entry_where);
+    value.prog_bar = saved_json::boolean_at(logged[i], "prog_bar", entry_where);
+    out.logged.push_back(std::move(value));
+  }
+  return out;
+}
+
+std::string describe(const std::exception_ptr& error) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const Error& e) {
+    return e.message();
+  } catch (const std::exception& e) {
+    return e.what();
+  } catch (...) {
+    return "an exception that is not a std::exception";
+  }
+}
+
+// Runs `load` for one part of the checkpoint at `path`; its errors (which do
+// not know the file) name the file and the part.
+template <typename Load>
+void load_part(const std::string& path, const std::string& part, const Load& load) {
+  try {
+    load();
+  } catch (const Error& error) {
+    KILN_THROW("load checkpoint '", path, "': ", part, ": ", error.message());
+  } catch (const nlohmann::json::exception& error) {
+    KILN_THROW("load checkpoint '", path, "': ", part, ": ", error.what());
+  }
+}
+}  // namespace
 
 nlohmann::json Trainer::metrics_state() {
   nlohmann::json metrics = nlohmann::json::object();
@@ -25,7 +105,7 @@ nlohmann::json Trainer::metrics_state() {
     sums.push_back(value.sum.item<double>());
     counts.push_back(static_cast<double>(value.count));
   }
-  if (strategy_.distributed()) {  // every rank's share: the file holds the totals (see load_metrics_state)
+  if (strategy_.distributed()) {  // every rank's share: the file holds the totals (see load_checkpoint)
     std::vector<double> values = sums;
     values.insert(values.end(), counts.begin(), counts.end());
     values = strategy_.sum_over_ranks(names, values);
@@ -43,30 +123,6 @@ nlohmann::json Trainer::metrics_state() {
                       {"prog_bar", value.prog_bar}});
   }
   return {{"callback_metrics", metrics}, {"logged", logged}};
-}
-
-void Trainer::load_metrics_state(const nlohmann::json& state, TrainModule& module) {
-  callback_metrics_.clear();
-  for (const auto& [name, bits] : state.at("callback_metrics").items()) {
-    callback_metrics_[name] = std::bit_cast<double>(bits.get<uint64_t>());
-  }
-  module.logged_.clear();
-  module.order_.clear();
-  // Under ddp the file holds the totals over the ranks: rank 0 carries them
-  // and the others start from zero, so the epoch's mean over the ranks
-  // (collect_epoch_metrics) is the uninterrupted run's.
-  const bool carries_totals = is_global_zero();
-  for (const nlohmann::json& entry : state.at("logged")) {
-    const std::string name = entry.at("name").get<std::string>();
-    LoggedValue& value = module.logged_[name];
-    const double sum = carries_totals ? std::bit_cast<double>(entry.at("sum").get<uint64_t>()) : 0.0;
-    value.sum = full({}, sum, {.dtype = DType::f64, .device = device_});
-    value.count = carries_totals ? entry.at("count").get<int64_t>() : 0;
-    value.on_step = entry.at("on_step").get<bool>();
-    value.on_epoch = true;
-    value.prog_bar = entry.at("prog_bar").get<bool>();
-    module.order_.push_back(name);
-  }
 }
 
 std::vector<OptimizerSlot> Trainer::optimizer_slots() {
@@ -114,28 +170,109 @@ std::string Trainer::resolve_checkpoint_path(const std::string& requested) const
 }
 
 void Trainer::load_checkpoint(const TrainerCheckpointFile& file, TrainModule& module, DataLoader& train_loader) {
-  // Lightning's order: weights, loop progress, callbacks (which may install
-  // schedules, e.g. SWALR), then the optimizer and schedule states.
-  load_checkpoint_model(file, module.model());
   const TrainerCheckpoint& checkpoint = file.progress;
-  epoch_ = checkpoint.epoch;
-  global_step_ = checkpoint.global_step;
-  batch_in_epoch_ = checkpoint.batch_in_epoch;
-  total_batches_ = checkpoint.total_batches;  // -1 from older files: estimated once train_batches_ is known
-  epoch_end_hooks_done_ = checkpoint.epoch_end_hooks_done;
-  validation_pending_ = checkpoint.validation_pending;
-  if (!checkpoint.metrics.is_null()) load_metrics_state(checkpoint.metrics, module);
+  // Checked before anything changes (read_trainer_checkpoint checked the progress and generator states).
+  std::optional<SavedMetrics> metrics;
+  if (!checkpoint.metrics.is_null()) metrics = read_metrics(checkpoint.metrics, file.path);
+  std::vector<std::pair<Callback*, const nlohmann::json*>> saved_callbacks;  // (callback, its saved state)
   for (auto& callback : options_.callbacks) {
     auto it = checkpoint.callback_states.find(callback->name());
     if (it == checkpoint.callback_states.end()) continue;
-    callback->on_load_checkpoint(*this, module, it->second);
-    callback->load_state_dict(it->second);
+    load_part(file.path, "callback '" + callback->name() + "'", [&] { callback->check_state_dict(it->second); });
+    saved_callbacks.emplace_back(callback.get(), &it->second);
   }
-  load_checkpoint_optimizers(file, optimizer_slots());
-  load_checkpoint_scaler(file, scaler_.get());
+
+  // What the parts below change, to undo them when a later one fails (the
+  // weights are copied on their device: the copy is smaller than the
+  // gradients training allocates next).
+  nn::StateDict weights = module.model().state_dict();
+  {
+    NoGradGuard no_grad;
+    for (auto& [name, tensor] : weights) tensor = tensor.clone();
+  }
+  const TrainerCheckpoint progress{epoch_, global_step_, batch_in_epoch_, total_batches_, epoch_end_hooks_done_,
+                                   validation_pending_};
+  const std::map<std::string, double> callback_metrics = callback_metrics_;
+  const std::map<std::string, LoggedValue> logged = module.logged_;
+  const std::vector<std::string> order = module.order_;
+  std::vector<nlohmann::json> callback_states;
+  for (const auto& [callback, state] : saved_callbacks) callback_states.push_back(callback->state_dict());
+  const nlohmann::json loader_state = train_loader.state_dict();
+  auto undo = [&] {
+    module.model().load_state_dict(weights, /*strict=*/true);
+    epoch_ = progress.epoch;
+    global_step_ = progress.global_step;
+    batch_in_epoch_ = progress.batch_in_epoch;
+    total_batches_ = progress.total_batches;
+    epoch_end_hooks_done_ = progress.epoch_end_hooks_done;
+    validation_pending_ = progress.validation_pending;
+    callback_metrics_ = callback_metrics;
+    module.logged_ = logged;
+    module.order_ = order;
+    for (size_t i = 0; i < saved_callbacks.size(); ++i) saved_callbacks[i].first->load_state_dict(callback_states[i]);
+    // A BatchSizeFinder's on_load_checkpoint may have set the loader's batch size (between epochs).
+    const int64_t batch_size = loader_state.at("batch_size").get<int64_t>();
+    if (train_loader.options().batch_size != batch_size) {
+      train_loader.set_epoch(train_loader.epoch());
+      set_train_batch_size(batch_size);
+    }
+    train_loader.load_state_dict(loader_state);
+  };
+
+  // Lightning's order: weights, loop progress, callbacks (which may install
+  // schedules, e.g. SWALR, or set the batch size, BatchSizeFinder), then the
+  // optimizer and schedule states. The loader's position loads after the
+  // callbacks, before the states that cannot fail once checked.
+  load_checkpoint_model(file, module.model());  // checks every key and shape before it writes
+  try {
+    epoch_ = checkpoint.epoch;
+    global_step_ = checkpoint.global_step;
+    batch_in_epoch_ = checkpoint.batch_in_epoch;
+    total_batches_ = checkpoint.total_batches;  // -1 from older files: estimated once train_batches_ is known
+    epoch_end_hooks_done_ = checkpoint.epoch_end_hooks_done;
+    validation_pending_ = checkpoint.validation_pending;
+    if (metrics) {
+      callback_metrics_ = metrics->callback_metrics;
+      module.logged_.clear();
+      module.order_.clear();
+      // Under ddp the file holds the totals over the ranks: rank 0 carries them
+      // and the others start from zero, so the epoch's mean over the ranks
+      // (collect_epoch_metrics) is the uninterrupted run's.
+      const bool carries_totals = is_global_zero();
+      for (const SavedLoggedValue& saved : metrics->logged) {
+        LoggedValue& value = module.logged_[saved.name];
+        value.sum = full({}, carries_totals ? saved.sum : 0.0, {.dtype = DType::f64, .device = device_});
+        value.count = carries_totals ? saved.count : 0;
+        value.on_step = saved.on_step;
+        value.on_epoch = true;
+        value.prog_bar = saved.prog_bar;
+        module.order_.push_back(saved.name);
+      }
+    }
+    for (const auto& saved : saved_callbacks) {
+      load_part(file.path, "callback '" + saved.first->name() + "'", [&] {
+        saved.first->on_load_checkpoint(*this, module, *saved.second);
+        saved.first->load_state_dict(*saved.second);
+      });
+    }
+    if (!checkpoint.loader_state.is_null()) {
+      load_part(file.path, "train loader state", [&] { train_loader.load_state_dict(checkpoint.loader_state); });
+    }
+    load_checkpoint_optimizers(file, optimizer_slots());
+    load_checkpoint_scaler(file, scaler_.get());  // checks everything before it changes the scaler
+  } catch (...) {
+    const std::exception_ptr error = std::current_exception();
+    try {
+      undo();
+    } catch (const std::exception& undo_error) {  // not expected: each state restored is one the object wrote
+      KILN_THROW("load checkpoint '", file.path, "': ", describe(error),
+                 "; restoring the state from before the load failed as well: ", undo_error.what());
+    }
+    throw;
+  }
+  // Neither can fail: the generator states were checked when the file was read.
   unscaled_.clear();
   load_checkpoint_rng(file);
-  if (!checkpoint.loader_state.is_null()) train_loader.load_state_dict(checkpoint.loader_state);
 }
 
 }  // namespace kiln

@@ -1,6 +1,6 @@
 // Writes the fuzz targets' seed corpora: small valid files of each format,
 // made by kiln's own writers (and zlib for the gzip IDX files).
-//   kiln_fuzz_seeds OUT   ->  OUT/idx/*, OUT/safetensors/*, OUT/checkpoint/*
+//   kiln_fuzz_seeds OUT   ->  OUT/idx/*, OUT/safetensors/*, OUT/checkpoint/*, OUT/trainer_checkpoint/*
 #include <zlib.h>
 
 #include <cstdio>
@@ -12,6 +12,7 @@
 #include "core/serialization.h"
 #include "tests/fuzz/checkpoint_run.h"
 #include "tests/fuzz/fuzz_support.h"
+#include "tests/fuzz/trainer_run.h"
 
 namespace fs = std::filesystem;
 using Bytes = std::vector<uint8_t>;
@@ -118,18 +119,53 @@ void write_checkpoint_seeds(const fs::path& folder) {
   }
 }
 
+// A safetensors file in fuzz_trainer_checkpoint's layout: JSON header, 0 byte, data.
+Bytes header_zero_data(const Bytes& saved) {
+  uint64_t header_size = 0;
+  for (int i = 0; i < 8; ++i) header_size |= static_cast<uint64_t>(saved[i]) << (8 * i);
+  const auto header_end = saved.begin() + 8 + static_cast<std::ptrdiff_t>(header_size);
+  Bytes seed(saved.begin() + 8, header_end);
+  seed.push_back(0);
+  seed.insert(seed.end(), header_end, saved.end());
+  return seed;
+}
+
+// Checkpoints of TrainerRun's fit: mid-epoch 0 (step 2, from a callback) and
+// at the end of epoch 0 (step 4, ModelCheckpoint's), with every callback's state.
+void write_trainer_checkpoint_seeds(const fs::path& folder) {
+  struct SaveAtStep2 : kiln::Callback {
+    explicit SaveAtStep2(std::string path) : path(std::move(path)) {}
+    std::string name() const override { return "SaveAtStep2"; }
+    void on_train_batch_end(kiln::Trainer& trainer, kiln::TrainModule&, int64_t) override {
+      if (trainer.global_step() == 2) trainer.save_checkpoint(path);
+    }
+    std::string path;
+  };
+  const fs::path scratch = folder / "scratch";
+  const fs::path mid_epoch = scratch / "mid-epoch.safetensors";
+  fs::create_directories(scratch);
+  kiln::fuzz::TrainerRun run(scratch, /*max_steps=*/4);
+  run.fit("", {std::make_shared<SaveAtStep2>(mid_epoch.string())});
+  write(folder / "mid-epoch", header_zero_data(read(mid_epoch)));
+  for (const auto& entry : fs::directory_iterator(scratch / "checkpoints")) {
+    write(folder / ("epoch-end-" + entry.path().stem().string()), header_zero_data(read(entry.path())));
+  }
+  fs::remove_all(scratch);
+}
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc != 2) {
-    std::fprintf(stderr, "usage: %s OUT_FOLDER (writes OUT/idx, OUT/safetensors, OUT/checkpoint)\n", argv[0]);
+    std::fprintf(stderr, "usage: %s OUT_FOLDER (writes OUT/idx, OUT/safetensors, OUT/checkpoint, OUT/trainer_checkpoint)\n",
+                 argv[0]);
     return 2;
   }
   const fs::path out = argv[1];
-  for (const char* name : {"idx", "safetensors", "checkpoint"}) fs::create_directories(out / name);
+  for (const char* name : {"idx", "safetensors", "checkpoint", "trainer_checkpoint"}) fs::create_directories(out / name);
   write_idx_seeds(out / "idx");
   write_safetensors_seeds(out / "safetensors");
   write_checkpoint_seeds(out / "checkpoint");
-  std::printf("seed corpora written to %s/{idx,safetensors,checkpoint}\n", out.string().c_str());
+  write_trainer_checkpoint_seeds(out / "trainer_checkpoint");
+  std::printf("seed corpora written to %s/{idx,safetensors,checkpoint,trainer_checkpoint}\n", out.string().c_str());
   return 0;
 }
