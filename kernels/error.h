@@ -52,7 +52,7 @@ std::string concat(const Args&... args) {
   do {                                                                          \
     if (!(cond)) [[unlikely]] {                                                 \
       throw ::kiln::Error(::kiln::detail::concat("internal error (a bug in kiln): ", \
-                                                 #cond, " ", ##__VA_ARGS__),    \
+                                                 #cond, " " __VA_OPT__(, ) __VA_ARGS__), \
                           __FILE__, __LINE__);                                  \
     }                                                                           \
   } while (0)

@@ -396,3 +396,24 @@ TEST_CASE("Checkpoint validation: an older checkpoint (no total_batches) whose e
                        doctest::Contains("overflows the batch count"), Error);
   fs::remove_all(folder);
 }
+
+TEST_CASE("Checkpoint validation: after a failed resume, the next fit's BatchSizeFinder searches again") {
+  const fs::path folder = testing::fresh_folder("ckpt_validation", "bsf_next");
+  // BatchSizeFinder's saved size 8 loads (on_load_checkpoint), then the loader's state, saved with 4, refuses it.
+  const std::string path = edited(saved_checkpoint(folder), folder, "bsf8", [](nlohmann::json& m) {
+    callback_state(m, "BatchSizeFinder") = {{"optimal_batch_size", 8}};
+  });
+  Run run(folder / "run");
+  BatchSizeFinderOptions options;
+  options.max_val = 8;
+  auto finder = std::make_shared<BatchSizeFinder>(options);
+  Trainer trainer = run.trainer({finder});
+  CHECK_THROWS_WITH_AS(trainer.fit(run.module, run.train, &run.val, path), doctest::Contains("batch_size"), Error);
+  CHECK(run.train.options().batch_size == 4);
+  CHECK(trainer.ckpt_path() == path);
+  trainer.fit(run.module, run.train, &run.val);  // afresh: the search runs, not the failed resume's size
+  CHECK(trainer.ckpt_path().empty());
+  REQUIRE(finder->result() != nullptr);
+  CHECK_FALSE(finder->result()->trials.empty());
+  fs::remove_all(folder);
+}

@@ -172,7 +172,8 @@ BatchSizeFinder::BatchSizeFinder(BatchSizeFinderOptions options) : options_(std:
 }
 
 void BatchSizeFinder::on_fit_start(Trainer& trainer, TrainModule& module) {
-  const bool resumed = std::exchange(resumed_, false);
+  // The flag alone could outlive a resume that failed after on_load_checkpoint.
+  const bool resumed = std::exchange(resumed_, false) && !trainer.ckpt_path().empty();
   // Lightning skips the search under fast_dev_run. A resumed run keeps the
   // size its checkpoint was written with (on_load_checkpoint set it): a new
   // search could change the batches of the epoch in progress.

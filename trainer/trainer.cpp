@@ -650,8 +650,10 @@ void Trainer::fit(TrainModule& module, DataLoader& train_loader, DataLoader* val
   // Read and checked before the logger makes its version folder: a missing,
   // truncated or mismatched checkpoint fails having touched nothing.
   std::optional<TrainerCheckpointFile> resumed;
+  ckpt_path_.clear();
   if (!ckpt_path.empty()) {
     resumed = read_trainer_checkpoint(resolve_checkpoint_path(ckpt_path), module.model(), optimizers_.size());
+    ckpt_path_ = resumed->path;
   }
   share_log_dir();
   ProfilerStage profiled(*profiler_, "fit", log_dir_.empty() ? options_.default_root_dir : log_dir_);

@@ -165,6 +165,9 @@ class Trainer {
   // <default_root_dir>/lightning_logs/version_N (made on first use; with
   // "ddp" rank 0's folder, shared with the other ranks when fit starts).
   std::string log_dir();
+  // The checkpoint the current fit resumed from (resolved: "last" becomes its
+  // path), empty when it started afresh (Lightning's trainer.ckpt_path).
+  const std::string& ckpt_path() const { return ckpt_path_; }
   // The first logger (null when logging is off, and on every rank but 0); log_dir() is its folder.
   Logger* logger() { return loggers_.empty() ? nullptr : loggers_.front().get(); }
   const std::vector<std::shared_ptr<Logger>>& loggers() const { return loggers_; }
@@ -310,6 +313,7 @@ class Trainer {
   std::map<std::string, double> callback_metrics_;
   std::vector<std::shared_ptr<Logger>> loggers_;
   std::string log_dir_;
+  std::string ckpt_path_;  // ckpt_path()
   bool log_dir_shared_ = false;
   std::chrono::steady_clock::time_point start_;
   std::optional<std::chrono::seconds> max_time_;
