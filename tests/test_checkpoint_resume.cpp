@@ -365,18 +365,13 @@ void replace_tensor(NamedTensorList& tensors, const std::string& name, const Ten
 // kiln::Error that names the file and contains `expected`.
 void check_load_fails(const std::string& path, const std::string& expected) {
   SmallRun run;
-  std::string message;
-  try {
+  const std::string message = testing::error_of([&] {
     const TrainerCheckpointFile file = read_trainer_checkpoint(path, *run.model, 1);
     load_checkpoint_model(file, *run.model);
     load_checkpoint_optimizers(file, run.slots());
     load_checkpoint_scaler(file, &run.scaler);
     load_checkpoint_rng(file);
-  } catch (const Error& error) {
-    message = error.message();
-  } catch (const std::exception& error) {
-    message = std::string("not a kiln::Error: ") + error.what();
-  }
+  });
   CHECK_MESSAGE(message.find(path) != std::string::npos, "no error naming the file: '", message, "'");
   CHECK_MESSAGE(message.find(expected) != std::string::npos, "expected '", expected, "' in: '", message, "'");
 }

@@ -102,14 +102,7 @@ Observed observe(const Trainer& trainer, Run& run) {
 
 // fit(ckpt_path = path) must throw a kiln::Error naming the file and containing `expected`.
 void check_fit_fails(Trainer& trainer, Run& run, const std::string& path, const std::string& expected) {
-  std::string message;
-  try {
-    trainer.fit(run.module, run.train, &run.val, path);
-  } catch (const Error& error) {
-    message = error.message();
-  } catch (const std::exception& error) {
-    message = std::string("not a kiln::Error: ") + error.what();
-  }
+  const std::string message = testing::error_of([&] { trainer.fit(run.module, run.train, &run.val, path); });
   CHECK_MESSAGE(message.find(path) != std::string::npos, "no error naming the file: '", message, "'");
   CHECK_MESSAGE(message.find(expected) != std::string::npos, "expected '", expected, "' in: '", message, "'");
 }

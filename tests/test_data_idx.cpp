@@ -74,16 +74,7 @@ std::string write(const TempDir& dir, const std::string& name, const Bytes& byte
   return path;
 }
 
-// The message of the kiln::Error thrown by `fn`, or "" when none is thrown.
-template <typename Fn>
-std::string error_of(Fn&& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.message();
-  }
-  return "";
-}
+using testing::error_of;
 
 #define CHECK_ERROR_HAS(message, ...)                                                   \
   do {                                                                                  \

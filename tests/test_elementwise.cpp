@@ -46,16 +46,7 @@ void check_values(const Tensor& actual, const std::vector<double>& expected, dou
   }
 }
 
-// The message of the kiln::Error thrown by fn ("" when none is thrown).
-template <typename Fn>
-std::string error_of(Fn&& fn) {
-  try {
-    fn();
-  } catch (const Error& error) {
-    return error.message();
-  }
-  return "";
-}
+using testing::error_of;
 
 }  // namespace
 

@@ -20,16 +20,6 @@ using Longs = std::vector<int64_t>;
 Tensor floats(const Floats& values, const Shape& shape) { return tensor<float>(values, shape); }
 Tensor longs(const Longs& values, const Shape& shape) { return tensor<int64_t>(values, shape); }
 
-// The message of the kiln::Error that `body` throws ("(no error)" otherwise).
-std::string error_of(const std::function<void()>& body) {
-  try {
-    body();
-  } catch (const Error& error) {
-    return error.message();
-  }
-  return "(no error)";
-}
-
 void check_error(const std::function<void()>& body, const std::vector<std::string>& words) {
   const std::string message = error_of(body);
   for (const std::string& word : words) {

@@ -48,16 +48,6 @@ Tolerance value_tolerance(DType dtype) {
   }
 }
 
-// The error message of `fn`, or "" when it does not throw.
-template <typename Fn>
-std::string error_of(Fn fn) {
-  try {
-    fn();
-  } catch (const Error& error) {
-    return error.message();
-  }
-  return "";
-}
 
 }  // namespace
 

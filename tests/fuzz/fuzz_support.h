@@ -6,11 +6,13 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include "kernels/error.h"
 
@@ -35,6 +37,20 @@ inline void write_file(const std::string& path, const uint8_t* data, size_t size
     std::fprintf(stderr, "fuzz: cannot write %s\n", path.c_str());
     std::abort();
   }
+}
+
+// Writes [begin, end) as a safetensors file: the JSON header up to the first 0
+// byte, then the tensor data. The target writes the 8-byte header length
+// itself, so that mutations reach the header's own checks (fuzz_safetensors
+// covers the length field).
+inline void write_safetensors_input(const std::string& path, const uint8_t* begin, const uint8_t* end) {
+  const uint8_t* separator = std::find(begin, end, uint8_t{0});
+  const uint64_t header_size = static_cast<uint64_t>(separator - begin);
+  std::vector<uint8_t> file(8);
+  for (int i = 0; i < 8; ++i) file[i] = static_cast<uint8_t>(header_size >> (8 * i));
+  file.insert(file.end(), begin, separator);
+  if (separator != end) file.insert(file.end(), separator + 1, end);
+  write_file(path, file.data(), file.size());
 }
 
 // kiln's standard for bad files: the message says which file.

@@ -6,8 +6,7 @@
 // applied and used. Every kiln::Error must name the file; anything else is a finding.
 //
 // Input: the safetensors JSON header, a 0 byte, and the tensor data (the
-// target writes the 8-byte header length itself, as fuzz_checkpoint does).
-#include <algorithm>
+// target writes the 8-byte header length: fuzz_support.h write_safetensors_input).
 #include <filesystem>
 
 #include "tests/fuzz/fuzz_support.h"
@@ -29,14 +28,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static const kiln::fuzz::InputFile input("trainer-checkpoint.safetensors");
   static const RunFolder folder;
   const std::string& path = input.path;
-  const uint8_t* end = data + size;
-  const uint8_t* separator = std::find(data, end, uint8_t{0});
-  const uint64_t header_size = static_cast<uint64_t>(separator - data);
-  std::vector<uint8_t> file(8);
-  for (int i = 0; i < 8; ++i) file[i] = static_cast<uint8_t>(header_size >> (8 * i));
-  file.insert(file.end(), data, separator);
-  if (separator != end) file.insert(file.end(), separator + 1, end);
-  kiln::fuzz::write_file(path, file.data(), file.size());
+  kiln::fuzz::write_safetensors_input(path, data, data + size);
 
   kiln::fuzz::TrainerRun run(folder.path, /*max_steps=*/5);
   try {

@@ -24,6 +24,20 @@ namespace kiln::testing {
     }                                                                            \
   } while (0)
 
+// The message of the kiln::Error that `fn` throws, "" when it throws none, and
+// "not a kiln::Error: ..." for another exception (so a substring check fails).
+template <typename Fn>
+std::string error_of(Fn&& fn) {
+  try {
+    fn();
+  } catch (const Error& error) {
+    return error.message();
+  } catch (const std::exception& error) {
+    return std::string("not a kiln::Error: ") + error.what();
+  }
+  return "";
+}
+
 // `count` draws of a standard normal from a generator seeded with `seed`:
 // the same values for the same seed on every platform run here.
 inline std::vector<double> random_values(int64_t count, uint64_t seed) {
