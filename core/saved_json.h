@@ -18,6 +18,11 @@
 
 namespace kiln::saved_json {
 
+// The largest count (steps, epochs, batches, logged values) a saved state may
+// hold: loops and kernels increment counts, and schedules and epoch means use
+// them as doubles, exact up to 2^53. No run gets near it.
+constexpr int64_t kMaxCount = int64_t{1} << 53;
+
 // Throws the message above for `value`, called `name`, with `expected` ("a list of sizes").
 [[noreturn]] void refuse(const nlohmann::json& value, std::string_view name, std::string_view where,
                          std::string_view expected);

@@ -12,8 +12,7 @@ namespace kiln::optim::detail {
 
 // A saved step count (one element) read back for a load_state_dict: it must
 // be an integer (a float's NaN or out-of-range value converts with undefined
-// behaviour) in [0, 2^53] (kernels increment counts and schedules evaluate
-// them as doubles, exact to 2^53; no run gets near it). Throws naming `what`.
+// behaviour) in [0, saved_json::kMaxCount = 2^53]. Throws naming `what`.
 int64_t saved_step_count(const Tensor& saved, const std::string& what);
 
 // The stream kernels run on for tensors on `device` (nullptr for the CPU).

@@ -60,7 +60,7 @@ int64_t saved_step_count(const Tensor& saved, const std::string& what) {
   KILN_CHECK(!is_floating(saved.dtype()), "load_state_dict: ", what, " has dtype ", dtype_name(saved.dtype()),
              ", expected an integer step count");
   const int64_t count = saved.to(DType::i64).reshape({}).item<int64_t>();
-  KILN_CHECK(count >= 0 && count <= (int64_t{1} << 53), "load_state_dict: ", what, " is ", count,
+  KILN_CHECK(count >= 0 && count <= saved_json::kMaxCount, "load_state_dict: ", what, " is ", count,
              " (expected a step count in [0, 2^53])");
   return count;
 }

@@ -29,19 +29,15 @@ void restore_generators(const nlohmann::json& states) {
   }
 }
 
-// Counts of the loop (epochs, steps, batches) are at most 2^53, as optimizer
-// step counts (optim/detail.h): the loop increments them and some reach doubles.
-constexpr int64_t kMaxCount = int64_t{1} << 53;
-
 std::string corrupt_metadata(const std::string& path) { return "load checkpoint '" + path + "': corrupt metadata"; }
 
-// A count of the metadata, at least `min`: nlohmann's get<int64_t> would
-// convert a float, with undefined behaviour out of range. `fallback` is the
-// value of a key that older files lack.
+// A count of the metadata, in [min, saved_json::kMaxCount]: nlohmann's
+// get<int64_t> would convert a float, with undefined behaviour out of range.
+// `fallback` is the value of a key that older files lack.
 int64_t integer_in(const nlohmann::json& meta, const char* key, int64_t min, const std::string& path,
                    std::optional<int64_t> fallback = std::nullopt) {
   if (!meta.contains(key) && fallback) return *fallback;
-  return saved_json::integer_at(meta, key, corrupt_metadata(path), min, kMaxCount);
+  return saved_json::integer_at(meta, key, corrupt_metadata(path), min, saved_json::kMaxCount);
 }
 
 bool flag_in(const nlohmann::json& meta, const char* key, const std::string& path) {

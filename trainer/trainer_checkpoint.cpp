@@ -24,9 +24,6 @@ namespace kiln {
 namespace fs = std::filesystem;
 
 namespace {
-// As checkpoint_io.cpp's loop counts.
-constexpr int64_t kMaxCount = int64_t{1} << 53;
-
 // One epoch value of metrics_state()'s "logged", read and checked.
 struct SavedLoggedValue {
   std::string name;
@@ -59,7 +56,7 @@ SavedMetrics read_metrics(const nlohmann::json& state, const std::string& path) 
     KILN_CHECK(names.insert(value.name).second, where, ": '", value.name, "' is logged twice");
     value.sum = std::bit_cast<double>(saved_json::unsigned_integer_at(logged[i], "sum", entry_where));
     // metrics_state() keeps only values logged at least once.
-    value.count = saved_json::integer_at(logged[i], "count", entry_where, 1, kMaxCount);
+    value.count = saved_json::integer_at(logged[i], "count", entry_where, 1, saved_json::kMaxCount);
     value.on_step = saved_json::boolean_at(logged[i], "on_step", entry_where);
     value.prog_bar = saved_json::boolean_at(logged[i], "prog_bar", entry_where);
     out.logged.push_back(std::move(value));
