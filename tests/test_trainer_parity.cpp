@@ -582,6 +582,59 @@ TEST_CASE("ModelCheckpoint: a loaded state cannot make it delete files outside i
   fs::remove_all(root);
 }
 
+// model_checkpoint.py load_state_dict: the kept files, their scores and the last
+// path are reloaded only when the saved dirpath is the folder this fit writes to
+// (a resume into a new version_N folder, say, starts its top-k afresh); else only
+// best_model_path is.
+TEST_CASE("ModelCheckpoint: a fit resumed into another folder reloads only best_model_path") {
+  auto data = regression_data(16);
+  fs::path root = testing::fresh_folder("parity", "ckpt_dirpath");
+  auto fit = [&](const fs::path& folder, int64_t max_epochs, const std::string& ckpt_path) {
+    ModelCheckpointOptions checkpointing;
+    checkpointing.dirpath = folder.string();
+    checkpointing.save_top_k = -1;
+    checkpointing.save_last = true;
+    auto callback = std::make_shared<ModelCheckpoint>(checkpointing);
+    testing::Regression module;
+    TrainerOptions options = quiet_options(root);
+    options.max_epochs = max_epochs;
+    options.callbacks = {callback};
+    DataLoader train(data, loader_options(8));
+    Trainer(options).fit(module, train, nullptr, ckpt_path);
+    return callback;
+  };
+  auto in_folder = [](const std::map<std::string, double>& kept, const fs::path& folder) {
+    return std::all_of(kept.begin(), kept.end(), [&](const auto& entry) {
+      return fs::path(entry.first).parent_path() == folder;
+    });
+  };
+  const auto first = fit(root / "a", 2, "");
+  REQUIRE(first->best_k_models().size() == 2);
+  CHECK(first->state_dict().at("dirpath") == (root / "a").string());
+  const std::string last = (root / "a" / "last.safetensors").string();
+
+  const auto finished_elsewhere = fit(root / "b", 2, last);  // nothing left to train: only the reload shows
+  CHECK(finished_elsewhere->best_model_path() == first->best_model_path());
+  CHECK(finished_elsewhere->best_k_models().empty());
+  CHECK(finished_elsewhere->last_model_path().empty());
+
+  const auto elsewhere = fit(root / "b", 3, last);
+  CHECK(elsewhere->best_k_models().size() == 1);
+  CHECK(in_folder(elsewhere->best_k_models(), root / "b"));
+
+  const auto same_folder = fit(root / "a", 3, last);
+  CHECK(same_folder->best_k_models().size() == 3);  // epochs 0 and 1 reloaded, epoch 2 added
+  CHECK(in_folder(same_folder->best_k_models(), root / "a"));
+  CHECK(same_folder->last_model_path() == last);
+
+  // load_state_dict called directly (no fit whose folder it could compare) reloads everything.
+  ModelCheckpoint direct;
+  direct.load_state_dict({{"best_model_path", "x"}, {"best_k_models", {{"x", 1.0}}}, {"last_model_path", "y"}});
+  CHECK(direct.best_k_models().size() == 1);
+  CHECK(direct.last_model_path() == "y");
+  fs::remove_all(root);
+}
+
 // model_checkpoint.py format_checkpoint_name: str.format specs ("{epoch:03d}",
 // "{val_loss:.2f}"), and a missing key written as 0 ("{missing:d}" -> "missing=0").
 TEST_CASE("ModelCheckpoint: file names take Python format specs; a metric not logged is 0") {

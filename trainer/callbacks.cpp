@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
+#include <utility>
 
 #include "core/saved_json.h"
 #include "kernels/error.h"
@@ -61,6 +62,7 @@ EarlyStoppingState read_early_stopping(const nlohmann::json& state, const std::s
 
 // ModelCheckpoint's state_dict, read and checked; keys that older files lack take defaults.
 struct ModelCheckpointState {
+  std::optional<std::string> dirpath;  // absent in files written before it was saved
   std::string best_path, last_path;
   std::map<std::string, double> kept;
   int64_t last_saved_step;
@@ -74,6 +76,7 @@ ModelCheckpointState read_model_checkpoint(const nlohmann::json& state, const st
   };
   ModelCheckpointState out;
   optional_string("monitor");  // not loaded (the callback's own wins), but part of a well-formed state
+  if (state.contains("dirpath") && !state.at("dirpath").is_null()) out.dirpath = optional_string("dirpath");
   out.best_path = optional_string("best_model_path");
   out.last_path = optional_string("last_model_path");
   const double worst = mode == "min" ? INFINITY : -INFINITY;
@@ -375,7 +378,25 @@ void ModelCheckpoint::save(Trainer& trainer, bool top_k) {
   }
 }
 
-void ModelCheckpoint::on_fit_start(Trainer&, TrainModule&) { validated_ = false; }
+void ModelCheckpoint::on_fit_start(Trainer& trainer, TrainModule&) {
+  validated_ = false;
+  dirpath_ = folder(trainer);
+}
+
+void ModelCheckpoint::on_load_checkpoint(Trainer& trainer, TrainModule&, const nlohmann::json& own_state) {
+  // Lightning's load_state_dict: the kept files and scores belong to the folder
+  // they were written to; a run that saves elsewhere (a new version_N folder,
+  // another dirpath) starts its top-k afresh and keeps only best_model_path.
+  const ModelCheckpointState saved = read_model_checkpoint(own_state, options_.mode);
+  const std::string current = folder(trainer);
+  const bool moved = saved.dirpath && *saved.dirpath != current;
+  if (moved && trainer.is_global_zero()) {
+    std::cerr << "ModelCheckpoint: the dirpath has changed from '" << *saved.dirpath << "' to '" << current
+              << "', therefore best_model_score, last_model_path and best_k_models won't be reloaded. Only "
+                 "best_model_path will be reloaded.\n";
+  }
+  only_best_path_on_load_ = moved;  // for the load_state_dict the Trainer calls next
+}
 
 void ModelCheckpoint::on_validation_end(Trainer& trainer, TrainModule&) {
   if (trainer.fitting()) validated_ = true;
@@ -400,6 +421,7 @@ nlohmann::json ModelCheckpoint::state_dict() const {
   // Lightning's keys. JSON has no infinity: a NaN score kept as the worst (+-inf) is written as null.
   const std::optional<double> best_score = best_model_score();
   return {{"monitor", options_.monitor},
+          {"dirpath", dirpath_.empty() ? nlohmann::json(nullptr) : nlohmann::json(dirpath_)},
           {"best_model_path", best_path_},
           {"best_model_score", best_score ? nlohmann::json(*best_score) : nlohmann::json(nullptr)},
           {"best_k_models", kept_},
@@ -412,10 +434,13 @@ void ModelCheckpoint::check_state_dict(const nlohmann::json& state) const {
 }
 
 void ModelCheckpoint::load_state_dict(const nlohmann::json& state) {
+  const bool only_best_path = std::exchange(only_best_path_on_load_, false);  // first: consumed even if this throws
   ModelCheckpointState saved = read_model_checkpoint(state, options_.mode);
   best_path_ = std::move(saved.best_path);
-  last_path_ = std::move(saved.last_path);
-  kept_ = std::move(saved.kept);
+  if (!only_best_path) {  // else, as Lightning, the kept files and last path stay this callback's own
+    last_path_ = std::move(saved.last_path);
+    kept_ = std::move(saved.kept);
+  }
   last_saved_step_ = saved.last_saved_step;
 }
 

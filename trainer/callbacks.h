@@ -132,6 +132,9 @@ class ModelCheckpoint : public Callback {
   void on_validation_end(Trainer& trainer, TrainModule& module) override;
   void on_train_batch_end(Trainer& trainer, TrainModule& module, int64_t batch_idx) override;
   void on_train_epoch_end(Trainer& trainer, TrainModule& module) override;
+  // Saved with the state: the folder this fit writes to ("dirpath", null before a fit).
+  // A resumed fit that writes to another folder reloads only best_model_path (Lightning's rule).
+  void on_load_checkpoint(Trainer& trainer, TrainModule& module, const nlohmann::json& own_state) override;
   nlohmann::json state_dict() const override;
   void check_state_dict(const nlohmann::json& state) const override;
   void load_state_dict(const nlohmann::json& state) override;
@@ -163,6 +166,8 @@ class ModelCheckpoint : public Callback {
   int64_t every_n_train_steps_ = 0, every_n_epochs_ = 1;  // resolved as Lightning's __init_triggers
   std::map<std::string, double> kept_;  // path -> score
   std::string best_path_, last_path_;
+  std::string dirpath_;  // the folder of the current (or last) fit, resolved at its start
+  bool only_best_path_on_load_ = false;  // set by on_load_checkpoint for the load_state_dict that follows
   // Lightning's _last_global_step_saved starts at 0: nothing is saved before the first step.
   int64_t last_saved_step_ = 0;
   bool validated_ = false;  // a validation ran in this fit: a missing monitor is an error, not a skip
