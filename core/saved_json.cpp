@@ -10,6 +10,7 @@ namespace {
 // The value as JSON for a message, cut short: a corrupt file may hold megabytes in one value.
 std::string shown(const nlohmann::json& value) {
   constexpr size_t kMaxShown = 80;
+  if (value.is_binary()) return std::to_string(value.get_binary().size()) + " bytes of binary data";
   std::string text = value.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
   if (text.size() > kMaxShown) text = text.substr(0, kMaxShown) + "...";
   return text;

@@ -492,9 +492,10 @@ TEST_CASE("StochasticWeightAveraging: Lightning's arguments, and its state round
   trainer.fit(module, loader);
   REQUIRE(swa->n_averaged() == 2);
 
-  // Through text, as in a checkpoint's metadata.
-  const nlohmann::json state = nlohmann::json::parse(swa->state_dict().dump());
+  // Through CBOR, which keeps JSON binary values (the averaged tensors' bytes).
+  const nlohmann::json state = nlohmann::json::from_cbor(nlohmann::json::to_cbor(swa->state_dict()));
   CHECK(state["latest_update_epoch"] == 2);
+  CHECK(state["average_model_state"]["tensors"]["param.weight"]["data"].is_binary());
   auto restored = std::make_shared<StochasticWeightAveraging>(options);
   restored->load_state_dict(state);
   UnloggedRegression other;
@@ -505,6 +506,31 @@ TEST_CASE("StochasticWeightAveraging: Lightning's arguments, and its state round
   const auto& actual = restored->averaged_model()->parameters();
   REQUIRE(actual.size() == expected.size());
   for (size_t i = 0; i < actual.size(); ++i) KILN_CHECK_CLOSE(actual[i].second, expected[i].second, 0, 0);
+
+  // Older files held each tensor's bytes as base64 text: they still load, and bad text is refused.
+  nlohmann::json as_text = state;
+  for (auto& item : as_text["average_model_state"]["tensors"].items()) {
+    const std::vector<uint8_t>& bytes = item.value()["data"].get_binary();
+    std::string text;
+    constexpr char kDigits[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    for (size_t i = 0; i < bytes.size(); i += 3) {
+      const uint32_t chunk = (uint32_t{bytes[i]} << 16) | (i + 1 < bytes.size() ? uint32_t{bytes[i + 1]} << 8 : 0) |
+                             (i + 2 < bytes.size() ? uint32_t{bytes[i + 2]} : 0);
+      for (size_t k = 0; k < 4; ++k) {
+        text += k <= 1 || i + k - 1 < bytes.size() ? kDigits[(chunk >> (18 - 6 * k)) & 63] : '=';
+      }
+    }
+    item.value()["data"] = text;
+  }
+  auto from_text = std::make_shared<StochasticWeightAveraging>(options);
+  from_text->load_state_dict(as_text);
+  from_text->on_fit_start(trainer, other);
+  REQUIRE(from_text->averaged_model() != nullptr);
+  const auto& decoded = from_text->averaged_model()->parameters();
+  REQUIRE(decoded.size() == expected.size());
+  for (size_t i = 0; i < decoded.size(); ++i) KILN_CHECK_CLOSE(decoded[i].second, expected[i].second, 0, 0);
+  as_text["average_model_state"]["tensors"]["param.weight"]["data"] = "!!!!";
+  CHECK_THROWS_WITH_AS(from_text->load_state_dict(as_text), doctest::Contains("corrupt tensor data"), Error);
 }
 
 TEST_CASE("StochasticWeightAveraging: resumed from a checkpoint taken after SWA started, it ends as the uninterrupted run") {

@@ -162,16 +162,12 @@ TEST_CASE("Checkpoint validation: corrupt metrics, callback and loader states ar
        "\"latest_update_epoch\" is 0.5"},
       {[](nlohmann::json& m) { callback_state(m, "StochasticWeightAveraging")["swa_started"] = "yes"; },
        "\"swa_started\" is \"yes\""},
-      {[](nlohmann::json& m) { callback_state(m, "StochasticWeightAveraging")["average_model_state"] = 3; },
-       "\"average_model_state\" is 3"},
-      // fuzz_trainer_checkpoint finding: started without an average, the epoch's end called through a null pointer.
-      {[](nlohmann::json& m) { callback_state(m, "StochasticWeightAveraging").erase("average_model_state"); },
-       "\"swa_started\" is true but there is no \"average_model_state\""},
+      // Its bytes are a tensor of the file: the place they load into must be null.
       {[](nlohmann::json& m) {
          callback_state(m, "StochasticWeightAveraging")["average_model_state"]["tensors"]["param.weight"]["data"] =
              "!!!!";
        },
-       "corrupt tensor data"},
+       "does not name a null value of the callback states"},
       {[](nlohmann::json& m) {
          callback_state(m, "StochasticWeightAveraging")["average_model_state"]["tensors"]["param.weight"]["shape"] =
              {-1, 4};
@@ -218,6 +214,76 @@ TEST_CASE("Checkpoint validation: corrupt metrics, callback and loader states ar
                       m["metrics"]["logged"][0]["count"] = 0.5;
                     }),
                     "corrupt metadata: metrics");
+  }
+  {  // Binary callback state (SWA's averaged tensors) is stored as u8 tensors named "callbacks" + its JSON
+     // pointer, with null in the metadata: the header stays small. Each tensor is checked as it is put back.
+    const std::string blob = "callbacks/StochasticWeightAveraging/average_model_state/tensors/param.weight/data";
+    const SafetensorsFile file = load_safetensors(saved);
+    const nlohmann::json meta = nlohmann::json::parse(file.metadata.at("kiln"));
+    CHECK(meta["callbacks"]["StochasticWeightAveraging"]["average_model_state"]["tensors"]["param.weight"]["data"]
+              .is_null());
+    const auto found = std::find_if(file.tensors.begin(), file.tensors.end(),
+                                    [&](const auto& named) { return named.first == blob; });
+    REQUIRE(found != file.tensors.end());
+    CHECK(found->second.dtype() == DType::u8);
+    CHECK(found->second.numel() == static_cast<int64_t>(Run(folder / "shape").module.net->weight.nbytes()));
+    using FileEdit = std::function<void(nlohmann::json&, NamedTensorList&)>;
+    auto without_blobs = [](NamedTensorList& t) {
+      std::erase_if(t, [](const auto& named) { return named.first.rfind("callbacks/", 0) == 0; });
+    };
+    const std::vector<std::pair<FileEdit, std::string>> file_cases = {
+        {[&](nlohmann::json& m, NamedTensorList& t) {
+           callback_state(m, "StochasticWeightAveraging")["average_model_state"] = 3;
+           without_blobs(t);
+         },
+         "\"average_model_state\" is 3"},
+        // fuzz_trainer_checkpoint finding: started without an average, the epoch's end called through a null
+        // pointer.
+        {[&](nlohmann::json& m, NamedTensorList& t) {
+           callback_state(m, "StochasticWeightAveraging").erase("average_model_state");
+           without_blobs(t);
+         },
+         "\"swa_started\" is true but there is no \"average_model_state\""},
+        {[&](nlohmann::json&, NamedTensorList& t) {
+           for (auto& [name, tensor] : t) {
+             if (name == blob) tensor = zeros({tensor.numel()}, {.dtype = DType::f32});
+           }
+         },
+         "(expected the 1-D u8 bytes of a callback state)"},
+        {[&](nlohmann::json&, NamedTensorList& t) {
+           for (auto& [name, tensor] : t) {
+             if (name == blob) name = "callbacks/StochasticWeightAveraging/nowhere";
+           }
+         },
+         "'callbacks/StochasticWeightAveraging/nowhere' does not name a null value"},
+        {[&](nlohmann::json&, NamedTensorList& t) {
+           for (auto& [name, tensor] : t) {
+             if (name == blob) name = "callbacks/~2";  // not a JSON pointer
+           }
+         },
+         "'callbacks/~2' does not name a null value"},
+        {[&](nlohmann::json&, NamedTensorList& t) {
+           std::erase_if(t, [&](const auto& named) { return named.first == blob; });
+         },
+         "\"data\" is null (expected the tensor's bytes)"},
+        {[&](nlohmann::json&, NamedTensorList& t) {
+           for (auto& [name, tensor] : t) {
+             if (name == blob) tensor = tensor.narrow(0, 0, tensor.numel() - 1).contiguous();
+           }
+         },
+         "has 15 bytes of data, its shape [1, 4] needs 16"},
+    };
+    for (const auto& [edit, expected] : file_cases) {
+      CAPTURE(expected);
+      nlohmann::json edited_meta = meta;
+      NamedTensorList tensors = file.tensors;
+      edit(edited_meta, tensors);
+      const std::string path = (folder / ("blob" + std::to_string(index++) + ".safetensors")).string();
+      save_safetensors(path, tensors, {{"kiln", edited_meta.dump()}});
+      Run run(folder / "blob");
+      Trainer trainer = run.trainer();
+      check_fit_fails(trainer, run, path, expected);
+    }
   }
   {  // BatchSizeFinder's saved size: a float was truncated, zero refused only after on_load_checkpoint ran.
     for (const nlohmann::json& size : {nlohmann::json(2.5), nlohmann::json(0), nlohmann::json("4")}) {

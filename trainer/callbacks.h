@@ -43,6 +43,8 @@ class Callback {
   // and schedules' states are, so a callback can install what those states
   // must load into (StochasticWeightAveraging's SWALR).
   virtual void on_load_checkpoint(Trainer&, TrainModule&, const nlohmann::json& /*own_state*/) {}
+  // Large byte arrays belong in binary values (nlohmann::json::binary): a
+  // checkpoint stores those in its tensor section, not in its JSON header.
   virtual nlohmann::json state_dict() const { return nlohmann::json::object(); }
   // Throws kiln::Error when load_state_dict would refuse `state`; changes
   // nothing. fit(ckpt_path) checks every callback's saved state with it before

@@ -1,5 +1,8 @@
 #include "trainer/checkpoint_io.h"
 
+#include <cstring>
+#include <list>
+
 #include "core/generator.h"
 #include "core/saved_json.h"
 #include "core/serialization.h"
@@ -60,6 +63,48 @@ void check_generator_states(const nlohmann::json& states, const std::string& pat
   }
 }
 
+// Binary values in the callback states (nlohmann::json::binary: the averaged
+// weights of StochasticWeightAveraging, say) are stored in the tensor section as
+// 1-D u8 tensors named "callbacks" + their JSON pointer under "callbacks"
+// ("callbacks/StochasticWeightAveraging/average_model_state/..."), with null in
+// their place in the metadata: the header stays small (Python's safetensors
+// refuses headers over 100 MB) and the bytes are stored as they are.
+constexpr std::string_view kBlobPrefix = "callbacks/";
+
+// Moves each binary value under `value` (at `pointer`) into `blobs` (which keeps
+// the bytes alive for the tensors over them) and `tensors`.
+void move_blobs_to_tensors(nlohmann::json& value, const nlohmann::json::json_pointer& pointer,
+                           std::list<nlohmann::json::binary_t>& blobs, NamedTensorList& tensors) {
+  if (value.is_binary()) {
+    nlohmann::json::binary_t& blob = blobs.emplace_back(std::move(value.get_binary()));
+    const std::string name = std::string(kBlobPrefix.substr(0, kBlobPrefix.size() - 1)) + pointer.to_string();
+    const auto size = static_cast<int64_t>(blob.size());
+    tensors.emplace_back(name, blob.empty() ? empty({0}, {.dtype = DType::u8}) : from_blob(blob.data(), {size}, DType::u8));
+    value = nullptr;
+  } else if (value.is_object()) {
+    for (auto& item : value.items()) move_blobs_to_tensors(item.value(), pointer / item.key(), blobs, tensors);
+  } else if (value.is_array()) {
+    for (size_t i = 0; i < value.size(); ++i) move_blobs_to_tensors(value[i], pointer / i, blobs, tensors);
+  }
+}
+
+// move_blobs_to_tensors' inverse for one tensor: its bytes go back, as a binary
+// value, to the null its name points at in `callbacks`.
+void restore_blob(nlohmann::json& callbacks, const std::string& name, const Tensor& tensor, const std::string& path) {
+  const std::string where = "load checkpoint '" + path + "': tensor '" + name + "'";
+  KILN_CHECK(tensor.dtype() == DType::u8 && tensor.dim() == 1, where, " is ", dtype_name(tensor.dtype()), " ",
+             shape_str(tensor.shape()), " (expected the 1-D u8 bytes of a callback state)");
+  try {
+    const nlohmann::json::json_pointer pointer(name.substr(kBlobPrefix.size() - 1));
+    KILN_CHECK(callbacks.contains(pointer) && callbacks.at(pointer).is_null(), where,
+               " does not name a null value of the callback states");
+    const auto* bytes = static_cast<const uint8_t*>(tensor.contiguous().data_ptr());
+    callbacks.at(pointer) = nlohmann::json::binary(std::vector<uint8_t>(bytes, bytes + tensor.numel()));
+  } catch (const nlohmann::json::exception&) {
+    KILN_THROW(where, " does not name a null value of the callback states");
+  }
+}
+
 // Optimizer 0 keeps the single-optimizer names ("optimizer", "scheduler").
 std::string slot_name(const char* kind, size_t index) {
   return index == 0 ? std::string(kind) : std::string(kind) + "_" + std::to_string(index);
@@ -103,6 +148,8 @@ void save_trainer_checkpoint(const std::string& path, const nn::Module& model,
     for (const auto& [name, tensor] : scaler_state.tensors) tensors.emplace_back("scaler." + name, tensor);
     meta["scaler"] = scaler_state.meta;
   }
+  std::list<nlohmann::json::binary_t> blobs;
+  move_blobs_to_tensors(meta["callbacks"], nlohmann::json::json_pointer(), blobs, tensors);
   save_safetensors(path, tensors, {{"kiln", meta.dump()}});
 }
 
@@ -133,6 +180,7 @@ TrainerCheckpointFile read_trainer_checkpoint(const std::string& path, const nn:
   out.path = path;
   // Tensor-name prefix ("optimizer_1.") -> where its tensors go.
   std::map<std::string, std::map<std::string, Tensor>*> destinations;
+  nlohmann::json callbacks;  // the callback states, with their binary values restored from the tensors
   out.optimizers.resize(saved_optimizers);
   out.schedulers.resize(saved_optimizers);
   try {
@@ -160,10 +208,8 @@ TrainerCheckpointFile read_trainer_checkpoint(const std::string& path, const nn:
     // The loader, metrics and callback states are the Trainer's to check (Trainer::load_checkpoint).
     out.progress.loader_state = saved_json::member(meta, "loader", corrupt_metadata(path));
     out.progress.metrics = meta.value("metrics", nlohmann::json());
-    const nlohmann::json& callbacks = saved_json::member(meta, "callbacks", corrupt_metadata(path));
-    for (const auto& [name, state] : saved_json::object(callbacks, "callbacks", corrupt_metadata(path)).items()) {
-      out.progress.callback_states[name] = state;
-    }
+    callbacks = saved_json::object(saved_json::member(meta, "callbacks", corrupt_metadata(path)), "callbacks",
+                                   corrupt_metadata(path));
     if (meta.contains("hyperparameters")) {
       const std::string where = corrupt_metadata(path) + ": hyperparameters";
       const nlohmann::json& hyperparameters = saved_json::object(meta.at("hyperparameters"), "hyperparameters", where);
@@ -181,11 +227,16 @@ TrainerCheckpointFile read_trainer_checkpoint(const std::string& path, const nn:
       out.model.emplace_back(name.substr(6), tensor);
       continue;
     }
+    if (name.rfind(kBlobPrefix, 0) == 0) {
+      restore_blob(callbacks, name, tensor, path);
+      continue;
+    }
     const size_t dot = name.find('.');
     auto destination = dot == std::string::npos ? destinations.end() : destinations.find(name.substr(0, dot + 1));
     KILN_CHECK(destination != destinations.end(), "load checkpoint '", path, "': unexpected tensor '", name, "'");
     (*destination->second)[name.substr(dot + 1)] = tensor;
   }
+  for (auto& item : callbacks.items()) out.progress.callback_states[item.key()] = std::move(item.value());
   return out;
 }
 

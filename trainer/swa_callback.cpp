@@ -11,21 +11,8 @@
 namespace kiln {
 
 namespace {
+// Read only: files written before the average was saved as binary held it as base64 text.
 constexpr char kBase64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-
-std::string base64_encode(const unsigned char* data, size_t size) {
-  std::string out;
-  out.reserve((size + 2) / 3 * 4);
-  for (size_t i = 0; i < size; i += 3) {
-    const uint32_t chunk = (uint32_t{data[i]} << 16) | (i + 1 < size ? uint32_t{data[i + 1]} << 8 : 0) |
-                           (i + 2 < size ? uint32_t{data[i + 2]} : 0);
-    out += kBase64[(chunk >> 18) & 63];
-    out += kBase64[(chunk >> 12) & 63];
-    out += i + 1 < size ? kBase64[(chunk >> 6) & 63] : '=';
-    out += i + 2 < size ? kBase64[chunk & 63] : '=';
-  }
-  return out;
-}
 
 std::vector<unsigned char> base64_decode(const std::string& text, const std::string& where) {
   KILN_CHECK(text.size() % 4 == 0, where, ": corrupt tensor data (base64 length ", text.size(), ")");
@@ -49,13 +36,14 @@ std::vector<unsigned char> base64_decode(const std::string& text, const std::str
   return out;
 }
 
-// A tensor as {"dtype", "shape", "data": base64 of its little-endian bytes}:
-// exact, and it fits the callback state's JSON.
+// A tensor as {"dtype", "shape", "data": its little-endian bytes as a JSON
+// binary value}: exact; a checkpoint stores the bytes in its tensor section.
 nlohmann::json tensor_json(const Tensor& tensor) {
   const Tensor host = tensor.detach().to(Device::cpu()).contiguous();
+  const auto* bytes = static_cast<const uint8_t*>(host.data_ptr());
   return {{"dtype", std::string(dtype_name(host.dtype()))},
           {"shape", host.shape()},
-          {"data", base64_encode(static_cast<const unsigned char*>(host.data_ptr()), host.nbytes())}};
+          {"data", nlohmann::json::binary(std::vector<uint8_t>(bytes, bytes + host.nbytes()))}};
 }
 
 constexpr std::string_view kLoadWhere = "StochasticWeightAveraging.load_state_dict";
@@ -80,7 +68,12 @@ Tensor tensor_from_json(const nlohmann::json& json, const std::string& name) {
   } catch (const Error& error) {
     KILN_THROW(where, ": ", error.message());
   }
-  const std::vector<unsigned char> bytes = base64_decode(saved_json::string_at(json, "data", where), where);
+  const nlohmann::json& data = saved_json::member(json, "data", where);
+  if (!data.is_binary() && !data.is_string()) saved_json::refuse(data, "data", where, "the tensor's bytes");
+  std::vector<unsigned char> decoded;  // files that held base64 text
+  if (data.is_string()) decoded = base64_decode(data.get<std::string>(), where);
+  const std::vector<unsigned char>& bytes =
+      data.is_binary() ? static_cast<const std::vector<unsigned char>&>(data.get_binary()) : decoded;
   const auto extent = contiguous_extent(shape, static_cast<int64_t>(dtype_size(dtype)));
   KILN_CHECK(extent && static_cast<uint64_t>(extent->nbytes) == bytes.size(), where, " has ", bytes.size(),
              " bytes of data, its shape ", shape_str(shape), " needs ",

@@ -48,7 +48,8 @@ class StochasticWeightAveraging : public Callback {
   void on_train_epoch_end(Trainer& trainer, TrainModule& module) override;
   void on_train_end(Trainer& trainer, TrainModule& module) override;
   // n_averaged, latest_update_epoch, whether SWA started, and the averaged
-  // tensors (raw bytes, base64, in the JSON: exact). The SWALR schedule's state
+  // tensors (their bytes as JSON binary values, exact, which a checkpoint keeps in
+  // its tensor section; base64 text from older files still loads). The SWALR schedule's state
   // is the Trainer's (its checkpoint holds the schedule).
   nlohmann::json state_dict() const override;
   void check_state_dict(const nlohmann::json& state) const override;
