@@ -4,6 +4,8 @@
 // deadline and aborted from another thread; each call below waits for a
 // call that NCCL reports "in progress" until it is issued, or throws after
 // `timeout_ms`. The collectives are enqueued on `stream` and return at once.
+// After a collective throws, the communicator is unusable and its owner must
+// comm_abort it (once: abort frees it).
 #pragma once
 
 #include <cstddef>

@@ -159,7 +159,7 @@ class NcclBackend final : public Backend {
     try {
       call(stream_);
     } catch (const Error& e) {
-      mark_broken(e.message());
+      break_communicator(e.message());
       throw;
     }
     cuda::record_event(work->done(), stream_);
@@ -171,9 +171,16 @@ class NcclBackend final : public Backend {
     return work;
   }
 
-  void mark_broken(const std::string& why) {
-    std::lock_guard<std::mutex> lock(state_->mutex);
-    if (state_->error.empty()) state_->error = why;
+  // The first failure marks the backend broken and aborts the communicator,
+  // exactly once (abort frees it; the destructor then leaves it alone). The
+  // caller holds comm_mutex_, so no launch races the abort.
+  void break_communicator(const std::string& why) {
+    {
+      std::lock_guard<std::mutex> lock(state_->mutex);
+      if (!state_->error.empty()) return;
+      state_->error = why;
+    }
+    nccl::comm_abort(comm_);
   }
 
   bool broken() const {
@@ -191,7 +198,8 @@ class NcclBackend final : public Backend {
     try {
       on_device.emplace(device_, "NCCL watchdog");
     } catch (const Error& e) {
-      mark_broken(std::string("NCCL watchdog: ") + e.message());
+      std::lock_guard<std::mutex> comm_lock(comm_mutex_);
+      break_communicator(std::string("NCCL watchdog: ") + e.message());
     }
     for (;;) {
       std::string failure;
@@ -225,10 +233,7 @@ class NcclBackend final : public Backend {
         const std::string async = nccl::comm_async_error(comm_);
         if (!async.empty()) failure = "asynchronous NCCL error: " + async + " (a peer process may have died)";
       }
-      if (!failure.empty()) {
-        mark_broken(failure);
-        nccl::comm_abort(comm_);
-      }
+      if (!failure.empty()) break_communicator(failure);
     }
   }
 

@@ -49,7 +49,7 @@ int comm_device(ncclComm_t comm) {
 }
 
 // Polls until the communicator has no call in progress; throws on an error or
-// after timeout_ms (aborting the communicator, which frees its kernels).
+// after timeout_ms. The communicator is then unusable: its owner aborts it.
 void wait_issued(ncclComm_t comm, const char* what, int64_t timeout_ms) {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
   for (;;) {
@@ -58,14 +58,11 @@ void wait_issued(ncclComm_t comm, const char* what, int64_t timeout_ms) {
     if (state == ncclSuccess) return;
     if (state != ncclInProgress) {
       const char* detail = ncclGetLastError(comm);
-      ncclCommAbort(comm);
       KILN_THROW("NCCL ", what, " failed: ", ncclGetErrorString(state), (detail && *detail) ? ": " : "",
                  detail ? detail : "");
     }
-    if (std::chrono::steady_clock::now() > deadline) {
-      ncclCommAbort(comm);
-      KILN_THROW("NCCL ", what, " timed out after ", timeout_ms, " ms (a peer did not arrive)");
-    }
+    KILN_CHECK(std::chrono::steady_clock::now() <= deadline, "NCCL ", what, " timed out after ", timeout_ms,
+               " ms (a peer did not arrive)");
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
 }
@@ -97,9 +94,15 @@ Comm comm_init_rank(const UniqueId& id, int nranks, int rank, int device, int64_
   config.blocking = 0;
   ncclComm_t comm = nullptr;
   const ncclResult_t result = ncclCommInitRankConfig(&comm, nranks, nccl_id, rank, &config);
+  // The caller gets no communicator from a failed initialization: it is aborted (freed) here.
   if (result != ncclSuccess && result != ncclInProgress && comm) ncclCommAbort(comm);
   KILN_NCCL_CHECK(result);
-  wait_issued(comm, "communicator initialization", timeout_ms);
+  try {
+    wait_issued(comm, "communicator initialization", timeout_ms);
+  } catch (...) {
+    ncclCommAbort(comm);
+    throw;
+  }
   return comm;
 }
 
