@@ -8,6 +8,9 @@
 // "optimizer_<i>.*" / "scheduler_<i>.*" after; the JSON keys follow the same names.
 // The loss scaler of precision "16-mixed" is an optional section ("scaler.*"
 // and the "scaler" key): files without one (other precisions, older files) still load.
+// Binary values in a callback's state (StochasticWeightAveraging's averaged
+// weights) are u8 tensors "callbacks/<JSON pointer into the callback states>",
+// with null in their place in the JSON, so the header stays small.
 #pragma once
 
 #include <map>
