@@ -25,15 +25,59 @@ void keep_freed_host_memory() {
 }
 }  // namespace
 
+namespace {
+// allocate_cpu's counters (process-wide; relaxed: they are statistics, not synchronization).
+struct CpuCounters {
+  std::atomic<size_t> allocated{0}, peak{0};
+  std::atomic<uint64_t> allocations{0}, frees{0};
+};
+CpuCounters& cpu_counters() {
+  static CpuCounters counters;
+  return counters;
+}
+}  // namespace
+
 std::shared_ptr<void> allocate_cpu(size_t bytes) {
   keep_freed_host_memory();
   // aligned_alloc needs a size that is a multiple of the alignment.
-  size_t rounded = (bytes + 63) / 64 * 64;
-  void* pointer = std::aligned_alloc(64, rounded == 0 ? 64 : rounded);
+  const size_t rounded = bytes == 0 ? 64 : (bytes + 63) / 64 * 64;
+  void* pointer = std::aligned_alloc(64, rounded);
   if (pointer == nullptr) {
     throw OutOfMemoryError("out of host memory allocating " + std::to_string(bytes) + " bytes", __FILE__, __LINE__);
   }
-  return std::shared_ptr<void>(pointer, [](void* p) { std::free(p); });
+  CpuCounters& counters = cpu_counters();
+  counters.allocations.fetch_add(1, std::memory_order_relaxed);
+  const size_t now = counters.allocated.fetch_add(rounded, std::memory_order_relaxed) + rounded;
+  size_t peak = counters.peak.load(std::memory_order_relaxed);
+  while (now > peak && !counters.peak.compare_exchange_weak(peak, now, std::memory_order_relaxed)) {
+  }
+  return std::shared_ptr<void>(pointer, [rounded](void* p) {
+    std::free(p);
+    CpuCounters& counters = cpu_counters();
+    counters.allocated.fetch_sub(rounded, std::memory_order_relaxed);
+    counters.frees.fetch_add(1, std::memory_order_relaxed);
+  });
+}
+
+AllocatorStats memory_stats(Device device) {
+  if (device.is_cuda()) return cuda_allocator(device.index).stats();
+  const CpuCounters& counters = cpu_counters();
+  AllocatorStats stats;
+  stats.allocated_bytes = counters.allocated.load(std::memory_order_relaxed);
+  stats.reserved_bytes = stats.allocated_bytes;  // no cache: freed host memory goes back to the heap
+  stats.peak_allocated_bytes = counters.peak.load(std::memory_order_relaxed);
+  stats.device_malloc_calls = counters.allocations.load(std::memory_order_relaxed);
+  stats.device_free_calls = counters.frees.load(std::memory_order_relaxed);
+  return stats;
+}
+
+void reset_peak_memory_stats(Device device) {
+  if (device.is_cuda()) {
+    cuda_allocator(device.index).reset_peak();
+    return;
+  }
+  CpuCounters& counters = cpu_counters();
+  counters.peak.store(counters.allocated.load(std::memory_order_relaxed), std::memory_order_relaxed);
 }
 
 std::shared_ptr<void> allocate_pinned(size_t bytes) {

@@ -85,4 +85,12 @@ bool poison_allocations();
 // The allocator of a CUDA device (created on first use).
 CachingAllocator& cuda_allocator(int device);
 
+// Tensor memory of `device` (torch.cuda.memory_stats / reset_peak_memory_stats):
+// the caching allocator's statistics for CUDA; for the CPU, the bytes that
+// allocate_cpu handed out and has not got back (rounded to 64 B; all threads
+// of the process), its peak, and its calls, with reserved = allocated (no cache).
+AllocatorStats memory_stats(Device device);
+// The peak becomes what is allocated now.
+void reset_peak_memory_stats(Device device);
+
 }  // namespace kiln

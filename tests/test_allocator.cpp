@@ -271,6 +271,26 @@ TEST_CASE("allocator: CPU memory is 64-byte aligned and poisoning fills 0xFF") {
   CHECK(zeros({4}).to_vector<float>() == std::vector<float>{0, 0, 0, 0});
 }
 
+TEST_CASE("allocator: CPU memory_stats count live tensor bytes and their peak; reset_peak_memory_stats") {
+  const Device cpu = Device::cpu();
+  const AllocatorStats before = memory_stats(cpu);
+  {
+    Tensor big = empty({1 << 20});      // 4 MiB
+    Tensor odd = empty({3}, {.dtype = DType::u8});  // rounded up to 64 B
+    const AllocatorStats during = memory_stats(cpu);
+    CHECK(during.allocated_bytes - before.allocated_bytes == (size_t{4} << 20) + 64);
+    CHECK(during.reserved_bytes == during.allocated_bytes);
+    CHECK(during.peak_allocated_bytes >= during.allocated_bytes);
+    CHECK(during.device_malloc_calls - before.device_malloc_calls == 2);
+  }
+  const AllocatorStats after = memory_stats(cpu);
+  CHECK(after.allocated_bytes == before.allocated_bytes);
+  CHECK(after.device_free_calls - before.device_free_calls == 2);
+  CHECK(after.peak_allocated_bytes >= before.allocated_bytes + (size_t{4} << 20));  // the peak remembers
+  reset_peak_memory_stats(cpu);
+  CHECK(memory_stats(cpu).peak_allocated_bytes == after.allocated_bytes);
+}
+
 TEST_CASE("allocator: without a GPU the CUDA allocator and runtime fail clearly") {
   if (cuda::is_available()) return;  // covered by the [gpu] case
   CHECK(cuda::device_count() == 0);

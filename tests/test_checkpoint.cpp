@@ -4,6 +4,7 @@
 #include <cmath>
 #include <optional>
 
+#include "core/allocator.h"
 #include "core/generator.h"
 #include "nn/checkpoint.h"
 #include "nn/conv.h"
@@ -67,6 +68,50 @@ TEST_CASE("checkpoint keeps no activations: the recomputation happens in backwar
   CHECK(calls == 2);
   CHECK(layer->weight.grad().defined());
   CHECK(x.grad().defined());
+}
+
+// What activation checkpointing is for: the graph of a checkpointed run holds
+// only the checkpointed parts' outputs, so less memory is live between forward and backward.
+TEST_CASE("checkpoint and checkpoint_sequential hold less memory after the forward, with the same gradients") {
+  manual_seed(7);
+  std::vector<nn::ModulePtr> layers;
+  for (int i = 0; i < 8; ++i) {
+    layers.push_back(std::make_shared<nn::Linear>(256, 256));
+    layers.push_back(std::make_shared<nn::ReLU>());
+  }
+  auto stack = [&](const std::vector<Tensor>& inputs) {
+    Tensor h = inputs[0];
+    for (const auto& layer : layers) h = layer->forward(h);
+    return h;
+  };
+  const Tensor input = randn({512, 256});  // each activation: 512 KiB
+  enum class Mode { plain, whole, two_segments };
+  auto held_after_forward = [&](Mode mode, std::vector<float>* gradient) {
+    for (const auto& layer : layers) {
+      for (auto& parameter : layer->parameters()) parameter.set_grad(Tensor());
+    }
+    const Tensor x = input.clone().requires_grad_(true);
+    const size_t before = memory_stats(Device::cpu()).allocated_bytes;
+    const Tensor y = mode == Mode::plain   ? stack({x})
+                     : mode == Mode::whole ? nn::checkpoint(stack, {x})
+                                           : nn::checkpoint_sequential(layers, 2, x);
+    const size_t held = memory_stats(Device::cpu()).allocated_bytes - before;
+    sum(y).backward();
+    *gradient = x.grad().to_vector<float>();
+    return held;
+  };
+  std::vector<float> plain_gradient, whole_gradient, segments_gradient;
+  const size_t plain = held_after_forward(Mode::plain, &plain_gradient);
+  const size_t whole = held_after_forward(Mode::whole, &whole_gradient);
+  const size_t segments = held_after_forward(Mode::two_segments, &segments_gradient);
+  MESSAGE("held after forward: plain " << plain << " B, checkpoint " << whole << " B, 2 segments " << segments
+                                       << " B");
+  constexpr size_t kActivation = 512 * 256 * 4;
+  CHECK(plain >= 8 * kActivation);        // at least one saved activation per Linear + ReLU
+  CHECK(whole <= 2 * kActivation);        // the output (and no saved activation)
+  CHECK(segments < plain - 2 * kActivation);  // the first half's activations are gone
+  CHECK(whole_gradient == plain_gradient);
+  CHECK(segments_gradient == plain_gradient);
 }
 
 TEST_CASE("checkpoint reaches parameters even when the input needs no gradient") {
