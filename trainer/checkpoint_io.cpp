@@ -1,6 +1,5 @@
 #include "trainer/checkpoint_io.h"
 
-#include <cstring>
 #include <list>
 
 #include "core/generator.h"
@@ -69,7 +68,11 @@ void check_generator_states(const nlohmann::json& states, const std::string& pat
 // ("callbacks/StochasticWeightAveraging/average_model_state/..."), with null in
 // their place in the metadata: the header stays small (Python's safetensors
 // refuses headers over 100 MB) and the bytes are stored as they are.
-constexpr std::string_view kBlobPrefix = "callbacks/";
+constexpr std::string_view kBlobRoot = "callbacks";  // then the JSON pointer, "/..."
+
+bool is_blob_name(const std::string& name) {
+  return name.starts_with(kBlobRoot) && name.size() > kBlobRoot.size() && name[kBlobRoot.size()] == '/';
+}
 
 // Moves each binary value under `value` (at `pointer`) into `blobs` (which keeps
 // the bytes alive for the tensors over them) and `tensors`.
@@ -77,9 +80,9 @@ void move_blobs_to_tensors(nlohmann::json& value, const nlohmann::json::json_poi
                            std::list<nlohmann::json::binary_t>& blobs, NamedTensorList& tensors) {
   if (value.is_binary()) {
     nlohmann::json::binary_t& blob = blobs.emplace_back(std::move(value.get_binary()));
-    const std::string name = std::string(kBlobPrefix.substr(0, kBlobPrefix.size() - 1)) + pointer.to_string();
     const auto size = static_cast<int64_t>(blob.size());
-    tensors.emplace_back(name, blob.empty() ? empty({0}, {.dtype = DType::u8}) : from_blob(blob.data(), {size}, DType::u8));
+    tensors.emplace_back(std::string(kBlobRoot) + pointer.to_string(),
+                         blob.empty() ? empty({0}, {.dtype = DType::u8}) : from_blob(blob.data(), {size}, DType::u8));
     value = nullptr;
   } else if (value.is_object()) {
     for (auto& item : value.items()) move_blobs_to_tensors(item.value(), pointer / item.key(), blobs, tensors);
@@ -95,11 +98,12 @@ void restore_blob(nlohmann::json& callbacks, const std::string& name, const Tens
   KILN_CHECK(tensor.dtype() == DType::u8 && tensor.dim() == 1, where, " is ", dtype_name(tensor.dtype()), " ",
              shape_str(tensor.shape()), " (expected the 1-D u8 bytes of a callback state)");
   try {
-    const nlohmann::json::json_pointer pointer(name.substr(kBlobPrefix.size() - 1));
+    const nlohmann::json::json_pointer pointer(name.substr(kBlobRoot.size()));
     KILN_CHECK(callbacks.contains(pointer) && callbacks.at(pointer).is_null(), where,
                " does not name a null value of the callback states");
-    const auto* bytes = static_cast<const uint8_t*>(tensor.contiguous().data_ptr());
-    callbacks.at(pointer) = nlohmann::json::binary(std::vector<uint8_t>(bytes, bytes + tensor.numel()));
+    const Tensor contiguous = tensor.contiguous();
+    const auto* bytes = static_cast<const uint8_t*>(contiguous.data_ptr());
+    callbacks.at(pointer) = nlohmann::json::binary(std::vector<uint8_t>(bytes, bytes + contiguous.numel()));
   } catch (const nlohmann::json::exception&) {
     KILN_THROW(where, " does not name a null value of the callback states");
   }
@@ -227,7 +231,7 @@ TrainerCheckpointFile read_trainer_checkpoint(const std::string& path, const nn:
       out.model.emplace_back(name.substr(6), tensor);
       continue;
     }
-    if (name.rfind(kBlobPrefix, 0) == 0) {
+    if (is_blob_name(name)) {
       restore_blob(callbacks, name, tensor, path);
       continue;
     }
