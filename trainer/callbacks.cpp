@@ -93,6 +93,16 @@ ModelCheckpointState read_model_checkpoint(const nlohmann::json& state, const st
   return out;
 }
 
+// `folder` absolute and without "." or ".." or links (Lightning keeps dirpath as
+// os.path.realpath), so that the same folder reached another way compares equal.
+std::string normal_folder(const std::string& folder) {
+  std::error_code error;
+  const fs::path absolute = fs::absolute(folder, error);
+  if (error) return folder;
+  const fs::path canonical = fs::weakly_canonical(absolute, error);
+  return error ? absolute.lexically_normal().string() : canonical.string();
+}
+
 // Removes a checkpoint this callback wrote: only a .safetensors file directly
 // in `dir`. The kept paths come from saved states, and a crafted or foreign
 // checkpoint must not make a run delete files elsewhere (a run resumed into
@@ -287,7 +297,8 @@ std::string ModelCheckpoint::format_filename(const std::string& pattern, int64_t
 }
 
 std::string ModelCheckpoint::folder(Trainer& trainer) const {
-  return options_.dirpath.empty() ? (fs::path(trainer.log_dir()) / "checkpoints").string() : options_.dirpath;
+  return normal_folder(options_.dirpath.empty() ? (fs::path(trainer.log_dir()) / "checkpoints").string()
+                                                : options_.dirpath);
 }
 
 std::optional<double> ModelCheckpoint::best_model_score() const {

@@ -163,6 +163,7 @@ class ModelCheckpoint : public Callback {
   bool skip_saving(const Trainer& trainer) const;
   // The top-k checkpoint when `top_k`, then last.safetensors (save_last).
   void save(Trainer& trainer, bool top_k);
+  // dirpath, or <log dir>/checkpoints, as an absolute path without "..", "." or links.
   std::string folder(Trainer& trainer) const;
   ModelCheckpointOptions options_;
   int64_t every_n_train_steps_ = 0, every_n_epochs_ = 1;  // resolved as Lightning's __init_triggers
