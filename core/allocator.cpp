@@ -23,18 +23,15 @@ void keep_freed_host_memory() {
   }();
   (void)configured;
 }
-}  // namespace
 
-namespace {
-// allocate_cpu's counters (process-wide; relaxed: they are statistics, not synchronization).
+// allocate_cpu's counters (process-wide; relaxed: they are statistics, not
+// synchronization). Constant-initialized: no guard on the allocation path, and
+// a tensor freed during static destruction still finds them.
 struct CpuCounters {
   std::atomic<size_t> allocated{0}, peak{0};
   std::atomic<uint64_t> allocations{0}, frees{0};
 };
-CpuCounters& cpu_counters() {
-  static CpuCounters counters;
-  return counters;
-}
+constinit CpuCounters cpu_counters;
 }  // namespace
 
 std::shared_ptr<void> allocate_cpu(size_t bytes) {
@@ -45,29 +42,26 @@ std::shared_ptr<void> allocate_cpu(size_t bytes) {
   if (pointer == nullptr) {
     throw OutOfMemoryError("out of host memory allocating " + std::to_string(bytes) + " bytes", __FILE__, __LINE__);
   }
-  CpuCounters& counters = cpu_counters();
-  counters.allocations.fetch_add(1, std::memory_order_relaxed);
-  const size_t now = counters.allocated.fetch_add(rounded, std::memory_order_relaxed) + rounded;
-  size_t peak = counters.peak.load(std::memory_order_relaxed);
-  while (now > peak && !counters.peak.compare_exchange_weak(peak, now, std::memory_order_relaxed)) {
+  cpu_counters.allocations.fetch_add(1, std::memory_order_relaxed);
+  const size_t now = cpu_counters.allocated.fetch_add(rounded, std::memory_order_relaxed) + rounded;
+  size_t peak = cpu_counters.peak.load(std::memory_order_relaxed);
+  while (now > peak && !cpu_counters.peak.compare_exchange_weak(peak, now, std::memory_order_relaxed)) {
   }
   return std::shared_ptr<void>(pointer, [rounded](void* p) {
     std::free(p);
-    CpuCounters& counters = cpu_counters();
-    counters.allocated.fetch_sub(rounded, std::memory_order_relaxed);
-    counters.frees.fetch_add(1, std::memory_order_relaxed);
+    cpu_counters.allocated.fetch_sub(rounded, std::memory_order_relaxed);
+    cpu_counters.frees.fetch_add(1, std::memory_order_relaxed);
   });
 }
 
 AllocatorStats memory_stats(Device device) {
   if (device.is_cuda()) return cuda_allocator(device.index).stats();
-  const CpuCounters& counters = cpu_counters();
   AllocatorStats stats;
-  stats.allocated_bytes = counters.allocated.load(std::memory_order_relaxed);
+  stats.allocated_bytes = cpu_counters.allocated.load(std::memory_order_relaxed);
   stats.reserved_bytes = stats.allocated_bytes;  // no cache: freed host memory goes back to the heap
-  stats.peak_allocated_bytes = counters.peak.load(std::memory_order_relaxed);
-  stats.device_malloc_calls = counters.allocations.load(std::memory_order_relaxed);
-  stats.device_free_calls = counters.frees.load(std::memory_order_relaxed);
+  stats.peak_allocated_bytes = cpu_counters.peak.load(std::memory_order_relaxed);
+  stats.device_malloc_calls = cpu_counters.allocations.load(std::memory_order_relaxed);
+  stats.device_free_calls = cpu_counters.frees.load(std::memory_order_relaxed);
   return stats;
 }
 
@@ -76,8 +70,7 @@ void reset_peak_memory_stats(Device device) {
     cuda_allocator(device.index).reset_peak();
     return;
   }
-  CpuCounters& counters = cpu_counters();
-  counters.peak.store(counters.allocated.load(std::memory_order_relaxed), std::memory_order_relaxed);
+  cpu_counters.peak.store(cpu_counters.allocated.load(std::memory_order_relaxed), std::memory_order_relaxed);
 }
 
 std::shared_ptr<void> allocate_pinned(size_t bytes) {
