@@ -141,7 +141,7 @@ void bench_gpu() {
                            {4096, 4096, 4096, false, false, "square 4096"},
                            {8192, 8192, 8192, false, false, "square 8192"},
                            {8192, 8192, 8192, false, true, "square 8192, B transposed"}};
-  cuda::Event start = cuda::create_event(true), stop = cuda::create_event(true);
+  cuda::Event start = cuda::create_event(device, true), stop = cuda::create_event(device, true);
   for (const Precision& precision : precisions) {
     for (const Shape3& s : shapes) {
       const TensorOptions options{.dtype = precision.dtype, .device = Device::cuda(device)};

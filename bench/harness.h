@@ -53,8 +53,8 @@ class GpuTimer {
     const cuda::DeviceProperties properties = cuda::device_properties(device);
     flush_bytes_ = 2 * std::max<size_t>(properties.l2_cache_bytes, 1 << 20);
     flush_ = empty({static_cast<int64_t>(flush_bytes_)}, {.dtype = DType::u8, .device = Device::cuda(device)});
-    start_ = cuda::create_event(/*timing=*/true);
-    end_ = cuda::create_event(/*timing=*/true);
+    start_ = cuda::create_event(device, /*timing=*/true);
+    end_ = cuda::create_event(device, /*timing=*/true);
   }
   ~GpuTimer() {
     cuda::destroy_event(start_);

@@ -92,7 +92,9 @@ OpProfiler::~OpProfiler() {
     cuda::destroy_event(pending.start_event);
     cuda::destroy_event(pending.end_event);
   }
-  for (cuda::Event event : free_events_) cuda::destroy_event(event);
+  for (const auto& [device, events] : free_events_) {
+    for (cuda::Event event : events) cuda::destroy_event(event);
+  }
 }
 
 void OpProfiler::start() {
@@ -116,17 +118,18 @@ void OpProfiler::reset() {
   ranges_.clear();
 }
 
-cuda::Event OpProfiler::take_event() {
-  if (free_events_.empty()) return cuda::create_event(/*timing=*/true);
-  cuda::Event event = free_events_.back();
-  free_events_.pop_back();
+cuda::Event OpProfiler::take_event(int device) {
+  std::vector<cuda::Event>& events = free_events_[device];
+  if (events.empty()) return cuda::create_event(device, /*timing=*/true);
+  cuda::Event event = events.back();
+  events.pop_back();
   return event;
 }
 
 OpProfiler::Interval OpProfiler::begin(std::string name, Kind kind, Device device) {
   Interval interval{std::move(name), kind, device, {}, nullptr};
   if (device.is_cuda()) {
-    interval.start_event = take_event();
+    interval.start_event = take_event(device.index);
     cuda::record_event(interval.start_event, cuda::current_stream(device.index));
   }
   interval.start = std::chrono::steady_clock::now();
@@ -147,9 +150,9 @@ void OpProfiler::end(Interval interval) {
     stats.cpu_seconds += cpu_seconds;
   }
   if (interval.start_event != nullptr) {
-    cuda::Event end_event = take_event();
+    cuda::Event end_event = take_event(interval.device.index);
     cuda::record_event(end_event, cuda::current_stream(interval.device.index));
-    pending_.push_back({std::move(interval.name), interval.kind, interval.start_event, end_event});
+    pending_.push_back({std::move(interval.name), interval.kind, interval.device.index, interval.start_event, end_event});
     if (pending_.size() >= kResolveBatch) resolve_pending(/*wait=*/false);
   }
 }
@@ -174,8 +177,8 @@ void OpProfiler::resolve_pending(bool wait) {
     } else {
       ranges_[pending.name].cuda_seconds += seconds;
     }
-    free_events_.push_back(pending.start_event);
-    free_events_.push_back(pending.end_event);
+    free_events_[pending.device].push_back(pending.start_event);
+    free_events_[pending.device].push_back(pending.end_event);
   }
   pending_ = std::move(still_pending);
 }

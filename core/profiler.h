@@ -103,16 +103,17 @@ class OpProfiler {
   struct Pending {
     std::string name;
     Kind kind;
+    int device;
     cuda::Event start_event;
     cuda::Event end_event;
   };
-  cuda::Event take_event();
+  cuda::Event take_event(int device);
   void resolve_pending(bool wait);
 
   std::map<std::string, OpStats> ops_;
   std::map<std::string, RangeStats> ranges_;
   std::vector<Pending> pending_;
-  std::vector<cuda::Event> free_events_;
+  std::map<int, std::vector<cuda::Event>> free_events_;  // by device: an event records only on its own
   bool active_ = false;
 };
 

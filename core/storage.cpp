@@ -22,7 +22,7 @@ Storage make_storage(size_t nbytes, Device device, bool pinned) {
   }
   if (poison_allocations() && nbytes > 0) {
     if (device.is_cuda()) {
-      cuda::memset_async(storage->data.get(), 0xFF, nbytes, cuda::current_stream(device.index));
+      cuda::memset_async(storage->data.get(), 0xFF, nbytes, cuda::current_stream(device.index));  // on the stream's device
     } else {
       std::memset(storage->data.get(), 0xFF, nbytes);
     }

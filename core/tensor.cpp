@@ -9,7 +9,9 @@
 #include <numeric>
 #include <sstream>
 
+#include "core/allocator.h"
 #include "core/autograd.h"
+#include "core/launch.h"
 #include "core/extent.h"
 #include "core/ops.h"
 #include "core/ops/broadcast.h"
@@ -517,6 +519,12 @@ Tensor Tensor::pin_memory() const {
   return out;
 }
 
+void Tensor::record_stream(cuda::Stream stream) const {
+  KILN_CHECK(defined(), "record_stream: undefined tensor");
+  KILN_CHECK(is_cuda(), "record_stream: expected a CUDA tensor, got one on ", device());
+  (void)cuda_allocator(device().index).record_stream(storage()->data.get(), stream);
+}
+
 Tensor& Tensor::copy_(const Tensor& source, bool non_blocking) {
   KILN_CHECK(defined() && source.defined(), "copy_: undefined tensor");
   check_not_requiring_grad_inplace(*this, "copy_");
@@ -530,8 +538,7 @@ Tensor& Tensor::copy_(const Tensor& source, bool non_blocking) {
     return *this;
   }
   if (dst_device.is_cuda() && src_device.is_cuda() && dst_device == src_device) {
-    kernels::copy_cuda(iter, operand(*this, shape(), "copy_"), source_operand,
-                       cuda::current_stream(dst_device.index));
+    kernels::copy_cuda(iter, operand(*this, shape(), "copy_"), source_operand, launch_on(dst_device, "copy_").stream);
     return *this;
   }
   // Across devices: stage a dense copy in the destination dtype on the source
@@ -578,7 +585,7 @@ Tensor& Tensor::fill_(double value) {
   if (is_cpu()) {
     kernels::fill_cpu(data_ptr(), dtype(), numel(), value);
   } else {
-    kernels::fill_cuda(data_ptr(), dtype(), numel(), value, cuda::current_stream(device().index));
+    kernels::fill_cuda(data_ptr(), dtype(), numel(), value, launch_on(device(), "fill_").stream);
   }
   return *this;
 }

@@ -13,6 +13,7 @@
 
 #include "core/device.h"
 #include "core/storage.h"
+#include "kernels/cuda/runtime.h"
 #include "kernels/dtype.h"
 
 namespace kiln {
@@ -135,6 +136,12 @@ class Tensor {
   Tensor cpu() const { return to(Device::cpu()); }
   Tensor cuda(int index = 0) const { return to(Device::cuda(index)); }
   Tensor pin_memory() const;
+  // Tells the caching allocator that `stream`, not only the stream this
+  // tensor's memory was allocated on, uses it (torch's Tensor.record_stream):
+  // once freed, the memory is reused only after `stream` has finished the work
+  // queued on it by then. A no-op for memory the allocator does not own.
+  // Throws for a CPU tensor. Does not synchronize.
+  void record_stream(cuda::Stream stream) const;
 
   // --- in-place (bump the version counter)
   Tensor& copy_(const Tensor& source, bool non_blocking = false);

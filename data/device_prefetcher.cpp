@@ -32,7 +32,7 @@ DevicePrefetcher::DevicePrefetcher(DataLoader& loader, Device device) : loader_(
              cuda::device_count(), " available", cuda::compiled_with_cuda() ? "" : "; kiln was built without CUDA",
              ")");
   copy_stream_ = cuda::create_stream(device.index);
-  order_event_ = cuda::create_event();
+  order_event_ = cuda::create_event(device.index, /*timing=*/false);
 }
 
 DevicePrefetcher::~DevicePrefetcher() {
@@ -49,7 +49,7 @@ DevicePrefetcher::~DevicePrefetcher() {
 }
 
 cuda::Event DevicePrefetcher::take_event() {
-  if (free_events_.empty()) return cuda::create_event();
+  if (free_events_.empty()) return cuda::create_event(device_.index, /*timing=*/false);
   cuda::Event event = free_events_.back();
   free_events_.pop_back();
   return event;

@@ -67,7 +67,7 @@ void ResidentData::set_order(const std::vector<int64_t>& indices) {
   // Reusing the old order's block is ordered on the stream by the caching allocator.
   order_ = empty({n}, {.dtype = DType::i64, .device = device_});
   order_.copy_(pinned, /*non_blocking=*/true);
-  cuda::Event done = cuda::create_event();
+  cuda::Event done = cuda::create_event(device_.index, /*timing=*/false);
   cuda::record_event(done, cuda::current_stream(device_.index));
   staging_.emplace_back(std::move(pinned), done);
 }
@@ -75,7 +75,8 @@ void ResidentData::set_order(const std::vector<int64_t>& indices) {
 Batch ResidentData::batch(uint64_t epoch, int64_t start, int64_t count) {
   KILN_ASSERT(order_.defined() && start >= 0 && start + count <= order_.numel(), "ResidentData::batch: rows [", start,
               ", ", start + count, ") outside the order");
-  cuda::Stream stream = cuda::current_stream(device_.index);
+  const cuda::DeviceScope scope(device_.index, "GPU-resident batch");
+  const cuda::Stream stream = scope.stream;
   const int64_t* rows = order_.data<int64_t>() + start;
   Batch batch;
   batch.input = empty(with_batch(count, layout_.input.shape), {.dtype = DType::f32, .device = device_});

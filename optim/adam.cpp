@@ -54,7 +54,7 @@ void Adam::update(int64_t group, DType dtype, const std::vector<kernels::OptimTe
   if (device().is_cpu()) {
     kernels::adam_step_cpu(dtype, tensors.data(), count, scalars, config);
   } else {
-    kernels::adam_step_cuda(dtype, tensors.data(), count, scalars, config, stream());
+    kernels::adam_step_cuda(dtype, tensors.data(), count, scalars, config, launch().stream);
   }
 }
 

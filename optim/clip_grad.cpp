@@ -2,6 +2,7 @@
 #include "optim/clip_grad.h"
 
 #include <cmath>
+#include <optional>
 
 #include "core/autograd.h"
 #include "optim/detail.h"
@@ -9,10 +10,6 @@
 namespace kiln::optim {
 
 namespace detail {
-
-cuda::Stream stream_of(Device device) {
-  return device.is_cuda() ? cuda::current_stream(device.index) : nullptr;
-}
 
 std::string param_label(const Tensor& param, int64_t index) {
   std::string label = "parameter " + std::to_string(index);
@@ -66,21 +63,22 @@ void grad_norm_into(const std::vector<Tensor>& grads, Device device, double norm
   double* base = partials.data<double>();
   float* total = total_norm.data<float>();
   float* coef = clip_coef.defined() ? clip_coef.data<float>() : nullptr;
-  const cuda::Stream stream = stream_of(device);
+  std::optional<cuda::DeviceScope> scope;
+  if (device.is_cuda()) scope.emplace(device.index, "grad_norm");
   int64_t offset = 0;
   for (const DTypeList& list : lists_by_dtype(grads)) {
     const int64_t count = static_cast<int64_t>(list.tensors.size());
     if (device.is_cpu()) {
       kernels::grad_norm_partials_cpu(list.dtype, list.tensors.data(), count, norm_type, base + offset);
     } else {
-      kernels::grad_norm_partials_cuda(list.dtype, list.tensors.data(), count, norm_type, base + offset, stream);
+      kernels::grad_norm_partials_cuda(list.dtype, list.tensors.data(), count, norm_type, base + offset, scope->stream);
     }
     for (const auto& t : list.tensors) offset += kernels::optim_chunks(t.numel);
   }
   if (device.is_cpu()) {
     kernels::grad_norm_finish_cpu(base, chunks, norm_type, max_norm, total, coef);
   } else {
-    kernels::grad_norm_finish_cuda(base, chunks, norm_type, max_norm, total, coef, stream);
+    kernels::grad_norm_finish_cuda(base, chunks, norm_type, max_norm, total, coef, scope->stream);
   }
 }
 
@@ -122,7 +120,7 @@ ClipGradNormResult clip_grad_norm_(const std::vector<Tensor>& params, double max
     if (device.is_cpu()) {
       kernels::grad_scale_cpu(list.dtype, list.tensors.data(), count, coef);
     } else {
-      kernels::grad_scale_cuda(list.dtype, list.tensors.data(), count, coef, detail::stream_of(device));
+      kernels::grad_scale_cuda(list.dtype, list.tensors.data(), count, coef, launch_on(device, "clipping").stream);
     }
   }
   for (const Tensor& g : grads) g.bump_version();
@@ -139,7 +137,7 @@ void clip_grad_value_(const std::vector<Tensor>& params, double clip_value) {
     if (device.is_cpu()) {
       kernels::grad_clamp_cpu(list.dtype, list.tensors.data(), count, clip_value);
     } else {
-      kernels::grad_clamp_cuda(list.dtype, list.tensors.data(), count, clip_value, detail::stream_of(device));
+      kernels::grad_clamp_cuda(list.dtype, list.tensors.data(), count, clip_value, launch_on(device, "clipping").stream);
     }
   }
   for (const Tensor& g : grads) g.bump_version();

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "core/tensor.h"
+#include "core/launch.h"
 #include "kernels/optim.h"
 
 namespace kiln::optim::detail {
@@ -14,9 +15,6 @@ namespace kiln::optim::detail {
 // be an integer (a float's NaN or out-of-range value converts with undefined
 // behaviour) in [0, saved_json::kMaxCount = 2^53]. Throws naming `what`.
 int64_t saved_step_count(const Tensor& saved, const std::string& what);
-
-// The stream kernels run on for tensors on `device` (nullptr for the CPU).
-cuda::Stream stream_of(Device device);
 
 // "parameter 3 ('fc.weight')" for messages.
 std::string param_label(const Tensor& param, int64_t index);

@@ -86,7 +86,7 @@ void average_update(const std::vector<Tensor>& params, const std::vector<Tensor>
     if (device.is_cpu()) {
       kernels::average_update_cpu(dtype, avg.data(), par.data(), count, config, skip);
     } else {
-      kernels::average_update_cuda(dtype, avg.data(), par.data(), count, config, skip, detail::stream_of(device));
+      kernels::average_update_cuda(dtype, avg.data(), par.data(), count, config, skip, launch_on(device, "average_update").stream);
     }
   }
 }

@@ -72,7 +72,7 @@ void GradScaler::unscale_(Optimizer& optimizer) {
       kernels::grad_scaler_unscale_cpu(list.dtype, list.tensors.data(), count, scale, found);
     } else {
       kernels::grad_scaler_unscale_cuda(list.dtype, list.tensors.data(), count, scale, found,
-                                        detail::stream_of(optimizer.device()));
+                                        launch_on(optimizer.device(), "GradScaler.unscale_").stream);
     }
   }
   for (const Tensor& g : grads) g.bump_version();
@@ -109,7 +109,7 @@ void GradScaler::update() {
   } else {
     kernels::grad_scaler_update_cuda(scale_.data<float>(), growth_tracker_.data<int32_t>(), found_infs.data(), count,
                                      options_.growth_factor, options_.backoff_factor, options_.growth_interval,
-                                     detail::stream_of(scale_.device()));
+                                     launch_on(scale_.device(), "GradScaler.update").stream);
   }
   scale_.bump_version();
   growth_tracker_.bump_version();

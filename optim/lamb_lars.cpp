@@ -55,7 +55,7 @@ void LAMB::update(int64_t group, DType dtype, const std::vector<kernels::OptimTe
   if (device().is_cpu()) {
     kernels::lamb_step_cpu(dtype, tensors.data(), count, scalars, config, partials.data<double>());
   } else {
-    kernels::lamb_step_cuda(dtype, tensors.data(), count, scalars, config, partials.data<double>(), stream());
+    kernels::lamb_step_cuda(dtype, tensors.data(), count, scalars, config, partials.data<double>(), launch().stream);
   }
 }
 
@@ -92,7 +92,7 @@ void LARS::update(int64_t group, DType dtype, const std::vector<kernels::OptimTe
   if (device().is_cpu()) {
     kernels::lars_step_cpu(dtype, tensors.data(), count, scalars, config, partials.data<double>());
   } else {
-    kernels::lars_step_cuda(dtype, tensors.data(), count, scalars, config, partials.data<double>(), stream());
+    kernels::lars_step_cuda(dtype, tensors.data(), count, scalars, config, partials.data<double>(), launch().stream);
   }
 }
 

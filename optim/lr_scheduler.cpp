@@ -76,7 +76,7 @@ void LRScheduler::apply(bool advance, bool honour_skip) {
     kernels::schedule_step_cpu(program_, counter, found_inf, advance, lr.data(), momentum.data(), base.data());
   } else {
     kernels::schedule_step_cuda(program_, counter, found_inf, advance, lr.data(), momentum.data(), base.data(),
-                                detail::stream_of(optimizer_.device()));
+                                launch_on(optimizer_.device(), "LR schedule").stream);
   }
   for (int64_t g = 0; g < optimizer_.num_groups(); ++g) {
     optimizer_.lr(g).bump_version();

@@ -153,7 +153,7 @@ void Optimizer::set_momentum(int64_t group, double momentum) {
   step_state_.momentum[group].fill_(momentum);
 }
 
-cuda::Stream Optimizer::stream() const { return detail::stream_of(device_); }
+cuda::DeviceScope Optimizer::launch() const { return launch_on(device_, "optimizer step"); }
 
 Tensor Optimizer::scratch(int64_t count) const {
   return empty({std::max<int64_t>(count, 1)}, {.dtype = DType::f64, .device = device_});
@@ -213,7 +213,7 @@ void Optimizer::step() {
   if (device_.is_cpu()) {
     kernels::optim_step_prologue_cpu(global_step, steps.data(), count, found_inf);
   } else {
-    kernels::optim_step_prologue_cuda(global_step, steps.data(), count, found_inf, stream());
+    kernels::optim_step_prologue_cuda(global_step, steps.data(), count, found_inf, launch().stream);
   }
 
   for (size_t g = 0; g < groups_.size(); ++g) {

@@ -143,7 +143,8 @@ class Optimizer {
   // The optimizer-wide options (saved as "defaults").
   virtual nlohmann::json options_json() const = 0;
 
-  cuda::Stream stream() const;
+  // The device made current and its stream, for one launch: `launch().stream`.
+  cuda::DeviceScope launch() const;
   // Scratch of `count` float64 on the device (per-tensor norm partials).
   Tensor scratch(int64_t count) const;
 

@@ -49,7 +49,7 @@ void SGD::update(int64_t group, DType dtype, const std::vector<kernels::OptimTen
   if (device().is_cpu()) {
     kernels::sgd_step_cpu(dtype, tensors.data(), count, scalars, config);
   } else {
-    kernels::sgd_step_cuda(dtype, tensors.data(), count, scalars, config, stream());
+    kernels::sgd_step_cuda(dtype, tensors.data(), count, scalars, config, launch().stream);
   }
 }
 

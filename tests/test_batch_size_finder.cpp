@@ -199,7 +199,7 @@ TEST_CASE("scale_batch_size: other errors propagate, state restored; nothing fit
   CHECK_THROWS_AS(scale_batch_size(trainer, module, loader, bad), Error);
 }
 
-TEST_CASE("scale_batch_size on the GPU: a real out-of-memory error ends the doubling") {
+TEST_CASE("scale_batch_size on the GPU: a real out-of-memory error ends the doubling [gpu] [alone]") {
   KILN_REQUIRE_GPU();
   // Each example holds 1 GiB on the device during its step: the search must stop
   // where the allocator runs out, and the cache must be handed back afterwards.

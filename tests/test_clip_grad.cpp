@@ -134,7 +134,7 @@ TEST_CASE("norms are deterministic across thread counts") {
 }
 
 // ---------------------------------------------------------------- GPU
-TEST_CASE("clipping on CUDA matches the CPU without synchronizing" * doctest::description("gpu")) {
+TEST_CASE("clipping on CUDA matches the CPU without synchronizing [gpu]") {
   KILN_REQUIRE_GPU();
   for (double p : {1.0, 2.0, std::numeric_limits<double>::infinity()}) {
     Grads cpu = make(7, 0.1), gpu = make(7, 0.1, Device::cuda());
@@ -159,7 +159,7 @@ TEST_CASE("clipping on CUDA matches the CPU without synchronizing" * doctest::de
 // multi_tensor_apply packs at most 512 gradients per launch: 1100 take three,
 // and gradient 700 (two chunks) sits inside the second; the norm partials are
 // indexed across the whole list.
-TEST_CASE("clipping on CUDA matches the CPU for lists longer than one launch" * doctest::description("gpu")) {
+TEST_CASE("clipping on CUDA matches the CPU for lists longer than one launch [gpu]") {
   KILN_REQUIRE_GPU();
   std::vector<Tensor> params[2];  // CPU, CUDA
   std::mt19937_64 rng(3);

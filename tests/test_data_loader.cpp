@@ -316,7 +316,7 @@ TEST_CASE("dataloader: batch buffers are recycled, not reallocated per batch") {
   CHECK(epoch_targets(loader).size() == 32);
 }
 
-TEST_CASE("dataloader: pin_memory assembles batches in pinned memory (GPU)") {
+TEST_CASE("dataloader: pin_memory assembles batches in pinned memory [gpu]") {
   auto data = numbered(16);
   DataLoader loader(data, {.batch_size = 4, .num_workers = 1, .pin_memory = true});
   if (!cuda::is_available()) {
@@ -331,7 +331,7 @@ TEST_CASE("dataloader: pin_memory assembles batches in pinned memory (GPU)") {
   CHECK(cuda::is_pinned(batch->input.data_ptr()));
 }
 
-TEST_CASE("dataloader: the device prefetcher delivers the loader's batches on the GPU") {
+TEST_CASE("dataloader: the device prefetcher delivers the loader's batches on the GPU [gpu]") {
   auto data = numbered(23);
   DataLoader reference(data, {.batch_size = 4, .shuffle = true, .seed = 8, .transforms = augmentation()});
   auto expected = epoch_snapshots(reference);

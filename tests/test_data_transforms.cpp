@@ -152,7 +152,7 @@ TEST_CASE("transforms: randomness depends on (seed, epoch, index, slot) only") {
   CHECK(std::abs(disagree - 500) < 80);
 }
 
-TEST_CASE("transforms: CUDA kernels equal the CPU kernels (GPU)") {
+TEST_CASE("transforms: CUDA kernels equal the CPU kernels [gpu]") {
   KILN_REQUIRE_GPU();
   const int64_t B = 9;
   TransformList list{std::make_shared<RandomCrop>(3), std::make_shared<RandomHorizontalFlip>(),
@@ -174,7 +174,7 @@ TEST_CASE("transforms: CUDA kernels equal the CPU kernels (GPU)") {
   KILN_CHECK_CLOSE(batch.cpu(), tensor(expected, {B, C, H, W}), 1e-6, 1e-6);
 }
 
-TEST_CASE("transforms: GPU-resident loading equals the host loader (GPU)") {
+TEST_CASE("transforms: GPU-resident loading equals the host loader [gpu]") {
   KILN_REQUIRE_GPU();
   std::vector<float> inputs;
   std::vector<int64_t> targets;

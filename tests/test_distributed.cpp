@@ -621,7 +621,7 @@ TEST_CASE("Distributed: a hung peer turns into a timeout error") {
   CHECK(run.results[0].find("second call") == std::string::npos);
 }
 
-TEST_CASE("Distributed: NCCL with one rank on one GPU (collectives and DDP)") {
+TEST_CASE("Distributed: NCCL with one rank on one GPU (collectives and DDP) [gpu]") {
   KILN_REQUIRE_GPU();
   auto store = std::make_shared<TCPStore>("127.0.0.1", 0, true);
   ProcessGroupOptions options;

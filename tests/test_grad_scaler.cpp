@@ -223,7 +223,7 @@ TEST_CASE("a disabled scaler passes through") {
 }
 
 // ---------------------------------------------------------------- GPU
-TEST_CASE("GradScaler on CUDA matches the CPU without synchronizing" * doctest::description("gpu")) {
+TEST_CASE("GradScaler on CUDA matches the CPU without synchronizing [gpu]") {
   KILN_REQUIRE_GPU();
   Setup cpu, gpu(Device::cuda());
   const bool poison[] = {false, false, true, false, false, false};

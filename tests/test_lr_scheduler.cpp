@@ -393,7 +393,7 @@ TEST_CASE("scheduler errors name the scheduler") {
 }
 
 // ---------------------------------------------------------------- GPU
-TEST_CASE("schedules on CUDA match the CPU and do not synchronize" * doctest::description("gpu")) {
+TEST_CASE("schedules on CUDA match the CPU and do not synchronize [gpu]") {
   KILN_REQUIRE_GPU();
   Fixture cpu, gpu(Device::cuda());
   OneCycleLR sc(*cpu.sgd, {.max_lr = {1.0, 0.5}, .total_steps = 100, .three_phase = true});

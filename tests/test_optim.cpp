@@ -143,7 +143,7 @@ TEST_CASE("optimizer results do not depend on the thread count") {
 }
 
 // ---------------------------------------------------------------- GPU
-TEST_CASE("optimizers on CUDA match the CPU" * doctest::description("gpu")) {
+TEST_CASE("optimizers on CUDA match the CPU [gpu]") {
   KILN_REQUIRE_GPU();
   const std::vector<int64_t> sizes = {70001, 33, 129, 10};
   for (const Config& c : configs()) {
@@ -170,7 +170,7 @@ TEST_CASE("optimizers on CUDA match the CPU" * doctest::description("gpu")) {
   }
 }
 
-TEST_CASE("an optimizer step on CUDA does not synchronize" * doctest::description("gpu")) {
+TEST_CASE("an optimizer step on CUDA does not synchronize [gpu]") {
   KILN_REQUIRE_GPU();
   for (const Config& c : configs()) {
     CAPTURE(std::string(c.label));
@@ -195,7 +195,7 @@ TEST_CASE("an optimizer step on CUDA does not synchronize" * doctest::descriptio
 // multi_tensor_apply packs at most 128 params per launch: 300 take three, and
 // param 200 (two chunks) sits inside the second. LAMB and LARS read per-tensor
 // norm partials that are indexed across the whole list.
-TEST_CASE("optimizers on CUDA match the CPU for lists longer than one launch" * doctest::description("gpu")) {
+TEST_CASE("optimizers on CUDA match the CPU for lists longer than one launch [gpu]") {
   KILN_REQUIRE_GPU();
   constexpr int kCount = 300;
   for (const Config& c : configs()) {

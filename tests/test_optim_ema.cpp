@@ -101,7 +101,7 @@ TEST_CASE("WeightAverage is the running mean of the snapshots") {
   CHECK(values(other.averages()[0]) == values(swa.averages()[0]));
 }
 
-TEST_CASE("averaging on CUDA matches the CPU" * doctest::description("gpu")) {
+TEST_CASE("averaging on CUDA matches the CPU [gpu]") {
   KILN_REQUIRE_GPU();
   std::vector<Tensor> cpu = {zeros({70000}), zeros({9}, {.dtype = DType::bf16})};
   std::vector<Tensor> gpu = {zeros({70000}, {.device = Device::cuda()}),

@@ -250,7 +250,7 @@ TEST_CASE("optimizer errors name the problem") {
 }
 
 // ---------------------------------------------------------------- GPU
-TEST_CASE("state_dict moves between CPU and CUDA" * doctest::description("gpu")) {
+TEST_CASE("state_dict moves between CPU and CUDA [gpu]") {
   KILN_REQUIRE_GPU();
   const Config c = configs()[5];  // AdamW
   std::vector<Tensor> a = make_params(DType::f32, 1, Device::cuda());

@@ -226,7 +226,7 @@ TEST_CASE("PyTorchProfiler records op statistics between setup and teardown, and
   profiler.teardown();
 }
 
-TEST_CASE("the op profiler measures CUDA time from events") {
+TEST_CASE("the op profiler measures CUDA time from events [gpu]") {
   KILN_REQUIRE_GPU();
   OpProfiler profiler;
   profiler.start();

@@ -175,7 +175,7 @@ TEST_CASE("update_bn: running statistics become the data set's, momenta and mode
   CHECK_FALSE(optim::contains_batch_norm(plain));
 }
 
-TEST_CASE("AveragedModel and update_bn on the GPU match the CPU") {
+TEST_CASE("AveragedModel and update_bn on the GPU match the CPU [gpu]") {
   KILN_REQUIRE_GPU();
   LinearBn cpu, gpu;
   gpu.model->to(Device::cuda(0));

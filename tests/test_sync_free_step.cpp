@@ -80,8 +80,7 @@ void check_sync_free(const Counts& before, const Counts& after) {
 
 }  // namespace
 
-TEST_CASE("a mixed-precision training step on the GPU neither copies to the host nor synchronizes" *
-          doctest::description("gpu")) {
+TEST_CASE("a mixed-precision training step on the GPU neither copies to the host nor synchronizes [gpu]") {
   KILN_REQUIRE_GPU();
   manual_seed(21);
   MixedPrecisionSetup setup(Device::cuda(0));

@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "tests/support/test_util.h"
 #include "trainer/tensorboard_logger.h"
 
 namespace fs = std::filesystem;
@@ -320,7 +321,7 @@ TEST_CASE("TensorBoardLogger writes hparams.yaml and an hparams-plugin summary")
 TEST_CASE("TensorBoard's own reader reads kiln's event file") {
   const char* configured = std::getenv("KILN_TENSORBOARD_PYTHON");
   const std::string python = configured != nullptr ? configured : "python3";
-  const fs::path script = fs::path(__FILE__).parent_path().parent_path() / "scripts" / "check_tensorboard.py";
+  const fs::path script = kiln::testing::source_root() / "scripts" / "check_tensorboard.py";
   if (!fs::exists(script) || std::system((python + " -c 'import tensorboard' >/dev/null 2>&1").c_str()) != 0) {
     MESSAGE("SKIPPED (" << python << " cannot import tensorboard; pip install tensorboard, or set "
             "KILN_TENSORBOARD_PYTHON to a Python that can): TensorBoard's own reader was not run");

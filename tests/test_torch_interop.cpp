@@ -21,6 +21,7 @@
 #include "core/ops.h"
 #include "core/serialization.h"
 #include "nn/models.h"
+#include "tests/support/test_util.h"
 
 namespace fs = std::filesystem;
 using namespace kiln;
@@ -61,7 +62,7 @@ TEST_CASE("kiln state_dicts load into torch.nn models and back, with the same ou
             "the PyTorch round trip was not run");
     return;
   }
-  const fs::path script = fs::path(__FILE__).parent_path().parent_path() / "scripts" / "check_torch_interop.py";
+  const fs::path script = kiln::testing::source_root() / "scripts" / "check_torch_interop.py";
   for (const std::string model_name : {"cnn", "mlp"}) {
     CAPTURE(model_name);
     const fs::path folder = fs::temp_directory_path() / ("kiln_torch_interop_" + std::to_string(::getpid()));

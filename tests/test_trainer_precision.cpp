@@ -222,8 +222,7 @@ TEST_CASE("Trainer checkpoints carry the GradScaler's state; files without it st
   fs::remove(file);
 }
 
-TEST_CASE("Trainer: 16-mixed skips the step of an inf loss without advancing the schedule" *
-          doctest::description("gpu")) {
+TEST_CASE("Trainer: 16-mixed skips the step of an inf loss without advancing the schedule [gpu]") {
   KILN_REQUIRE_GPU();
   Classifier full, module;
   module.poison_batch = 3;
@@ -244,8 +243,7 @@ TEST_CASE("Trainer: 16-mixed skips the step of an inf loss without advancing the
   CHECK(std::abs(run.first_grad_norm - full_run.first_grad_norm) < 0.05 * full_run.first_grad_norm);
 }
 
-TEST_CASE("Trainer: 16-mixed manual optimization scales manual_backward and unscales before clipping" *
-          doctest::description("gpu")) {
+TEST_CASE("Trainer: 16-mixed manual optimization scales manual_backward and unscales before clipping [gpu]") {
   KILN_REQUIRE_GPU();
   Classifier full(/*manual=*/true), mixed(/*manual=*/true);
   const RunResult full_run = train("32-true", full, "gpu");
@@ -261,7 +259,7 @@ TEST_CASE("Trainer: 16-mixed manual optimization scales manual_backward and unsc
   CHECK(std::abs(mixed_run.train_loss - full_run.train_loss) < 0.1 * full_run.train_loss + 0.02);
 }
 
-TEST_CASE("Trainer: a 16-mixed checkpoint restores the loss scale on resume" * doctest::description("gpu")) {
+TEST_CASE("Trainer: a 16-mixed checkpoint restores the loss scale on resume [gpu]") {
   KILN_REQUIRE_GPU();
   const fs::path root = fs::temp_directory_path() / ("kiln_scaler_resume_" + std::to_string(::getpid()));
   fs::remove_all(root);

@@ -50,7 +50,7 @@ class NcclWork final : public Work {
  public:
   NcclWork(std::shared_ptr<NcclState> state, std::string description, int device, std::vector<Tensor> keep_alive)
       : state_(std::move(state)), description_(std::move(description)), device_(device),
-        done_(cuda::create_event(false)), keep_alive_(std::move(keep_alive)), started_(Clock::now()) {}
+        done_(cuda::create_event(device, /*timing=*/false)), keep_alive_(std::move(keep_alive)), started_(Clock::now()) {}
   ~NcclWork() override { cuda::destroy_event(done_); }
 
   void wait() override {
@@ -92,7 +92,7 @@ class NcclBackend final : public Backend {
     }
     comm_ = nccl::comm_init_rank(id, size, rank, device, timeout.count());
     stream_ = cuda::create_stream(device);
-    ready_ = cuda::create_event(false);
+    ready_ = cuda::create_event(device, /*timing=*/false);
     watchdog_ = std::thread([this] { watch(); });
   }
 

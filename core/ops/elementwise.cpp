@@ -13,6 +13,7 @@
 
 #include "core/autocast.h"
 #include "core/autograd.h"
+#include "core/launch.h"
 #include "core/ops.h"
 #include "core/ops/broadcast.h"
 #include "kernels/cuda/runtime.h"
@@ -56,7 +57,7 @@ void run_unary(const char* name, UnaryOp op, const Tensor& out, const Tensor& x,
   if (out.is_cpu()) {
     kernels::unary_cpu(op, iter, o, i, s0, s1);
   } else {
-    kernels::unary_cuda(op, iter, o, i, s0, s1, cuda::current_stream(out.device().index));
+    kernels::unary_cuda(op, iter, o, i, s0, s1, launch_on(out, "unary op").stream);
   }
 }
 
@@ -69,7 +70,7 @@ void run_binary(const char* name, BinaryOp op, const Tensor& out, const Tensor& 
   if (out.is_cpu()) {
     kernels::binary_cpu(op, iter, o, oa, ob, s0, s1);
   } else {
-    kernels::binary_cuda(op, iter, o, oa, ob, s0, s1, cuda::current_stream(out.device().index));
+    kernels::binary_cuda(op, iter, o, oa, ob, s0, s1, launch_on(out, "binary op").stream);
   }
 }
 
@@ -435,7 +436,7 @@ Tensor where(const Tensor& condition, const Tensor& a, const Tensor& b) {
     if (out.is_cpu()) {
       kernels::where_cpu(iter, o, oc, oa, ob);
     } else {
-      kernels::where_cuda(iter, o, oc, oa, ob, cuda::current_stream(out.device().index));
+      kernels::where_cuda(iter, o, oc, oa, ob, launch_on(out, "where").stream);
     }
   }
   if (autograd::any_requires_grad({&a, &b})) {

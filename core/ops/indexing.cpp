@@ -22,6 +22,7 @@
 // alert_not_deterministic.
 #include "core/allocator.h"
 #include "core/autograd.h"
+#include "core/launch.h"
 #include "core/ops.h"
 #include "core/ops/broadcast.h"
 #include "kernels/cuda/runtime.h"
@@ -49,12 +50,10 @@ void check_scatter_dtype(DType dtype, const char* op) {
              " (expected indices in [0, ", error.size, "))");
 }
 
-cuda::Stream stream_of(const Tensor& tensor) { return cuda::current_stream(tensor.device().index); }
-
 // See the file comment: only anomaly mode reads the device's error flag.
 void check_cuda_indices(const char* op, int64_t dim, const Tensor& like) {
   if (!anomaly_mode_enabled()) return;
-  const kernels::IndexError error = kernels::index_error_cuda(like.device().index, stream_of(like));
+  const kernels::IndexError error = kernels::index_error_cuda(like.device().index, launch_on(like, op).stream);
   // The device's slot holds the first bad index of any gather/scatter since it
   // was last read, which may be an op that ran before anomaly mode was on.
   KILN_CHECK(!error.found, op, ": index ", error.value, " is out of range for size ", error.size,
@@ -84,7 +83,7 @@ Tensor gather_into_new(const char* op, const Tensor& data, int64_t dim, const Te
     const kernels::IndexError error = kernels::gather_cpu(args);
     if (error.found) throw_index_error(op, dim, error);
   } else {
-    kernels::gather_cuda(args, stream_of(data));
+    kernels::gather_cuda(args, launch_on(data, op).stream);
     check_cuda_indices(op, dim, data);
   }
   return out;
@@ -111,10 +110,11 @@ void scatter_add_into(const char* op, const Tensor& data, int64_t dim, const Ten
   const bool sorted = is_floating(dtype) && (deterministic_algorithms_enabled() || dtype_size(dtype) == 2);
   if (sorted) {
     const size_t bytes = kernels::scatter_add_sorted_workspace_bytes(index.numel());
-    auto workspace = allocate_cuda(bytes, data.device().index, stream_of(data));
-    kernels::scatter_add_sorted_cuda(args, data.numel(), workspace.get(), bytes, stream_of(data));
+    const cuda::DeviceScope scope(data.device().index, op);
+    auto workspace = allocate_cuda(bytes, data.device().index, scope.stream);
+    kernels::scatter_add_sorted_cuda(args, data.numel(), workspace.get(), bytes, scope.stream);
   } else {
-    kernels::scatter_add_cuda(args, stream_of(data));
+    kernels::scatter_add_cuda(args, launch_on(data, op).stream);
   }
   check_cuda_indices(op, dim, data);
 }
@@ -155,8 +155,9 @@ Tensor index_add_backward(const char* op, const Tensor& grad, const Shape& input
     args.count = flat_index.numel();
     args.data_dim_size = input_shape[dim];
     const size_t bytes = kernels::index_add_sorted_workspace_bytes(args.count);
-    auto workspace = allocate_cuda(bytes, grad.device().index, stream_of(grad));
-    kernels::index_add_sorted_cuda(args, workspace.get(), bytes, stream_of(grad));
+    const cuda::DeviceScope scope(grad.device().index, op);
+    auto workspace = allocate_cuda(bytes, grad.device().index, scope.stream);
+    kernels::index_add_sorted_cuda(args, workspace.get(), bytes, scope.stream);
     check_cuda_indices(op, dim, grad);
     return dx;
   }

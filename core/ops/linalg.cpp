@@ -14,6 +14,7 @@
 #include "core/allocator.h"
 #include "core/autocast.h"
 #include "core/autograd.h"
+#include "core/launch.h"
 #include "core/ops.h"
 #include "core/ops/broadcast.h"
 #include "kernels/linalg.h"
@@ -110,7 +111,8 @@ Tensor gemm(Tensor a, Tensor b, Tensor bias) {
     kernels::gemm_cpu(problem);
   } else {
     const int device = out.device().index;
-    const cuda::Stream stream = cuda::current_stream(device);
+    const cuda::DeviceScope scope(device, "matmul");
+    const cuda::Stream stream = scope.stream;
     const size_t workspace_bytes = kernels::gemm_cuda_workspace_bytes(device);
     // Stream-ordered: the caching allocator hands the block to the next GEMM on
     // this stream only after this one, and never to another stream meanwhile.

@@ -11,6 +11,7 @@
 #include "core/allocator.h"
 #include "core/autocast.h"
 #include "core/autograd.h"
+#include "core/launch.h"
 #include "core/nn_ops.h"
 #include "core/ops.h"
 #include "kernels/norm.h"
@@ -103,7 +104,8 @@ Tensor batch_norm_impl(const char* op, const Tensor& x_in, const Tensor& running
   if (training && !update_running) rm_ptr = rv_ptr = nullptr;
   if (x.numel() > 0) {
     if (x.is_cuda()) {
-      const auto stream = cuda::current_stream(x.device().index);
+      const cuda::DeviceScope scope(x.device().index, "batch_norm");
+      const cuda::Stream stream = scope.stream;
       auto workspace = allocate_cuda(kernels::batch_norm_workspace_bytes(args), x.device().index, stream);
       kernels::batch_norm_forward_cuda(args, x.data_ptr(), w.defined() ? w.data_ptr() : nullptr,
                                        b.defined() ? b.data_ptr() : nullptr, rm_ptr, rv_ptr, y.data_ptr(),
@@ -159,7 +161,8 @@ Tensor batch_norm_impl(const char* op, const Tensor& x_in, const Tensor& running
           if (t->defined()) t->zero_();
         }
       } else if (x.is_cuda()) {
-        const auto stream = cuda::current_stream(x.device().index);
+        const cuda::DeviceScope scope(x.device().index, "batch_norm backward");
+        const cuda::Stream stream = scope.stream;
         auto workspace = allocate_cuda(kernels::batch_norm_workspace_bytes(args), x.device().index, stream);
         kernels::batch_norm_backward_cuda(args, x.data_ptr(), g.data_ptr(), w.defined() ? w.data_ptr() : nullptr,
                                           b.defined() ? b.data_ptr() : nullptr, mean.data_ptr(), invstd.data_ptr(),
@@ -235,7 +238,7 @@ Tensor layer_norm(const Tensor& x_in, const Shape& normalized_shape, const Tenso
     if (x.is_cuda()) {
       kernels::layer_norm_forward_cuda(args, x.data_ptr(), w.defined() ? w.data_ptr() : nullptr,
                                        b.defined() ? b.data_ptr() : nullptr, y.data_ptr(), mean.data_ptr(),
-                                       rstd.data_ptr(), cuda::current_stream(x.device().index));
+                                       rstd.data_ptr(), launch_on(x, "layer_norm").stream);
     } else {
       kernels::layer_norm_forward_cpu(args, x.data_ptr(), w.defined() ? w.data_ptr() : nullptr,
                                       b.defined() ? b.data_ptr() : nullptr, y.data_ptr(), mean.data_ptr(),
@@ -261,7 +264,8 @@ Tensor layer_norm(const Tensor& x_in, const Shape& normalized_shape, const Tenso
           if (t->defined()) t->zero_();
         }
       } else if (x.is_cuda()) {
-        const auto stream = cuda::current_stream(x.device().index);
+        const cuda::DeviceScope scope(x.device().index, "layer_norm backward");
+        const cuda::Stream stream = scope.stream;
         auto workspace = allocate_cuda(kernels::layer_norm_workspace_bytes(args), x.device().index, stream);
         kernels::layer_norm_backward_cuda(args, x.data_ptr(), g.data_ptr(), w.defined() ? w.data_ptr() : nullptr,
                                           mean.data_ptr(), rstd.data_ptr(), need_dx ? dx.data_ptr() : nullptr,

@@ -4,6 +4,7 @@
 #include <limits>
 
 #include "core/autograd.h"
+#include "core/launch.h"
 #include "core/nn_ops.h"
 #include "core/ops.h"
 #include "kernels/pool.h"
@@ -80,7 +81,8 @@ Tensor pool_forward(const char* op, PoolKind kind, const Tensor& x_in, const ker
   if (kind == PoolKind::max) indices = empty(y.shape(), {.dtype = DType::i32, .device = x.device()});
   if (y.numel() > 0) {
     if (x.is_cuda()) {
-      const auto stream = cuda::current_stream(x.device().index);
+      const cuda::DeviceScope scope(x.device().index, op);
+      const cuda::Stream stream = scope.stream;
       switch (kind) {
         case PoolKind::max:
           kernels::max_pool2d_forward_cuda(dtype, p, x.data_ptr(), y.data_ptr(), indices.data<int32_t>(), stream);
@@ -110,7 +112,8 @@ Tensor pool_forward(const char* op, PoolKind kind, const Tensor& x_in, const ker
       if (g.numel() == 0) return {dx.zero_()};
       const Tensor idx = saved_indices.unpack();
       if (g.is_cuda()) {
-        const auto stream = cuda::current_stream(g.device().index);
+        const cuda::DeviceScope scope(g.device().index, op);
+        const cuda::Stream stream = scope.stream;
         switch (kind) {
           case PoolKind::max:
             kernels::max_pool2d_backward_cuda(dtype, p, g.data_ptr(), idx.data<int32_t>(), dx.data_ptr(), stream);

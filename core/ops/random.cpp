@@ -9,6 +9,7 @@
 #include <cmath>
 
 #include "core/autograd.h"
+#include "core/launch.h"
 #include "core/generator.h"
 #include "core/ops.h"
 #include "core/ops/broadcast.h"
@@ -17,8 +18,6 @@
 namespace kiln {
 
 namespace {
-
-cuda::Stream stream_of(const Tensor& t) { return cuda::current_stream(t.device().index); }
 
 // An uninitialized tensor for a factory (requires_grad is applied after the fill).
 Tensor factory_output(const Shape& shape, const TensorOptions& options) {
@@ -63,7 +62,7 @@ Tensor rand(const Shape& shape, const TensorOptions& options) {
     if (out.is_cpu()) {
       kernels::uniform_cpu(out.data_ptr(), options.dtype, n, state.seed, state.offset);
     } else {
-      kernels::uniform_cuda(out.data_ptr(), options.dtype, n, state.seed, state.offset, stream_of(out));
+      kernels::uniform_cuda(out.data_ptr(), options.dtype, n, state.seed, state.offset, launch_on(out, "random").stream);
     }
   }
   return finish_factory(out, options);
@@ -78,7 +77,7 @@ Tensor randn(const Shape& shape, const TensorOptions& options) {
     if (out.is_cpu()) {
       kernels::normal_cpu(out.data_ptr(), options.dtype, n, state.seed, state.offset);
     } else {
-      kernels::normal_cuda(out.data_ptr(), options.dtype, n, state.seed, state.offset, stream_of(out));
+      kernels::normal_cuda(out.data_ptr(), options.dtype, n, state.seed, state.offset, launch_on(out, "random").stream);
     }
   }
   return finish_factory(out, options);
@@ -100,7 +99,7 @@ Tensor randint(int64_t low, int64_t high, const Shape& shape, const TensorOption
     if (out.is_cpu()) {
       kernels::randint_cpu(out.data_ptr(), options.dtype, n, low, range, state.seed, state.offset);
     } else {
-      kernels::randint_cuda(out.data_ptr(), options.dtype, n, low, range, state.seed, state.offset, stream_of(out));
+      kernels::randint_cuda(out.data_ptr(), options.dtype, n, low, range, state.seed, state.offset, launch_on(out, "random").stream);
     }
   }
   return finish_factory(out, options);
@@ -157,7 +156,7 @@ Tensor dropout(const Tensor& x, double p, bool training) {
                            state.seed, state.offset);
     } else {
       kernels::dropout_cuda(input.data_ptr(), out.data_ptr(), mask_data, x.dtype(), n, static_cast<float>(p), scale,
-                            state.seed, state.offset, stream_of(x));
+                            state.seed, state.offset, launch_on(x, "random").stream);
     }
   }
   if (need_mask) {
@@ -171,7 +170,7 @@ Tensor dropout(const Tensor& x, double p, bool training) {
           kernels::dropout_backward_cpu(dout.data_ptr(), keep, dx.data_ptr(), dout.dtype(), dout.numel(), scale);
         } else {
           kernels::dropout_backward_cuda(dout.data_ptr(), keep, dx.data_ptr(), dout.dtype(), dout.numel(), scale,
-                                         stream_of(dout));
+                                         launch_on(dout, "random").stream);
         }
       }
       return autograd::TensorList{dx};

@@ -15,6 +15,7 @@
 
 #include "core/autocast.h"
 #include "core/autograd.h"
+#include "core/launch.h"
 #include "core/ops.h"
 #include "kernels/reduction.h"
 
@@ -199,7 +200,7 @@ void launch(const kernels::ReduceArgs& args, Device device) {
   const int64_t bytes = kernels::reduce_cuda_workspace_bytes(args);
   Tensor workspace;
   if (bytes > 0) workspace = empty({bytes}, {.dtype = DType::u8, .device = device});
-  kernels::reduce_cuda(args, workspace.defined() ? workspace.data_ptr() : nullptr, cuda::current_stream(device.index));
+  kernels::reduce_cuda(args, workspace.defined() ? workspace.data_ptr() : nullptr, launch_on(device, "reduction").stream);
 }
 
 // Runs a reduce-gradient kernel; x is the plan's dense input (may be undefined when unused).
@@ -217,7 +218,7 @@ Tensor launch_grad(const ReducePlan& plan, kernels::ReduceGradArgs args, const T
   if (plan.device.is_cpu()) {
     kernels::reduce_grad_cpu(args);
   } else {
-    kernels::reduce_grad_cuda(args, cuda::current_stream(plan.device.index));
+    kernels::reduce_grad_cuda(args, launch_on(plan.device, "reduction backward").stream);
   }
   return dx;
 }

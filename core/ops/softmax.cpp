@@ -23,6 +23,7 @@
 
 #include "core/autocast.h"
 #include "core/autograd.h"
+#include "core/launch.h"
 #include "core/ops.h"
 #include "kernels/reduction.h"
 #include "kernels/softmax.h"
@@ -30,8 +31,6 @@
 namespace kiln {
 
 namespace {
-
-cuda::Stream stream_of(const Tensor& t) { return cuda::current_stream(t.device().index); }
 
 // The permutation that moves `dim` last, and its inverse.
 std::vector<int64_t> move_last(int64_t ndim, int64_t dim) {
@@ -82,7 +81,7 @@ Tensor softmax_impl(const Tensor& x, int64_t dim, bool log) {
     if (x.is_cpu()) {
       kernels::softmax_cpu(args);
     } else {
-      kernels::softmax_cuda(args, stream_of(x));
+      kernels::softmax_cuda(args, launch_on(x, "softmax/loss").stream);
     }
   }
   Tensor y;
@@ -102,7 +101,7 @@ Tensor softmax_impl(const Tensor& x, int64_t dim, bool log) {
                        if (dense_out.is_cpu()) {
                          kernels::softmax_grad_cpu(args);
                        } else {
-                         kernels::softmax_grad_cuda(args, stream_of(dense_out));
+                         kernels::softmax_grad_cuda(args, launch_on(dense_out, "softmax/loss").stream);
                        }
                        return {undo_permute(dense_dx, perm, ndim)};
                      });
@@ -236,7 +235,7 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, const Tensor& w
     if (logits.is_cpu()) {
       kernels::cross_entropy_cpu(args);
     } else {
-      kernels::cross_entropy_cuda(args, stream_of(logits));
+      kernels::cross_entropy_cuda(args, launch_on(logits, "softmax/loss").stream);
       check_bad_target_slot(bad, op, shape.classes, ignore_index);
     }
     reduced = reduce_loss(loss, row_weight, target.shape(), reduction, dtype);
@@ -271,7 +270,7 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, const Tensor& w
           if (logits.is_cpu()) {
             kernels::cross_entropy_grad_cpu(args);
           } else {
-            kernels::cross_entropy_grad_cuda(args, stream_of(logits));
+            kernels::cross_entropy_grad_cuda(args, launch_on(logits, "softmax/loss").stream);
           }
           return {ndim == 1 ? dlogits : dlogits.permute(inverse_of(perm))};
         });
@@ -314,7 +313,7 @@ Tensor nll_loss(const Tensor& log_probs, const Tensor& target, const Tensor& wei
     if (log_probs.is_cpu()) {
       kernels::nll_loss_cpu(args);
     } else {
-      kernels::nll_loss_cuda(args, stream_of(log_probs));
+      kernels::nll_loss_cuda(args, launch_on(log_probs, "softmax/loss").stream);
       check_bad_target_slot(bad, op, shape.classes, ignore_index);
     }
     reduced = reduce_loss(loss, row_weight, target.shape(), reduction, dtype);
@@ -343,7 +342,7 @@ Tensor nll_loss(const Tensor& log_probs, const Tensor& target, const Tensor& wei
                        if (grad.is_cpu()) {
                          kernels::nll_loss_grad_cpu(args);
                        } else {
-                         kernels::nll_loss_grad_cuda(args, stream_of(grad));
+                         kernels::nll_loss_grad_cuda(args, launch_on(grad, "softmax/loss").stream);
                        }
                        return {dinput};
                      });

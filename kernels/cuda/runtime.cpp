@@ -1,10 +1,12 @@
 // The CUDA runtime behind kernels/cuda/runtime.h (compiled when CUDA is on).
 // Invariants:
-//  - device_count() never throws: no driver or no device is 0 GPUs, cached.
+//  - device_count() never throws: no driver, no device or an unusable CUDA is
+//    0 GPUs, cached; availability() says which, and reports an unusable one once.
 //  - Every call that waits for the device or copies device-to-host bumps the
 //    sync counters first, so a test can prove a training step sync-free.
-//  - Calls that take a device argument run on that device and restore the
-//    caller's current device afterwards.
+//  - Calls that take a device argument run on that device, and calls that take
+//    a stream on the stream's device; both restore the caller's current device
+//    afterwards.
 //  - Out-of-memory is not an error here (raw_malloc / host_alloc_pinned return
 //    nullptr and clear the error); every other failure throws via KILN_CUDA_CHECK.
 //  - A thread that never chose a device (a data-loader worker, the NCCL
@@ -15,6 +17,7 @@
 #include <cuda_runtime_api.h>
 
 #include <atomic>
+#include <cstdio>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -105,6 +108,15 @@ cudaMemcpyKind to_cuda(CopyKind kind) {
 cudaStream_t as_stream(Stream stream) { return static_cast<cudaStream_t>(stream); }
 cudaEvent_t as_event(Event event) { return static_cast<cudaEvent_t>(event); }
 
+// The device a stream belongs to (the current one for the legacy default
+// stream): copies, memsets and event records on it run with it current.
+int device_of(Stream stream) {
+  adopt_process_device();
+  int device = 0;
+  KILN_CUDA_CHECK(cudaStreamGetDevice(as_stream(stream), &device));
+  return device;
+}
+
 }  // namespace
 
 DeviceGuard::DeviceGuard(int device, const char* what) {
@@ -121,19 +133,30 @@ DeviceGuard::~DeviceGuard() {
   if (previous_ != device_ && cudaSetDevice(previous_) != cudaSuccess) (void)cudaGetLastError();
 }
 
-int device_count() {
-  static const int count = [] {
-    int n = 0;
-    const cudaError_t status = cudaGetDeviceCount(&n);
-    if (status != cudaSuccess) {
-      // cudaErrorNoDevice, cudaErrorInsufficientDriver, ...: no usable GPU.
-      (void)cudaGetLastError();
-      return 0;
-    }
-    return n;
+const Availability& availability() {
+  static const Availability answer = [] {
+    int count = 0;
+    const cudaError_t status = cudaGetDeviceCount(&count);
+    (void)cudaGetLastError();  // not sticky; later launch checks must not see it
+    int driver_version = 0, runtime_version = 0;
+    (void)cudaDriverGetVersion(&driver_version);  // 0 when no driver is installed
+    (void)cudaRuntimeGetVersion(&runtime_version);
+    const DeviceCountAnswer kind = status == cudaSuccess                    ? DeviceCountAnswer::success
+                                   : status == cudaErrorNoDevice            ? DeviceCountAnswer::no_device
+                                   : status == cudaErrorInsufficientDriver ? DeviceCountAnswer::insufficient_driver
+                                                                            : DeviceCountAnswer::other_error;
+    Availability result = describe_availability(kind, count, cudaGetErrorName(status), cudaGetErrorString(status),
+                                                driver_version, runtime_version);
+    // Said once, where a GPU machine's problem would otherwise read as "no GPU".
+    if (result.unusable) std::fprintf(stderr, "kiln: CUDA is unusable: %s\n", result.problem.c_str());
+    return result;
   }();
-  return count;
+  return answer;
 }
+
+int device_count() { return availability().device_count; }
+
+DeviceScope::DeviceScope(int device, const char* what) : guard_(device, what), stream(current_stream(device)) {}
 
 bool compiled_with_cuda() { return true; }
 
@@ -215,14 +238,15 @@ bool is_pinned(const void* pointer) {
 }
 
 void memcpy_async(void* dst, const void* src, size_t bytes, CopyKind kind, Stream stream) {
-  adopt_process_device();
   if (kind == CopyKind::device_to_host) device_to_host_copies.fetch_add(1, std::memory_order_relaxed);
   if (bytes == 0) return;
+  DeviceGuard guard(device_of(stream), "memcpy_async");
   KILN_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, to_cuda(kind), as_stream(stream)));
 }
 
 void memset_async(void* dst, int value, size_t bytes, Stream stream) {
   if (bytes == 0) return;
+  DeviceGuard guard(device_of(stream), "memset_async");
   KILN_CUDA_CHECK(cudaMemsetAsync(dst, value, bytes, as_stream(stream)));
 }
 
@@ -265,9 +289,8 @@ void device_synchronize(int device) {
   KILN_CUDA_CHECK(cudaDeviceSynchronize());
 }
 
-Event create_event(bool timing) {
-  KILN_CHECK(device_count() > 0, "create_event: no CUDA device is available");
-  adopt_process_device();
+Event create_event(int device, bool timing) {
+  DeviceGuard guard(device, "create_event");
   cudaEvent_t event = nullptr;
   // Events without timing are cheaper to record and to wait on.
   KILN_CUDA_CHECK(cudaEventCreateWithFlags(&event, timing ? cudaEventDefault : cudaEventDisableTiming));
@@ -280,10 +303,12 @@ void destroy_event(Event event) {
 }
 
 void record_event(Event event, Stream stream) {
+  DeviceGuard guard(device_of(stream), "record_event");
   KILN_CUDA_CHECK(cudaEventRecord(as_event(event), as_stream(stream)));
 }
 
 void stream_wait_event(Stream stream, Event event) {
+  DeviceGuard guard(device_of(stream), "stream_wait_event");
   KILN_CUDA_CHECK(cudaStreamWaitEvent(as_stream(stream), as_event(event), 0));
 }
 
@@ -308,6 +333,11 @@ float event_elapsed_ms(Event start, Event end) {
   float milliseconds = 0.0f;
   KILN_CUDA_CHECK(cudaEventElapsedTime(&milliseconds, as_event(start), as_event(end)));
   return milliseconds;
+}
+
+void launch_host_function(Stream stream, void (*function)(void*), void* data) {
+  DeviceGuard guard(device_of(stream), "launch_host_function");
+  KILN_CUDA_CHECK(cudaLaunchHostFunc(as_stream(stream), function, data));
 }
 
 SyncCounters sync_counters() {

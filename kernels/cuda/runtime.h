@@ -6,16 +6,40 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
+#include <string_view>
 
 namespace kiln::cuda {
 
 using Stream = void*;  // cudaStream_t; nullptr is the legacy default stream
 using Event = void*;   // cudaEvent_t
 
-// Number of usable GPUs; 0 when CUDA is off, there is no driver, or no device.
+// Number of usable GPUs; 0 when CUDA is off, there is no driver, no device, or
+// CUDA is unusable (see availability()). Never throws; cached.
 int device_count();
 inline bool is_available() { return device_count() > 0; }
 bool compiled_with_cuda();
+
+// Why device_count() is what it is. `problem` is empty when CUDA answered with
+// devices; otherwise it says why there are none, naming the CUDA error
+// (cudaGetErrorName). `unusable` tells an error apart from "no GPU here": a
+// machine with an NVIDIA driver whose CUDA fails (a driver too old for this
+// runtime, a broken device, ...) is unusable, and that is reported once on
+// stderr; no driver installed, no device, or a build without CUDA is not.
+struct Availability {
+  int device_count = 0;
+  bool unusable = false;
+  std::string problem;
+};
+const Availability& availability();
+
+// What cudaGetDeviceCount answered, for describe_availability.
+enum class DeviceCountAnswer { success, no_device, insufficient_driver, other_error };
+// The Availability for that answer (a pure function, so each case is tested
+// without a GPU). Versions are CUDA's encoding (13000 = 13.0); a driver
+// version of 0 means no driver is installed.
+Availability describe_availability(DeviceCountAnswer answer, int count, std::string_view error_name,
+                                   std::string_view error_text, int driver_version, int runtime_version);
 
 void set_device(int device);
 int current_device();
@@ -33,6 +57,21 @@ class DeviceGuard {
  private:
   int previous_ = 0;
   int device_ = 0;
+};
+
+// What an op holds while it queues work for tensors on `device`: that device
+// is current for the scope (the thread's previous one comes back at its end)
+// and `stream` is the device's current stream. Kernels launch on the current
+// device, so without it a tensor on cuda:1 fails while cuda:0 is current.
+class DeviceScope {
+ public:
+  explicit DeviceScope(int device, const char* what = "DeviceScope");
+
+ private:
+  DeviceGuard guard_;  // first: the stream is looked up with the device current
+
+ public:
+  const Stream stream;
 };
 
 // Raw device memory. raw_malloc returns nullptr when the device is out of memory
@@ -60,13 +99,20 @@ void destroy_stream(Stream stream);
 void stream_synchronize(Stream stream);
 void device_synchronize(int device);
 
-Event create_event(bool timing = false);
+// An event of `device` (events belong to the device current at creation, and a
+// record on a stream of another device fails).
+Event create_event(int device, bool timing);
 void destroy_event(Event event);
 void record_event(Event event, Stream stream);
 void stream_wait_event(Stream stream, Event event);
 void event_synchronize(Event event);
 bool event_query(Event event);
 float event_elapsed_ms(Event start, Event end);
+
+// Queues `function(data)` on `stream`: it runs on a driver thread once the
+// work queued before it is done, and the stream waits for it to return (it
+// must not call CUDA). Tests use it to hold a stream at a known point.
+void launch_host_function(Stream stream, void (*function)(void*), void* data);
 
 // Counters of host-visible synchronization: device-to-host copies and every
 // kind of synchronize above. A sync-free step leaves both unchanged.

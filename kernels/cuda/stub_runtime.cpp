@@ -12,6 +12,10 @@ namespace {
 }
 }  // namespace
 
+const Availability& availability() {
+  static const Availability answer{0, false, "kiln was built without CUDA (no CUDA toolkit was found at configure time)"};
+  return answer;
+}
 int device_count() { return 0; }
 bool compiled_with_cuda() { return false; }
 void set_device(int) { no_cuda("set_device"); }
@@ -32,7 +36,9 @@ Stream create_stream(int) { no_cuda("create_stream"); }
 void destroy_stream(Stream) {}
 void stream_synchronize(Stream) { no_cuda("stream_synchronize"); }
 void device_synchronize(int) { no_cuda("device_synchronize"); }
-Event create_event(bool) { no_cuda("create_event"); }
+DeviceScope::DeviceScope(int device, const char* what) : guard_(device, what), stream(nullptr) {}
+Event create_event(int, bool) { no_cuda("create_event"); }
+void launch_host_function(Stream, void (*)(void*), void*) { no_cuda("launch_host_function"); }
 void destroy_event(Event) {}
 void record_event(Event, Stream) { no_cuda("record_event"); }
 void stream_wait_event(Stream, Event) { no_cuda("stream_wait_event"); }

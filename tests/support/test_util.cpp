@@ -1,12 +1,38 @@
 #include "tests/support/test_util.h"
 
 #include <cmath>
+#include <cstdlib>
 #include <random>
 #include <sstream>
 
 #include "tests/support/op_info.h"
 
 namespace kiln::testing {
+
+bool require_gpus(int count) {
+  const std::string name = doctest::getContextOptions()->currentTest->m_name;
+  const std::string marker = count == 1 ? "[gpu]" : "[gpu" + std::to_string(count) + "]";
+  if (name.find(marker) == std::string::npos) {
+    FAIL("a test case that needs " << std::to_string(count) << std::string(count == 1 ? " GPU" : " GPUs") << " must have \"" << marker
+                                    << "\" in its name (the GPU kit selects GPU cases by name): \"" << name << "\"");
+  }
+  const cuda::Availability& cuda = cuda::availability();
+  if (cuda.unusable) FAIL("CUDA is unusable here, so this GPU case cannot run: " << cuda.problem);
+  if (cuda.device_count >= count) return true;
+  if (count == 1) {
+    MESSAGE("SKIPPED (no GPU: " << cuda.problem << "): " << name);
+  } else {
+    MESSAGE("SKIPPED (needs " << count << " GPUs, " << cuda.device_count << " present): " << name);
+  }
+  return false;
+}
+
+std::filesystem::path source_root() {
+  if (const char* configured = std::getenv("KILN_SOURCE_DIR"); configured != nullptr && *configured != '\0') {
+    return configured;
+  }
+  return std::filesystem::path(__FILE__).parent_path().parent_path().parent_path();
+}
 
 Tolerance parity_tolerance(DType dtype) {
   switch (dtype) {

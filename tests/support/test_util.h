@@ -3,6 +3,7 @@
 
 #include <doctest/doctest.h>
 
+#include <filesystem>
 #include <functional>
 #include <random>
 #include <string>
@@ -15,14 +16,22 @@
 
 namespace kiln::testing {
 
-// Skips the rest of a GPU test case, visibly, when there is no GPU.
-#define KILN_REQUIRE_GPU()                                                       \
-  do {                                                                           \
-    if (!::kiln::cuda::is_available()) {                                         \
-      MESSAGE("SKIPPED (no GPU): " << std::string(doctest::getContextOptions()->currentTest->m_name)); \
-      return;                                                                    \
-    }                                                                            \
+// A test case that needs a GPU says so in its name: "[gpu]", or "[gpuN]" when
+// it needs N GPUs (the GPU kit finds them by name). It starts with
+// KILN_REQUIRE_GPU() / KILN_REQUIRE_GPUS(N), which fail the case when the name
+// lacks its marker or CUDA is unusable (a driver error must not read as "no
+// GPU"), and skip the rest of it, visibly, when fewer GPUs are present.
+#define KILN_REQUIRE_GPU() KILN_REQUIRE_GPUS(1)
+#define KILN_REQUIRE_GPUS(count)                             \
+  do {                                                       \
+    if (!::kiln::testing::require_gpus(count)) return;       \
   } while (0)
+// The check behind the macros: true when the case may go on.
+bool require_gpus(int count);
+
+// The folder holding the project's scripts/ (KILN_SOURCE_DIR when set, as the
+// GPU kit sets it; else the source tree this binary was built from).
+std::filesystem::path source_root();
 
 // The message of the kiln::Error that `fn` throws, "" when it throws none, and
 // "not a kiln::Error: ..." for another exception (so a substring check fails).
