@@ -3,7 +3,9 @@
 #include <atomic>
 #include <malloc.h>
 
+#include <algorithm>
 #include <cstdlib>
+#include <string>
 #include <vector>
 
 #include "kernels/error.h"
@@ -96,11 +98,12 @@ bool poison_allocations() { return poison.load(); }
 
 // ---------------------------------------------------------------- caching allocator
 
-CachingAllocator::CachingAllocator(std::unique_ptr<RawDeviceMemory> source, std::string device_name)
-    : source_(std::move(source)), device_name_(std::move(device_name)) {}
+CachingAllocator::CachingAllocator(std::unique_ptr<RawDeviceMemory> source, std::string device_name, bool caching)
+    : source_(std::move(source)), device_name_(std::move(device_name)), caching_(caching) {}
 
 CachingAllocator::~CachingAllocator() {
-  // Live blocks may outlive the allocator at process exit; return only the cache.
+  // Live blocks may outlive the allocator at process exit; return only the
+  // cache (blocks awaiting other streams are left to the driver's teardown).
   try {
     std::lock_guard lock(mutex_);
     release_cached_locked();
@@ -116,8 +119,11 @@ size_t CachingAllocator::round_size(size_t bytes) {
 }
 
 void* CachingAllocator::allocate(size_t bytes, cuda::Stream stream) {
-  const size_t size = round_size(bytes);
+  // Without caching, exactly the bytes asked for (at least one: every block
+  // needs its own address), so that a sanitizer sees the end of the tensor.
+  const size_t size = caching_ ? round_size(bytes) : std::max<size_t>(bytes, 1);
   std::lock_guard lock(mutex_);
+  if (!awaiting_.empty()) collect_awaiting_locked(/*wait=*/false);
   // Best fit among cached blocks of the same stream. A large request does not
   // take a block more than twice its size (it would strand the rest), and a
   // small one (< 1 MiB) takes only small blocks: otherwise a 512-byte request
@@ -137,8 +143,9 @@ void* CachingAllocator::allocate(size_t bytes, cuda::Stream stream) {
   ++stats_.device_malloc_calls;
   void* pointer = source_->allocate(size);
   if (pointer == nullptr) {
-    // Free what the cache holds and retry once.
+    // Free what the cache holds (after the streams blocks await) and retry once.
     ++stats_.oom_retries;
+    collect_awaiting_locked(/*wait=*/true);
     release_cached_locked();
     ++stats_.device_malloc_calls;
     pointer = source_->allocate(size);
@@ -149,7 +156,7 @@ void* CachingAllocator::allocate(size_t bytes, cuda::Stream stream) {
                                           stats_.reserved_bytes, " reserved)"),
                            __FILE__, __LINE__);
   }
-  Block block{pointer, size, stream};
+  Block block{pointer, size, stream, {}};
   live_.emplace(pointer, block);
   stats_.reserved_bytes += size;
   stats_.allocated_bytes += size;
@@ -161,10 +168,63 @@ void CachingAllocator::deallocate(void* pointer) {
   std::lock_guard lock(mutex_);
   auto it = live_.find(pointer);
   KILN_ASSERT(it != live_.end(), "CachingAllocator::deallocate: unknown pointer");
-  Block block = it->second;
+  Block block = std::move(it->second);
   live_.erase(it);
   stats_.allocated_bytes -= block.size;
-  cached_.emplace(block.size, block);
+  if (block.other_streams.empty()) {
+    retire_locked(std::move(block));
+    return;
+  }
+  // Reusable on its own stream only once every other stream that used it has
+  // passed the work queued there until now.
+  AwaitingBlock awaiting{std::move(block), {}};
+  for (cuda::Stream other : awaiting.block.other_streams) awaiting.events.push_back(source_->record_event(other));
+  awaiting_.push_back(std::move(awaiting));
+}
+
+bool CachingAllocator::record_stream(void* pointer, cuda::Stream stream) {
+  std::lock_guard lock(mutex_);
+  auto it = live_.find(pointer);
+  if (it == live_.end()) return false;
+  Block& block = it->second;
+  if (stream != block.stream &&
+      std::find(block.other_streams.begin(), block.other_streams.end(), stream) == block.other_streams.end()) {
+    block.other_streams.push_back(stream);
+  }
+  return true;
+}
+
+void CachingAllocator::retire_locked(Block block) {
+  if (caching_) {
+    block.other_streams.clear();
+    cached_.emplace(block.size, std::move(block));
+    return;
+  }
+  source_->release(block.pointer);
+  ++stats_.device_free_calls;
+  stats_.reserved_bytes -= block.size;
+}
+
+void CachingAllocator::collect_awaiting_locked(bool wait) {
+  std::vector<AwaitingBlock> still_awaiting;
+  for (AwaitingBlock& awaiting : awaiting_) {
+    bool done = true;
+    for (cuda::Event event : awaiting.events) {
+      if (wait) {
+        source_->wait_event(event);
+      } else if (!source_->event_done(event)) {
+        done = false;
+        break;
+      }
+    }
+    if (!done) {
+      still_awaiting.push_back(std::move(awaiting));
+      continue;
+    }
+    for (cuda::Event event : awaiting.events) source_->destroy_event(event);
+    retire_locked(std::move(awaiting.block));
+  }
+  awaiting_ = std::move(still_awaiting);
 }
 
 void CachingAllocator::release_cached_locked() {
@@ -178,6 +238,7 @@ void CachingAllocator::release_cached_locked() {
 
 void CachingAllocator::empty_cache() {
   std::lock_guard lock(mutex_);
+  collect_awaiting_locked(/*wait=*/true);
   release_cached_locked();
 }
 
@@ -196,9 +257,25 @@ struct CudaDeviceMemory : RawDeviceMemory {
   explicit CudaDeviceMemory(int device) : device(device) {}
   void* allocate(size_t bytes) override { return cuda::raw_malloc(bytes, device); }
   void release(void* pointer) override { cuda::raw_free(pointer, device); }
+  cuda::Event record_event(cuda::Stream stream) override {
+    cuda::Event event = cuda::create_event(device, /*timing=*/false);
+    cuda::record_event(event, stream);
+    return event;
+  }
+  bool event_done(cuda::Event event) override { return cuda::event_query(event); }
+  void wait_event(cuda::Event event) override { cuda::event_synchronize(event); }
+  void destroy_event(cuda::Event event) override { cuda::destroy_event(event); }
   int device;
 };
+
+// KILN_NO_CUDA_MEMORY_CACHING=1 (any value but "" and "0") turns caching off.
+bool cuda_caching_enabled() {
+  const char* value = std::getenv("KILN_NO_CUDA_MEMORY_CACHING");
+  return value == nullptr || *value == '\0' || std::string(value) == "0";
+}
 }  // namespace
+
+std::unique_ptr<RawDeviceMemory> cuda_device_memory(int device) { return std::make_unique<CudaDeviceMemory>(device); }
 
 CachingAllocator& cuda_allocator(int device) {
   static std::mutex mutex;
@@ -209,7 +286,10 @@ CachingAllocator& cuda_allocator(int device) {
              cuda::device_count(), " available)");
   if (allocators->size() <= static_cast<size_t>(device)) allocators->resize(device + 1);
   auto& slot = (*allocators)[device];
-  if (!slot) slot = std::make_unique<CachingAllocator>(std::make_unique<CudaDeviceMemory>(device), "cuda:" + std::to_string(device));
+  if (!slot) {
+    slot = std::make_unique<CachingAllocator>(std::make_unique<CudaDeviceMemory>(device), "cuda:" + std::to_string(device),
+                                              cuda_caching_enabled());
+  }
   return *slot;
 }
 

@@ -11,6 +11,7 @@
 #include <mutex>
 #include <set>
 #include <unordered_map>
+#include <vector>
 
 #include "core/device.h"
 #include "kernels/cuda/runtime.h"
@@ -30,11 +31,18 @@ struct RawDeviceMemory {
   virtual ~RawDeviceMemory() = default;
   virtual void* allocate(size_t bytes) = 0;  // nullptr when out of memory
   virtual void release(void* pointer) = 0;
+  // Stream order, for blocks used on other streams (record_stream): an event
+  // recorded on `stream` behind the work queued there so far; whether the
+  // device has passed it (never waits); waiting for it; destroying it.
+  virtual cuda::Event record_event(cuda::Stream stream) = 0;
+  virtual bool event_done(cuda::Event event) = 0;
+  virtual void wait_event(cuda::Event event) = 0;
+  virtual void destroy_event(cuda::Event event) = 0;
 };
 
 struct AllocatorStats {
   size_t allocated_bytes = 0;       // in live blocks handed out
-  size_t reserved_bytes = 0;        // obtained from the device (live + cached)
+  size_t reserved_bytes = 0;        // obtained from the device (live + cached + awaiting other streams)
   size_t peak_allocated_bytes = 0;  // since construction or reset_peak()
   uint64_t device_malloc_calls = 0; // calls to RawDeviceMemory::allocate
   uint64_t device_free_calls = 0;
@@ -47,17 +55,29 @@ struct AllocatorStats {
 // not more than twice the request when the request is large; a small request
 // (below 1 MiB) reuses only small blocks. On failure it
 // empties the cache and retries once, then throws OutOfMemoryError.
+// A block also used on another stream (record_stream) returns to the cache
+// only once that stream has passed the work queued on it before the free.
+// With caching off (KILN_NO_CUDA_MEMORY_CACHING=1 for the CUDA allocators, as
+// PYTORCH_NO_CUDA_MEMORY_CACHING does for torch's) every request is its own
+// device allocation of exactly the bytes asked for, released when freed: what
+// compute-sanitizer's memcheck needs to see an overrun past the end.
 class CachingAllocator {
  public:
-  explicit CachingAllocator(std::unique_ptr<RawDeviceMemory> source, std::string device_name);
+  explicit CachingAllocator(std::unique_ptr<RawDeviceMemory> source, std::string device_name, bool caching = true);
   ~CachingAllocator();
 
   void* allocate(size_t bytes, cuda::Stream stream);
   void deallocate(void* pointer);
-  // Returns every cached (unused) block to the device.
+  // Marks the live block at `pointer` (a pointer allocate returned) as used by
+  // `stream` too (torch's Tensor.record_stream). Returns false, doing nothing,
+  // when the pointer is not one of this allocator's live blocks.
+  bool record_stream(void* pointer, cuda::Stream stream);
+  // Returns every cached (unused) block to the device, after waiting for the
+  // streams that blocks awaiting reuse were recorded on.
   void empty_cache();
   AllocatorStats stats() const;
   void reset_peak();
+  bool caching() const { return caching_; }
 
   static size_t round_size(size_t bytes);
 
@@ -66,14 +86,26 @@ class CachingAllocator {
     void* pointer;
     size_t size;
     cuda::Stream stream;
+    std::vector<cuda::Stream> other_streams;  // from record_stream
+  };
+  // A freed block that other streams may still use, with one event per stream.
+  struct AwaitingBlock {
+    Block block;
+    std::vector<cuda::Event> events;
   };
   void release_cached_locked();
+  // Frees (caching off) or caches a block nothing uses any more.
+  void retire_locked(Block block);
+  // Retires the awaiting blocks whose events have all passed; with `wait`, all of them.
+  void collect_awaiting_locked(bool wait);
 
   std::unique_ptr<RawDeviceMemory> source_;
   std::string device_name_;
+  bool caching_;
   mutable std::mutex mutex_;
   std::unordered_map<void*, Block> live_;
   std::multimap<size_t, Block> cached_;  // by size
+  std::vector<AwaitingBlock> awaiting_;
   AllocatorStats stats_;
 };
 
@@ -82,8 +114,12 @@ class CachingAllocator {
 void set_poison_allocations(bool enabled);
 bool poison_allocations();
 
-// The allocator of a CUDA device (created on first use).
+// The allocator of a CUDA device (created on first use; caching unless
+// KILN_NO_CUDA_MEMORY_CACHING is set to anything but "" or "0").
 CachingAllocator& cuda_allocator(int device);
+// cudaMalloc/cudaFree and CUDA events on `device`: the source behind
+// cuda_allocator, for an allocator of one's own.
+std::unique_ptr<RawDeviceMemory> cuda_device_memory(int device);
 
 // Tensor memory of `device` (torch.cuda.memory_stats / reset_peak_memory_stats):
 // the caching allocator's statistics for CUDA; for the CPU, the bytes that

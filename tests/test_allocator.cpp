@@ -3,6 +3,8 @@
 // path are tested without a GPU; then the real CUDA allocator on a GPU.
 #include <doctest/doctest.h>
 
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -34,6 +36,12 @@ struct FakeDeviceMemory : RawDeviceMemory {
     int release_calls = 0;
     std::set<void*> live;
     std::map<void*, size_t> sizes;
+    // Fake events: handle -> whether the device has passed it.
+    std::map<cuda::Event, bool> events;
+    std::vector<cuda::Stream> recorded_on;
+    uintptr_t next_event = 1;
+    int waits = 0;
+    int destroyed_events = 0;
   };
   explicit FakeDeviceMemory(Shared* shared) : shared(shared) {}
   ~FakeDeviceMemory() override {
@@ -58,6 +66,21 @@ struct FakeDeviceMemory : RawDeviceMemory {
     shared->live_bytes -= shared->sizes[pointer];
     std::free(pointer);
   }
+  cuda::Event record_event(cuda::Stream stream) override {
+    cuda::Event event = reinterpret_cast<cuda::Event>(shared->next_event++);
+    shared->events[event] = false;
+    shared->recorded_on.push_back(stream);
+    return event;
+  }
+  bool event_done(cuda::Event event) override { return shared->events.at(event); }
+  void wait_event(cuda::Event event) override {
+    ++shared->waits;
+    shared->events.at(event) = true;
+  }
+  void destroy_event(cuda::Event event) override {
+    ++shared->destroyed_events;
+    REQUIRE(shared->events.erase(event) == 1);
+  }
   Shared* shared;
 };
 
@@ -68,8 +91,12 @@ cuda::Stream stream_b() { return reinterpret_cast<cuda::Stream>(uintptr_t{0x2000
 struct Fixture {
   FakeDeviceMemory::Shared memory;
   CachingAllocator allocator;
-  explicit Fixture(size_t budget = 1024 * MiB)
-      : allocator(make_source(memory, budget), "fake:0") {}
+  explicit Fixture(size_t budget = 1024 * MiB, bool caching = true)
+      : allocator(make_source(memory, budget), "fake:0", caching) {}
+  // Marks every fake event as passed by the device.
+  void pass_events() {
+    for (auto& [event, done] : memory.events) done = true;
+  }
   static std::unique_ptr<RawDeviceMemory> make_source(FakeDeviceMemory::Shared& memory, size_t budget) {
     memory.budget = budget;
     return std::make_unique<FakeDeviceMemory>(&memory);
@@ -244,6 +271,85 @@ TEST_CASE("allocator: out of memory empties the cache and retries once") {
   f.allocator.deallocate(a);
 }
 
+TEST_CASE("allocator: a block also used on another stream is reused only after that stream passed its work") {
+  Fixture f;
+  void* p = f.allocator.allocate(1000, stream_a());
+  CHECK(f.allocator.record_stream(p, stream_b()));
+  CHECK(f.allocator.record_stream(p, stream_b()));  // once per stream
+  CHECK(f.allocator.record_stream(p, stream_a()));  // its own stream: nothing to wait for
+  int local = 0;
+  CHECK_FALSE(f.allocator.record_stream(&local, stream_b()));  // not this allocator's block
+  f.allocator.deallocate(p);
+  REQUIRE(f.memory.recorded_on == std::vector<cuda::Stream>{stream_b()});
+  CHECK(f.allocator.stats().allocated_bytes == 0);
+  CHECK(f.allocator.stats().reserved_bytes == 1024);
+
+  // Stream b has not passed the free yet: p is not handed out again.
+  void* q = f.allocator.allocate(1000, stream_a());
+  CHECK(q != p);
+  CHECK(f.memory.allocate_calls == 2);
+  f.allocator.deallocate(q);  // never recorded elsewhere: cached at once
+
+  f.pass_events();
+  std::set<void*> reused{f.allocator.allocate(1000, stream_a()), f.allocator.allocate(1000, stream_a())};
+  CHECK(reused == std::set<void*>{p, q});  // both from the cache
+  CHECK(f.memory.allocate_calls == 2);
+  CHECK(f.memory.destroyed_events == 1);
+  CHECK(f.memory.waits == 0);  // reuse only queries events, it never waits
+  for (void* block : reused) f.allocator.deallocate(block);
+
+  SUBCASE("empty_cache waits for the other stream, then returns the block") {
+    void* r = f.allocator.allocate(1000, stream_a());
+    f.allocator.record_stream(r, stream_b());
+    f.allocator.deallocate(r);
+    f.allocator.empty_cache();
+    CHECK(f.memory.waits == 1);
+    CHECK(f.memory.live.empty());
+    CHECK(f.allocator.stats().reserved_bytes == 0);
+  }
+  SUBCASE("out of memory waits for the other stream before emptying the cache") {
+    Fixture g(2 * MiB);
+    void* big = g.allocator.allocate(2 * MiB, stream_a());
+    g.allocator.record_stream(big, stream_b());
+    g.allocator.deallocate(big);
+    void* again = g.allocator.allocate(2 * MiB, stream_b());  // the device is full until the block is released
+    CHECK(again != nullptr);
+    CHECK(g.memory.waits == 1);
+    CHECK(g.allocator.stats().oom_retries == 1);
+    g.allocator.deallocate(again);
+  }
+}
+
+TEST_CASE("allocator: with caching off every request is its own exact-size allocation, released when freed") {
+  Fixture f(1024 * MiB, /*caching=*/false);
+  CHECK_FALSE(f.allocator.caching());
+  void* p = f.allocator.allocate(100, stream_a());
+  CHECK(f.memory.sizes.at(p) == 100);  // not rounded: a sanitizer sees byte 100 as out of bounds
+  CHECK(f.allocator.stats().reserved_bytes == 100);
+  f.allocator.deallocate(p);
+  CHECK(f.memory.release_calls == 1);
+  CHECK(f.memory.live.empty());
+  CHECK(f.allocator.stats().reserved_bytes == 0);
+  void* q = f.allocator.allocate(100, stream_a());
+  CHECK(f.memory.allocate_calls == 2);  // no reuse
+  void* empty_a = f.allocator.allocate(0, stream_a());
+  void* empty_b = f.allocator.allocate(0, stream_a());
+  CHECK(empty_a != empty_b);  // zero bytes still get distinct blocks
+  CHECK(f.memory.sizes.at(empty_a) == 1);
+  f.allocator.deallocate(empty_a);
+  f.allocator.deallocate(empty_b);
+  // Used on another stream: released only once that stream passed its work.
+  f.allocator.record_stream(q, stream_b());
+  f.allocator.deallocate(q);
+  CHECK(f.memory.live.count(q) == 1);
+  f.pass_events();
+  void* r = f.allocator.allocate(8, stream_a());  // an allocation collects what awaited
+  CHECK(f.memory.live.count(q) == 0);
+  f.allocator.deallocate(r);
+  CHECK(f.allocator.stats().reserved_bytes == 0);
+  CHECK(f.allocator.stats().device_malloc_calls == f.allocator.stats().device_free_calls);
+}
+
 TEST_CASE("allocator: deallocating an unknown pointer is a bug, reported") {
   Fixture f;
   int local = 0;
@@ -324,6 +430,18 @@ TEST_CASE("allocator: the CUDA caching allocator reuses memory and keeps statist
   CachingAllocator& allocator = cuda_allocator(0);
   allocator.empty_cache();
   const AllocatorStats before = allocator.stats();
+  if (!allocator.caching()) {
+    // KILN_NO_CUDA_MEMORY_CACHING (the GPU kit's memcheck): one cudaMalloc and
+    // one cudaFree per tensor, of its exact size.
+    { Tensor x = empty({1000, 1001}, {.device = Device::cuda(0)}); }
+    { Tensor y = empty({1000, 1001}, {.device = Device::cuda(0)}); }
+    const AllocatorStats after = allocator.stats();
+    CHECK(after.device_malloc_calls == before.device_malloc_calls + 2);
+    CHECK(after.device_free_calls == before.device_free_calls + 2);
+    CHECK(after.peak_allocated_bytes >= 1000 * 1001 * 4);
+    CHECK(after.reserved_bytes == before.reserved_bytes);
+    return;
+  }
   void* first = nullptr;
   {
     Tensor x = empty({1024, 1024}, {.device = Device::cuda(0)});  // 4 MiB
@@ -364,6 +482,53 @@ TEST_CASE("allocator: the CUDA caching allocator reuses memory and keeps statist
   CHECK(std::strlen(properties.name) > 0);
   MESSAGE("GPU: " << std::string(properties.name) << ", " << properties.multiprocessor_count << " SMs, L2 "
                   << properties.l2_cache_bytes / MiB << " MiB, sm_" << properties.major << properties.minor);
+}
+
+TEST_CASE("allocator: record_stream keeps a freed block from reuse until the other stream passed it [gpu]") {
+  KILN_REQUIRE_GPU();
+  CachingAllocator allocator(cuda_device_memory(0), "cuda:0 (test)");
+  const cuda::Stream a = cuda::create_stream(0), b = cuda::create_stream(0);
+  // Stream b is held at a host function until the test lets it go.
+  std::atomic<bool> go{false};
+  const auto hold = [](void* flag) {
+    while (!static_cast<std::atomic<bool>*>(flag)->load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  };
+  cuda::launch_host_function(b, hold, &go);
+  void* p = allocator.allocate(1 << 20, a);
+  CHECK(allocator.record_stream(p, b));
+  allocator.deallocate(p);
+  void* q = allocator.allocate(1 << 20, a);
+  CHECK(q != p);  // b has not passed the free
+  go = true;
+  cuda::stream_synchronize(b);
+  allocator.deallocate(q);
+  std::set<void*> reused{allocator.allocate(1 << 20, a), allocator.allocate(1 << 20, a)};
+  CHECK(reused == std::set<void*>{p, q});
+  CHECK(allocator.stats().device_malloc_calls == 2);
+  for (void* block : reused) allocator.deallocate(block);
+  allocator.empty_cache();
+  CHECK(allocator.stats().reserved_bytes == 0);
+
+  // Through a tensor, on the process's allocator: torch's Tensor.record_stream.
+  Tensor x = empty({256}, {.device = Device::cuda(0)});
+  CHECK_NOTHROW(x.record_stream(b));
+  CHECK_THROWS_WITH_AS(zeros({2}).record_stream(b), Contains("record_stream: expected a CUDA tensor"), Error);
+  cuda::destroy_stream(a);
+  cuda::destroy_stream(b);
+}
+
+TEST_CASE("allocator: with caching off a CUDA allocator mallocs and frees each block [gpu]") {
+  KILN_REQUIRE_GPU();
+  CachingAllocator allocator(cuda_device_memory(0), "cuda:0 (test)", /*caching=*/false);
+  const cuda::Stream stream = cuda::current_stream(0);
+  void* p = allocator.allocate(100, stream);
+  CHECK(allocator.stats().reserved_bytes == 100);
+  cuda::memset_async(p, 0, 100, stream);
+  allocator.deallocate(p);
+  const AllocatorStats stats = allocator.stats();
+  CHECK(stats.reserved_bytes == 0);
+  CHECK(stats.device_malloc_calls == 1);
+  CHECK(stats.device_free_calls == 1);
 }
 
 TEST_CASE("allocator: a thread that never chose a device takes the process's device [gpu]") {
