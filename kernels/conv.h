@@ -74,17 +74,17 @@ struct ConvCudaConfig {
 // that need less workspace, so it may be called again.
 using WorkspaceAllocator = std::function<void*(size_t bytes)>;
 
-// y = conv(x, weight) (+ bias (O) when non-null).
+// y = conv(x, weight) (written, =). The bias is not cuDNN's business: its
+// cudnnAddTensor / cudnnConvolutionBackwardBias may refuse bfloat16, so the
+// front end adds it, and sums its gradient, with kiln's own kernels.
 void conv2d_forward_cuda(const Conv2dParams& p, const ConvCudaConfig& config, const void* x, const void* weight,
-                         const void* bias, void* y, const WorkspaceAllocator& workspace);
+                         void* y, const WorkspaceAllocator& workspace);
 // dx = conv_transpose(dy, weight) (written, =).
 void conv2d_backward_input_cuda(const Conv2dParams& p, const ConvCudaConfig& config, const void* weight,
                                 const void* dy, void* dx, const WorkspaceAllocator& workspace);
 // dweight = correlation of x and dy (written, =).
 void conv2d_backward_weight_cuda(const Conv2dParams& p, const ConvCudaConfig& config, const void* x, const void* dy,
                                  void* dweight, const WorkspaceAllocator& workspace);
-// dbias (O) = sum of dy over N, OH, OW (written, =).
-void conv2d_backward_bias_cuda(const Conv2dParams& p, const ConvCudaConfig& config, const void* dy, void* dbias);
 
 // Counters of the benchmark-mode algorithm cache (all zero with CUDA off).
 struct CudnnConvCacheStats {

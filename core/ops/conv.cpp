@@ -11,6 +11,7 @@
 #include "core/allocator.h"
 #include "core/autocast.h"
 #include "core/autograd.h"
+#include "core/launch.h"
 #include "core/nn_ops.h"
 #include "core/ops.h"
 #include "kernels/conv.h"
@@ -75,7 +76,7 @@ kernels::ConvCudaConfig cuda_config(const Tensor& x, bool channels_last) {
   config.allow_tf32 = x.dtype() == DType::f32 && allow_tf32();
   config.benchmark = benchmark_mode.load();
   config.device = x.device().index;
-  config.stream = cuda::current_stream(x.device().index);
+  config.stream = cuda::current_stream(x.device().index);  // cuDNN calls make the device current themselves
   return config;
 }
 
@@ -176,9 +177,13 @@ Tensor conv2d(const Tensor& x_in, const Tensor& weight, const Tensor& bias, Size
   Tensor y = empty_conv_output(out_shape, x, channels_last);
   if (y.numel() > 0) {
     if (on_cuda) {
-      Workspaces workspaces{x.device().index, cuda::current_stream(x.device().index), {}};
-      kernels::conv2d_forward_cuda(p, cuda_config(x, channels_last), x.data_ptr(), w.data_ptr(),
-                                   b.defined() ? b.data_ptr() : nullptr, y.data_ptr(), workspaces.allocator());
+      const kernels::ConvCudaConfig config = cuda_config(x, channels_last);
+      Workspaces workspaces{config.device, config.stream, {}};
+      kernels::conv2d_forward_cuda(p, config, x.data_ptr(), w.data_ptr(), y.data_ptr(), workspaces.allocator());
+      if (b.defined()) {
+        NoGradGuard no_grad;  // part of this op's node, not a node of its own
+        y.add_(b.view({1, p.out_channels, 1, 1}));
+      }
     } else if (p.batch > 0) {
       kernels::conv2d_forward_cpu(dtype, p, x.data_ptr(), w.data_ptr(), b.defined() ? b.data_ptr() : nullptr,
                                   y.data_ptr());
@@ -219,12 +224,8 @@ Tensor conv2d(const Tensor& x_in, const Tensor& weight, const Tensor& bias, Size
               }
             }
             if (need_db) {
-              db = empty({p.out_channels}, options);
-              if (g.numel() == 0) {
-                db.zero_();
-              } else {
-                kernels::conv2d_backward_bias_cuda(p, config, g.data_ptr(), db.data_ptr());
-              }
+              NoGradGuard no_grad;
+              db = sum(g, {0, 2, 3});  // zeros when g is empty
             }
             return {dx, dw, db};
           }

@@ -443,32 +443,12 @@ void run(Direction direction, const Conv2dParams& p, const ConvCudaConfig& confi
   }
 }
 
-// (1, O, 1, 1) descriptor for the bias.
-struct BiasDescriptor {
-  cudnnTensorDescriptor_t desc = nullptr;
-  BiasDescriptor(const Conv2dParams& p, const ConvCudaConfig& config) {
-    KILN_CUDNN_CHECK(cudnnCreateTensorDescriptor(&desc));
-    KILN_CUDNN_CHECK(cudnnSetTensor4dDescriptor(desc, CUDNN_TENSOR_NCHW, data_type(config.dtype), 1,
-                                                Descriptors::dim(p.out_channels), 1, 1));
-  }
-  ~BiasDescriptor() { cudnnDestroyTensorDescriptor(desc); }
-  BiasDescriptor(const BiasDescriptor&) = delete;
-  BiasDescriptor& operator=(const BiasDescriptor&) = delete;
-};
-
 }  // namespace
 
 void conv2d_forward_cuda(const Conv2dParams& p, const ConvCudaConfig& config, const void* x, const void* weight,
-                         const void* bias, void* y, const WorkspaceAllocator& workspace) {
+                         void* y, const WorkspaceAllocator& workspace) {
   cuda::DeviceGuard guard(config.device, "conv2d (cuDNN)");  // cuDNN works on the current device
   run(Direction::forward, p, config, {x, weight, nullptr, y}, workspace);
-  if (bias != nullptr) {
-    cudnnHandle_t handle = handle_for(config.device, config.stream);
-    Descriptors d(p, config);
-    BiasDescriptor b(p, config);
-    const Scalars s(config.dtype);
-    KILN_CUDNN_CHECK(cudnnAddTensor(handle, s.one(), b.desc, bias, s.one(), d.y, y));
-  }
 }
 
 void conv2d_backward_input_cuda(const Conv2dParams& p, const ConvCudaConfig& config, const void* weight,
@@ -481,15 +461,6 @@ void conv2d_backward_weight_cuda(const Conv2dParams& p, const ConvCudaConfig& co
                                  void* dweight, const WorkspaceAllocator& workspace) {
   cuda::DeviceGuard guard(config.device, "conv2d backward (cuDNN)");
   run(Direction::backward_filter, p, config, {x, nullptr, dy, dweight}, workspace);
-}
-
-void conv2d_backward_bias_cuda(const Conv2dParams& p, const ConvCudaConfig& config, const void* dy, void* dbias) {
-  cuda::DeviceGuard guard(config.device, "conv2d backward (cuDNN)");
-  cudnnHandle_t handle = handle_for(config.device, config.stream);
-  Descriptors d(p, config);
-  BiasDescriptor b(p, config);
-  const Scalars s(config.dtype);
-  KILN_CUDNN_CHECK(cudnnConvolutionBackwardBias(handle, s.one(), d.y, dy, s.zero(), b.desc, dbias));
 }
 
 CudnnConvCacheStats cudnn_conv_cache_stats() {

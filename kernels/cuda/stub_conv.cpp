@@ -10,7 +10,7 @@ namespace {
 }
 }  // namespace
 
-void conv2d_forward_cuda(const Conv2dParams&, const ConvCudaConfig&, const void*, const void*, const void*, void*,
+void conv2d_forward_cuda(const Conv2dParams&, const ConvCudaConfig&, const void*, const void*, void*,
                          const WorkspaceAllocator&) {
   no_cuda("conv2d (cuda)");
 }
@@ -20,9 +20,6 @@ void conv2d_backward_input_cuda(const Conv2dParams&, const ConvCudaConfig&, cons
 }
 void conv2d_backward_weight_cuda(const Conv2dParams&, const ConvCudaConfig&, const void*, const void*, void*,
                                  const WorkspaceAllocator&) {
-  no_cuda("conv2d backward (cuda)");
-}
-void conv2d_backward_bias_cuda(const Conv2dParams&, const ConvCudaConfig&, const void*, void*) {
   no_cuda("conv2d backward (cuda)");
 }
 // No cache without CUDA: empty counters rather than an error, so logging code runs anywhere.
