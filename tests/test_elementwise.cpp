@@ -539,13 +539,19 @@ TEST_CASE("elementwise: CUDA matches the CPU for every dtype and layout [gpu]") 
       const testing::Tolerance tolerance = testing::parity_tolerance(dtype);
       Tensor ca = a.to(dtype), cb = b.to(dtype);
       KILN_CHECK_CLOSE(fn(ca.cuda(), cb.cuda()).cpu(), fn(ca, cb), tolerance.rtol, tolerance.atol);
-      // strided and misaligned (offset by one element) operands
+      // strided and misaligned (offset by one element) operands; the offset is
+      // taken on the device (copying a CPU view to the GPU would align it), so
+      // the kernels' scalar path for unaligned pointers runs
       Tensor wide = ramp({37, 9}, -1, 0.01, dtype);
       Tensor strided = wide.t();
-      Tensor misaligned = ramp({1 + 4 * 37}, -1, 0.013, dtype).narrow(0, 1, 4 * 37).view({4, 37});
+      Tensor misaligned_store = ramp({1 + 4 * 37}, -1, 0.013, dtype);
+      Tensor misaligned = misaligned_store.narrow(0, 1, 4 * 37).view({4, 37});
+      Tensor misaligned_gpu = misaligned_store.cuda().narrow(0, 1, 4 * 37).view({4, 37});
+      REQUIRE(reinterpret_cast<uintptr_t>(misaligned_gpu.data_ptr()) % 16 != 0);
       KILN_CHECK_CLOSE(fn(strided.cuda(), strided.cuda()).cpu(), fn(strided, strided), tolerance.rtol,
                        tolerance.atol);
-      KILN_CHECK_CLOSE(fn(misaligned.cuda(), cb.cuda()).cpu(), fn(misaligned, cb), tolerance.rtol, tolerance.atol);
+      KILN_CHECK_CLOSE(fn(misaligned_gpu, cb.cuda()).cpu(), fn(misaligned, cb), tolerance.rtol, tolerance.atol);
+      KILN_CHECK_CLOSE(fn(cb.cuda(), misaligned_gpu).cpu(), fn(cb, misaligned), tolerance.rtol, tolerance.atol);
     }
   }
   // integers

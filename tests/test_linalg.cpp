@@ -276,22 +276,37 @@ TEST_CASE("matmul on CUDA: device mismatch, alignment, bias epilogue, k = 0, TF3
   Tensor cpu_a = random_tensor({8, 6}, 70, DType::f32), cpu_b = random_tensor({6, 5}, 71, DType::f32);
   CHECK(error_of([&] { matmul(cpu_a, cpu_b.cuda()); }).find("matmul: expected both tensors on the same device") !=
         std::string::npos);
-  // Offsets of one element: pointers aligned to 4 (float) or 2 (16-bit) bytes only.
+  // Offsets of one element: pointers aligned to 4 (float) or 2 (16-bit) bytes
+  // only. The views are taken on the device (a CPU view copied to the GPU
+  // would arrive aligned), so cuBLASLt's low-alignment path runs.
+  const auto misaligned = [](const Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 != 0; };
   for (DType dtype : {DType::f32, DType::f16, DType::bf16, DType::f64}) {
     INFO("dtype " << dtype_name(dtype));
     Tensor a_store = random_tensor({33, 41}, 72, dtype), b_store = random_tensor({41, 27}, 73, dtype);
     Tensor a = a_store.narrow(0, 1, 31).narrow(1, 1, 39), b = b_store.narrow(0, 1, 39).narrow(1, 1, 25);
+    Tensor a_gpu = a_store.cuda().narrow(0, 1, 31).narrow(1, 1, 39), b_gpu = b_store.cuda().narrow(0, 1, 39).narrow(1, 1, 25);
+    REQUIRE(misaligned(a_gpu));
+    REQUIRE(misaligned(b_gpu));
     Tensor expected = mm(a, b);
     Tolerance tol = parity_tolerance(dtype);
+    KILN_CHECK_CLOSE(mm(a_gpu, b_gpu).cpu(), expected, std::max(tol.rtol, 2e-5), std::max(tol.atol, 2e-5));
     KILN_CHECK_CLOSE(mm(a.cuda(), b.cuda()).cpu(), expected, std::max(tol.rtol, 2e-5), std::max(tol.atol, 2e-5));
-    KILN_CHECK_CLOSE(mm(a.cuda().t().contiguous().t(), b.cuda()).cpu(), expected, std::max(tol.rtol, 2e-5),
+    KILN_CHECK_CLOSE(mm(a.cuda().t().contiguous().t(), b_gpu).cpu(), expected, std::max(tol.rtol, 2e-5),
                      std::max(tol.atol, 2e-5));
-    // linear: bias epilogue (or the pre-filled C for float64 and unaligned bias).
+    // linear: bias epilogue (or the pre-filled C for float64 and unaligned bias),
+    // with the bias and the input misaligned on the device.
     Tensor x = random_tensor({17, 39}, 74, dtype), w = random_tensor({25, 39}, 75, dtype),
-           bias_store = random_tensor({26}, 76, dtype);
+           bias_store = random_tensor({26}, 76, dtype), x_store = random_tensor({17 * 39 + 1}, 77, dtype);
     Tensor bias = bias_store.narrow(0, 1, 25);
-    KILN_CHECK_CLOSE(linear(x.cuda(), w.cuda(), bias.cuda()).cpu(), linear(x, w, bias), std::max(tol.rtol, 2e-5),
+    Tensor bias_gpu = bias_store.cuda().narrow(0, 1, 25);
+    REQUIRE(misaligned(bias_gpu));
+    KILN_CHECK_CLOSE(linear(x.cuda(), w.cuda(), bias_gpu).cpu(), linear(x, w, bias), std::max(tol.rtol, 2e-5),
                      std::max(tol.atol, 2e-5));
+    Tensor x_misaligned = x_store.narrow(0, 1, 17 * 39).view({17, 39});
+    Tensor x_misaligned_gpu = x_store.cuda().narrow(0, 1, 17 * 39).view({17, 39});
+    REQUIRE(misaligned(x_misaligned_gpu));
+    KILN_CHECK_CLOSE(linear(x_misaligned_gpu, w.cuda(), bias_gpu).cpu(), linear(x_misaligned, w, bias),
+                     std::max(tol.rtol, 2e-5), std::max(tol.atol, 2e-5));
     // k = 0.
     Tensor empty_x = zeros({4, 0}, {.dtype = dtype}), empty_w = zeros({3, 0}, {.dtype = dtype});
     KILN_CHECK_CLOSE(linear(empty_x.cuda(), empty_w.cuda(), bias.narrow(0, 0, 3).cuda()).cpu(),
