@@ -13,7 +13,7 @@
 // gradients of every mode are compared with the plain run's (max |difference|).
 //
 //   bench_checkpointing [--batch 128] [--steps 3] [--segments 2,3,7] [--accelerator auto|cpu|gpu]
-// (auto: the GPU when there is one, so scripts/gpu_run.sh's bench step measures the GPU).
+// (auto: the GPU when there is one, so the GPU kit's bench step measures the GPU).
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>

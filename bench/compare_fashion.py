@@ -62,7 +62,7 @@ def main():
             peer_runs[name].append(run([args.python, os.path.join(ROOT, "bench", "torch_fashion.py"), "--threads",
                                         "2"] + seeded + flags, env))
     kiln_rate = statistics.median(r["samples_per_s"] for r in kiln_runs)
-    # KILN_COMMIT: where the tree travelled without .git (scripts/gpu_run.sh sets it).
+    # KILN_COMMIT: where the tree travelled without .git (scripts/gpu_kit.sh sets it).
     commit = os.environ.get("KILN_COMMIT") or subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
     print(f"{datetime.date.today()} · {platform.node()} · {os.cpu_count()} cores · commit {commit} · "

@@ -6,7 +6,7 @@
 # sanitizer build of the whole suite takes about 35 minutes on 2 cores.
 #
 # CPU only (no sanitizer sees into CUDA kernels: use compute-sanitizer on a GPU,
-# scripts/gpu_run.sh sanitize). -O2 -g keeps reports readable. Warnings are not
+# scripts/gpu_kit.sh run memcheck racecheck). -O2 -g keeps reports readable. Warnings are not
 # errors here: GCC 12 reports false -Wstringop-overflow/-Wmaybe-uninitialized
 # inside libstdc++ once instrumented (the normal build keeps -Werror).
 # Under ThreadSanitizer OpenMP runs one thread: libgomp is not instrumented and

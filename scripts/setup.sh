@@ -9,6 +9,7 @@ packages=(
   libgloo-dev libcli11-dev nlohmann-json3-dev zlib1g-dev
   dataset-fashion-mnist
   python3
+  binutils xz-utils  # strip and xz for the GPU kit (scripts/gpu_kit.sh)
 )
 
 missing=()

@@ -1,0 +1,536 @@
+#!/usr/bin/env bash
+# The GPU kit: everything a GPU machine needs to give kiln's whole GPU verdict
+# in ONE command, built and packed on the CPU machine (../shared/GPU.md).
+#
+#   bash scripts/gpu_kit.sh pack [--build DIR]   (CPU machine) strips and packs the binaries of a
+#        CUDA-enabled build (default build/), the libraries the GPU machine lacks (found with ldd),
+#        Fashion-MNIST, the PyTorch peer scripts, the list of GPU test cases and the commit into
+#        .gpu-kit/ (git-ignored); fails when .gpu-kit plus the working tree exceed 56 MiB
+#   bash scripts/gpu_kit.sh dry-run               (CPU machine, CI) unpacks the kit into a scratch
+#        folder and rehearses it there: library resolution, a few CPU test cases, a short
+#        train_fashion on the kit's data, the GPU-case count against the sources, and the run
+#        step's own plumbing on two test files
+#   bash scripts/gpu_kit.sh run [STEP...] [--tests FILES] [--deadline SECONDS]   (GPU machine)
+#        carry [".gpu-kit"]; default steps: preflight tests bench compare memcheck, within the
+#        deadline (default 450 s; each step bounded by the time left, a failed step never stops
+#        the next). Optional steps: racecheck, compile (torch.compile rows in compare), train
+#        (train_fashion --accelerator gpu with no other flag). --tests test_a,test_b limits the
+#        tests, memcheck and racecheck steps to those files (a rerun of the failures).
+# run writes at most 6 files to $OUT (default /tmp/kiln-kit-out): summary.md (device, driver,
+# commit, each step's verdict, each failing case with its first error lines, what did not run
+# for lack of time), bench.md, compare.md, train.md and logs.tar.xz (every log).
+# Environment: KILN_GPU_KIT (kit folder, default .gpu-kit), KILN_TORCH_PYTHON (the Python with
+# CUDA torch; default: /opt/*/.venv/bin/python3, else python3).
+set -euo pipefail
+
+case "${1:-}" in -h | --help | "") sed -n '2,26p' "$0"; exit 0 ;; esac
+
+repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+kit="${KILN_GPU_KIT:-$repo/.gpu-kit}"
+archive_name="kiln-bin.tar.xz"
+max_travel_mib=56
+
+die() { echo "gpu_kit: $*" >&2; exit 1; }
+
+# The GPU test cases of the sources: doctest names with "[gpu]" or "[gpu2]", one per line.
+source_gpu_cases() {
+  grep -ho 'TEST_CASE("[^"]*\[gpu2\?\][^"]*"' "$repo"/tests/test_*.cpp | sed 's/^TEST_CASE("//; s/"$//' | sort
+}
+
+# doctest's --list-test-cases output, names only.
+list_cases() {
+  "$@" --list-test-cases --no-version 2>/dev/null | sed -n '/^=\{10,\}/,/^=\{10,\}/p' | sed '/^=\{10,\}/d' | sed '/^$/d'
+}
+
+# Libraries the GPU machine has (glibc; the CUDA libraries, which must be the ones torch loads
+# there) and the ones it has in a version that may be too old (a fallback folder).
+is_system_library() {
+  case "$1" in
+    linux-vdso.so* | ld-linux* | libc.so* | libm.so* | libpthread.so* | libdl.so* | librt.so* | libresolv.so*) return 0 ;;
+    libcuda.so* | libcudart.so* | libcublas.so* | libcublasLt.so* | libcudnn*.so* | libnccl.so* | libnvrtc*.so*) return 0 ;;
+  esac
+  return 1
+}
+is_fallback_library() {
+  case "$1" in libstdc++.so* | libgcc_s.so* | libgomp.so*) return 0 ;; esac
+  return 1
+}
+
+# ==================================================================== pack
+
+cmd_pack() {
+  local build="$repo/build"
+  while [ $# -gt 0 ]; do
+    case "$1" in
+      --build) build="$(cd "$2" && pwd)"; shift 2 ;;
+      *) die "pack: unknown argument '$1' (expected --build DIR)" ;;
+    esac
+  done
+  local bin="$build/bin"
+  [ -x "$bin/kiln_tests" ] || die "pack: $bin/kiln_tests not found: build first (bash scripts/test.sh, or cmake --build build)"
+  ldd "$bin/kiln_tests" | grep -q 'libcudart\.so' ||
+    die "pack: $bin/kiln_tests is not linked against the CUDA runtime: this build has no CUDA backend (is nvcc on PATH at configure time?)"
+  local data=/usr/share/datasets/fashion-mnist file
+  for file in train-images-idx3-ubyte.gz train-labels-idx1-ubyte.gz t10k-images-idx3-ubyte.gz t10k-labels-idx1-ubyte.gz; do
+    [ -f "$data/$file" ] || die "pack: $data/$file not found (Debian's dataset-fashion-mnist; bash scripts/setup.sh installs it)"
+  done
+
+  local stage
+  stage="$(mktemp -d /tmp/kiln-kit-pack.XXXXXX)"
+  trap 'rm -rf "$stage"' RETURN
+  mkdir -p "$stage/bin" "$stage/lib" "$stage/lib-fallback"
+  local programs=() program
+  for program in "$bin"/*; do
+    [ -f "$program" ] && [ -x "$program" ] && programs+=("$program")
+  done
+  for program in "${programs[@]}"; do
+    strip --strip-unneeded -o "$stage/bin/$(basename "$program")" "$program"
+  done
+  # Every library the binaries load that the GPU machine may lack, under its soname.
+  local line name path
+  while read -r name path; do
+    is_system_library "$name" && continue
+    [ -f "$path" ] || die "pack: ldd resolves $name to '$path', which does not exist"
+    if is_fallback_library "$name"; then
+      cp -L "$path" "$stage/lib-fallback/$name"
+    else
+      cp -L "$path" "$stage/lib/$name"
+    fi
+  done < <(for program in "${programs[@]}"; do ldd "$program"; done | awk '$2 == "=>" && $3 ~ /^\// {print $1, $3}' | sort -u)
+  if for program in "${programs[@]}"; do ldd "$program"; done | grep -q 'not found'; then
+    die "pack: a library of the build is not found here: $(for program in "${programs[@]}"; do ldd "$program"; done | grep 'not found' | sort -u | tr '\n' ' ')"
+  fi
+
+  rm -rf "$kit"
+  mkdir -p "$kit/data" "$kit/scripts" "$kit/bench"
+  echo "gpu_kit: packing ${#programs[@]} stripped binaries and $(ls "$stage/lib" "$stage/lib-fallback" | grep -c '\.so') libraries (xz -9; about 2 minutes on 2 cores)"
+  tar -C "$stage" -cf - bin lib lib-fallback | xz -9 -T1 >"$kit/$archive_name"
+  cp "$data"/*.gz "$kit/data/"
+  cp "$repo/scripts/check_torch_interop.py" "$repo/scripts/check_tensorboard.py" "$kit/scripts/"
+  cp "$repo/bench/compare_fashion.py" "$repo/bench/torch_fashion.py" "$kit/bench/"
+
+  # The GPU cases per test file, as the binary lists them; the test files.
+  local source test_name
+  : >"$kit/gpu_cases.tsv"
+  for source in "$repo"/tests/test_*.cpp; do
+    test_name="$(basename "$source" .cpp)"
+    echo "$test_name" >>"$kit/test_files.txt"
+    list_cases "$bin/kiln_tests" "--source-file=*/$test_name.cpp" '--test-case=*[gpu]*,*[gpu2]*' |
+      while IFS= read -r name; do printf '%s\t%s\n' "$test_name" "$name"; done >>"$kit/gpu_cases.tsv"
+  done
+  {
+    echo "commit: $(git -C "$repo" rev-parse HEAD 2>/dev/null || echo unknown)$(git -C "$repo" diff --quiet HEAD 2>/dev/null || echo ' (with uncommitted changes)')"
+    echo "packed: $(date -u '+%Y-%m-%d %H:%M:%S UTC') on $(hostname)"
+    echo "build: $build"
+    echo "binaries: $(ls "$stage/bin" | tr '\n' ' ')"
+    echo "libraries: $(ls "$stage/lib" | tr '\n' ' ')"
+    echo "fallback libraries: $(ls "$stage/lib-fallback" | tr '\n' ' ')"
+  } >"$kit/COMMIT"
+
+  local kit_kib tree_kib
+  kit_kib="$(du -sk "$kit" | cut -f1)"
+  # What travels: tracked files and untracked files that git does not ignore.
+  tree_kib="$(git -C "$repo" ls-files -z --cached --others --exclude-standard | (cd "$repo" && xargs -0 du -ck 2>/dev/null) | tail -n 1 | cut -f1)"
+  local total_mib=$(((kit_kib + tree_kib + 1023) / 1024))
+  echo "gpu_kit: kit $((kit_kib / 1024)) MiB ($(du -k "$kit/$archive_name" | cut -f1) KiB archive, $(grep -c . "$kit/gpu_cases.tsv") GPU cases) + working tree $((tree_kib / 1024)) MiB = $total_mib MiB (limit $max_travel_mib)"
+  [ "$total_mib" -le "$max_travel_mib" ] || die "pack: kit plus working tree is $total_mib MiB, over the $max_travel_mib MiB that may travel"
+  echo "gpu_kit: packed into $kit; on the GPU machine: carry [\".gpu-kit\"], run: bash scripts/gpu_kit.sh run"
+}
+
+# ==================================================================== shared by run and dry-run
+
+# unpack DEST: the archive into DEST (bin/, lib/, lib-fallback/).
+unpack() {
+  [ -f "$kit/$archive_name" ] || die "no kit at $kit: run 'bash scripts/gpu_kit.sh pack' on the CPU machine and carry .gpu-kit"
+  rm -rf "$1"
+  mkdir -p "$1"
+  xz -dc "$kit/$archive_name" | tar -C "$1" -xf -
+}
+
+now() { date +%s; }
+
+# ==================================================================== run
+
+# Folders with the CUDA libraries that torch loads there (pip's nvidia/*/lib), best first.
+cuda_library_dirs() {
+  local python dir package_dir
+  for python in "$torch_python" /opt/*/.venv/bin/python3 python3; do
+    command -v "$python" >/dev/null 2>&1 || continue
+    "$python" -c 'import site; print("\n".join(site.getsitepackages()))' 2>/dev/null || true
+  done | sort -u | while IFS= read -r dir; do
+    for package_dir in "$dir"/nvidia/*/lib; do [ -d "$package_dir" ] && echo "$package_dir"; done
+  done
+  for dir in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib /usr/local/cuda/extras/CUPTI/lib64; do
+    [ -d "$dir" ] && echo "$dir"
+  done
+  return 0
+}
+
+find_torch_python() {
+  local python
+  if [ -n "${KILN_TORCH_PYTHON:-}" ]; then echo "$KILN_TORCH_PYTHON"; return; fi
+  for python in /opt/*/.venv/bin/python3; do [ -x "$python" ] && { echo "$python"; return; }; done
+  echo python3
+}
+
+# Seconds left before the deadline, minus what packing the outputs needs.
+left() { echo $((deadline - $(now) - 20)); }
+# bounded CAP: the smaller of CAP and the time left (at least 1).
+bounded() {
+  local remaining
+  remaining="$(left)"
+  [ "$remaining" -lt "$1" ] && { [ "$remaining" -lt 1 ] && echo 1 || echo "$remaining"; } || echo "$1"
+}
+
+note() { echo "$*" | tee -a "$summary"; }
+# verdict STEP VERDICT DETAIL: one line of the step table.
+verdict() {
+  printf '| %s | %s | %s |\n' "$1" "$2" "$3" >>"$verdicts"
+  echo "gpu_kit: [$1] $2 $3"
+  [ "$2" = FAILED ] && failures=$((failures + 1))
+  return 0
+}
+
+# run_bounded LOG CAP COMMAND...: the command's exit status (124/137: out of time); output in LOG.
+run_bounded() {
+  local log="$1" cap="$2"
+  shift 2
+  local rc=0
+  timeout --kill-after=5 "$(bounded "$cap")" "$@" >>"$log" 2>&1 || rc=$?
+  return "$rc"
+}
+
+step_preflight() {
+  local log="$logs/preflight.log" rc=0
+  {
+    echo "== nvidia-smi"; nvidia-smi 2>&1 || true
+    echo "== compute-sanitizer: $(compute-sanitizer --version 2>&1 | tail -n 1 || echo 'not found')"
+    echo "== LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
+    echo "== ldd kiln_tests"; ldd "$bins/kiln_tests"
+  } >>"$log" 2>&1
+  device_line="$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | head -n 1 || true)"
+  [ -n "$device_line" ] || device_line="no GPU seen (nvidia-smi: $(command -v nvidia-smi || echo 'not found'))"
+  if ldd "$bins/kiln_tests" 2>&1 | grep -q 'not found'; then
+    verdict preflight FAILED "libraries not found: $(ldd "$bins/kiln_tests" 2>&1 | grep 'not found' | tr -s ' \t' ' ' | tr '\n' ';')"
+    return 0
+  fi
+  # One GPU case as a smoke test: it must run, not skip; the runtime reports why CUDA is unusable.
+  run_bounded "$log" 60 "$bins/kiln_tests" --no-version '--test-case=tensor: to(cuda) round trip [gpu]' --success=false || rc=$?
+  if [ "$rc" -ne 0 ] || grep -q 'SKIPPED' "$log"; then
+    verdict preflight FAILED "the smoke case did not pass (exit $rc): $(grep -m 3 -E 'SKIPPED|CUDA|ERROR|error' "$log" | tr '\n' ' ')"
+  else
+    verdict preflight ok "$device_line; $(grep -m 1 'compute-sanitizer' "$log" | sed 's/== //')"
+  fi
+}
+
+# The test files the tests/memcheck/racecheck steps cover.
+selected_test_files() {
+  if [ -n "$only_tests" ]; then
+    tr ', ' '\n\n' <<<"$only_tests" | sed '/^$/d; s/\.cpp$//; s#.*/##'
+  else
+    cat "$kit/test_files.txt"
+  fi
+}
+
+# The parallel worker of step_tests: one test file in its own process, ending by the epoch second END.
+run_test_file() {
+  local name="$1" end="$2" rc=0 cap
+  cap=$((end - $(date +%s)))
+  [ "$cap" -ge 1 ] || { echo 124 >"$logs/test_$name.rc"; echo "not started: out of time" >"$logs/test_$name.log"; return 0; }
+  timeout --kill-after=5 "$cap" "$bins/kiln_tests" "--source-file=*/$name.cpp" '--test-case-exclude=*[alone]*' \
+    --no-version --duration=true >"$logs/test_$name.log" 2>&1 || rc=$?
+  echo "$rc" >"$logs/test_$name.rc"
+}
+export -f run_test_file
+
+step_tests() {
+  local files=() name end
+  mapfile -t files < <(selected_test_files)
+  end=$(($(now) + $(bounded 180)))
+  export bins logs
+  printf '%s\n' "${files[@]}" | xargs -P "$test_jobs" -I{} bash -c "run_test_file {} $end"
+  # The cases marked [alone] (the one that fills the GPU to provoke a real
+  # out-of-memory error) by themselves, at the end.
+  local source_filter alone_rc=0
+  source_filter="$(printf '*/%s.cpp,' "${files[@]}")"
+  run_bounded "$logs/test_alone.log" 120 "$bins/kiln_tests" "--source-file=${source_filter%,}" '--test-case=*[alone]*' \
+    --no-version --duration=true || alone_rc=$?
+  echo "$alone_rc" >"$logs/test_alone.rc"
+  # Verdict: exit codes, skipped GPU cases, and every listed GPU case seen running.
+  local failed=() timed_out=() skipped ran_gpu=0 expected_gpu=0 missing=() file
+  for file in "$logs"/test_*.rc; do
+    name="$(basename "$file" .rc)"
+    case "$(cat "$file")" in
+      0) ;;
+      124 | 137) timed_out+=("${name#test_}") ;;
+      *) failed+=("${name#test_}") ;;
+    esac
+  done
+  skipped="$(cat "$logs"/test_*.log | grep -c 'SKIPPED (no GPU' || true)"
+  local test_name case_name
+  while IFS=$'\t' read -r test_name case_name; do
+    printf '%s\n' "${files[@]}" | grep -qx "$test_name" || continue
+    expected_gpu=$((expected_gpu + 1))
+    if cat "$logs/test_$test_name.log" "$logs/test_alone.log" 2>/dev/null | grep -qF "s: $case_name"; then
+      ran_gpu=$((ran_gpu + 1))
+    else
+      missing+=("$case_name")
+    fi
+  done <"$kit/gpu_cases.tsv"
+  {
+    [ $((${#failed[@]} + ${#timed_out[@]})) -eq 0 ] || { echo; echo "## Failing test files"; }
+    for name in "${failed[@]}" "${timed_out[@]}"; do
+      echo
+      echo "### $name ($(cat "$logs/test_$name.rc" 2>/dev/null || echo '?'))"
+      echo '```'
+      grep -E -m 40 -A 3 'TEST CASE:|ERROR:|FATAL ERROR|error:|Error|SKIPPED' "$logs/test_$name.log" | head -n 60
+      echo '```'
+    done
+    [ ${#missing[@]} -eq 0 ] || { echo; echo "GPU cases that did not report running: ${missing[*]}"; }
+  } >>"$details"
+  local detail="${#files[@]} files; GPU cases ran $ran_gpu of $expected_gpu; GPU skips $skipped"
+  [ ${#failed[@]} -eq 0 ] || detail="$detail; failed: ${failed[*]}"
+  [ ${#timed_out[@]} -eq 0 ] || detail="$detail; out of time: ${timed_out[*]}"
+  if [ ${#failed[@]} -gt 0 ] || [ ${#timed_out[@]} -gt 0 ] || { [ "$skipped" -gt 0 ] && [ "$rehearsal" -eq 0 ]; } ||
+    { [ "$ran_gpu" -lt "$expected_gpu" ] && [ "$rehearsal" -eq 0 ]; }; then
+    verdict tests FAILED "$detail"
+  else
+    verdict tests ok "$detail"
+  fi
+}
+
+step_bench() {
+  local bench rc out="$OUT/bench.md" ran=() step_end=$(($(now) + 120))  # the whole step: 2 minutes at most
+  echo "# kiln GPU benchmarks, $(date -u '+%Y-%m-%d'), $device_line, commit $commit" >"$out"
+  for bench in bench_kernels bench_gemm bench_optim bench_conv bench_checkpointing bench_dataloader; do
+    if [ "$(left)" -lt 15 ] || [ $((step_end - $(now))) -lt 10 ]; then not_run+=("bench: $bench"); continue; fi
+    rc=0
+    {
+      echo; echo "## $bench"; echo '```'
+    } >>"$out"
+    run_bounded "$out" $((step_end - $(now))) "$bins/$bench" || rc=$?
+    echo '```' >>"$out"
+    [ "$rc" -eq 0 ] && ran+=("$bench") || ran+=("$bench(exit $rc)")
+  done
+  if grep -q 'exit' <<<"${ran[*]}"; then verdict bench FAILED "${ran[*]}"; else verdict bench ok "${ran[*]}"; fi
+}
+
+step_compare() {
+  local out="$OUT/compare.md" rc=0 compile=()
+  [ "$with_compile" -eq 1 ] && compile=(--torch-compile)
+  if ! "$torch_python" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' >>"$logs/compare.log" 2>&1; then
+    verdict compare FAILED "$torch_python has no torch that sees the GPU (see compare.log)"
+    return 0
+  fi
+  local common=(--accelerator gpu --python "$torch_python" --kiln "$bins/bench_fashion" "${compile[@]}")
+  local cap=75
+  [ "$with_compile" -eq 1 ] && cap=200  # torch.compile from cold
+  run_bounded "$out" "$cap" env KILN_COMMIT="$commit" "$torch_python" "$kit/bench/compare_fashion.py" \
+    --model cnn --batch-size 64 --precision 16-mixed --limit-train-batches 600 "${common[@]}" || rc=$?
+  local rc2=0
+  run_bounded "$out" "$cap" env KILN_COMMIT="$commit" "$torch_python" "$kit/bench/compare_fashion.py" \
+    --model resnet9 --batch-size 512 --precision bf16-mixed --limit-train-batches 60 "${common[@]}" || rc2=$?
+  if [ "$rc" -eq 0 ] && [ "$rc2" -eq 0 ]; then
+    verdict compare ok "FashionCNN 16-mixed and ResNet-9 bf16-mixed against torch eager${compile:+ and torch.compile}"
+  else
+    verdict compare FAILED "FashionCNN exit $rc, ResNet-9 exit $rc2 (see compare.md)"
+  fi
+}
+
+step_train() {
+  local out="$OUT/train.md" rc=0 start
+  start="$(now)"
+  echo '```' >"$out"
+  run_bounded "$out" 300 "$bins/train_fashion" --accelerator gpu --default-root-dir "$work/runs" --enable-progress-bar false || rc=$?
+  echo '```' >>"$out"
+  echo "wall time: $(($(now) - start)) s, exit $rc" >>"$out"
+  if [ "$rc" -eq 0 ]; then
+    verdict train ok "$(grep -m 1 -i 'test accuracy\|test_acc' "$out" | tr -s ' ') in $(($(now) - start)) s"
+  else
+    verdict train FAILED "exit $rc after $(($(now) - start)) s (see train.md)"
+  fi
+}
+
+# step_sanitizer TOOL: compute-sanitizer over the GPU cases, file by file, the files whose GPU
+# cases took longest first (from the tests step), with the caching allocator off.
+step_sanitizer() {
+  local tool="$1" sanitizer
+  sanitizer="$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || true)"
+  [ -n "$sanitizer" ] || { verdict "$tool" FAILED "compute-sanitizer not found"; return 0; }
+  local files=() name
+  mapfile -t files < <(
+    selected_test_files | while IFS= read -r name; do
+      grep -q "^$name	" "$kit/gpu_cases.tsv" || continue
+      # The seconds its GPU cases took in the tests step (0 when unknown).
+      local seconds
+      seconds="$(grep -F '[gpu' "$logs/test_$name.log" 2>/dev/null | awk '$2 == "s:" {sum += $1} END {printf "%.3f", sum + 0}')"
+      echo "$seconds $name"
+    done | sort -rn | cut -d' ' -f2)
+  local ran=() errors=0 file_errors rc log
+  for name in "${files[@]}"; do
+    if [ "$(left)" -lt 20 ]; then not_run+=("$tool: $name"); continue; fi
+    log="$logs/${tool}_$name.log"
+    rc=0
+    KILN_NO_CUDA_MEMORY_CACHING=1 run_bounded "$log" 240 "$sanitizer" --tool "$tool" --error-exitcode 86 \
+      --report-api-errors no --print-limit 50 "$bins/kiln_tests" "--source-file=*/$name.cpp" \
+      '--test-case=*[gpu]*' '--test-case-exclude=*[alone]*' --no-version || rc=$?
+    file_errors="$(grep -m 1 -oE '(ERROR|RACECHECK) SUMMARY: [0-9]+' "$log" | grep -oE '[0-9]+$' || echo '?')"
+    case "$rc" in
+      124 | 137) ran+=("$name(out of time)"); errors=$((errors + 1)) ;;
+      0) ran+=("$name:$file_errors") ;;
+      *) ran+=("$name:$file_errors(exit $rc)"); errors=$((errors + 1))
+         { echo; echo "### $tool: $name (exit $rc)"; echo '```'; grep -m 30 -E '=========|ERROR' "$log"; echo '```'; } >>"$details" ;;
+    esac
+  done
+  if [ "$errors" -gt 0 ]; then verdict "$tool" FAILED "${ran[*]}"; else verdict "$tool" ok "${ran[*]:-nothing ran}"; fi
+}
+
+cmd_run() {
+  local steps=() 
+  only_tests=""
+  with_compile=0
+  rehearsal=0
+  local deadline_s=450
+  while [ $# -gt 0 ]; do
+    case "$1" in
+      --tests) only_tests="$2"; shift 2 ;;
+      --deadline) deadline_s="$2"; shift 2 ;;
+      --rehearsal) rehearsal=1; shift ;;  # dry-run's: no GPU expected, skips are not failures
+      preflight | tests | bench | compare | memcheck | racecheck | train) steps+=("$1"); shift ;;
+      compile) with_compile=1; steps+=(compare); shift ;;
+      *) die "run: unknown argument '$1' (steps: preflight tests bench compare memcheck racecheck compile train; --tests FILES, --deadline SECONDS)" ;;
+    esac
+  done
+  [ ${#steps[@]} -gt 0 ] || steps=(preflight tests bench compare memcheck)
+  deadline=$(($(now) + deadline_s))
+  OUT="${OUT:-/tmp/kiln-kit-out}"
+  mkdir -p "$OUT"
+  work="$(mktemp -d /tmp/kiln-kit.XXXXXX)"
+  logs="$work/logs"
+  mkdir -p "$logs"
+  summary="$work/summary-head.md"
+  verdicts="$work/verdicts.md"
+  details="$work/details.md"
+  : >"$summary"; : >"$verdicts"; : >"$details"
+  failures=0
+  not_run=()
+  device_line="no GPU seen"
+  commit="$(sed -n 's/^commit: //p' "$kit/COMMIT" 2>/dev/null || echo unknown)"
+
+  [ "$rehearsal" -eq 0 ] || trap 'rm -rf "$work"' EXIT
+  unpack "$work/kit"
+  bins="$work/kit/bin"
+  torch_python="$(find_torch_python)"
+  local dirs
+  dirs="$(cuda_library_dirs | tr '\n' ':')"
+  export LD_LIBRARY_PATH="${dirs}$work/kit/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  # The image's libstdc++/libgomp when they are recent enough; the kit's otherwise.
+  if ldd "$bins/kiln_tests" 2>&1 | grep -qE 'not found|version .* not found'; then
+    export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$work/kit/lib-fallback"
+    ldd "$bins/kiln_tests" 2>&1 | grep -q 'version .* not found' && export LD_LIBRARY_PATH="$work/kit/lib-fallback:$LD_LIBRARY_PATH"
+  fi
+  # Tests find the interop/TensorBoard scripts and the peer Python here.
+  export KILN_SOURCE_DIR="$kit"
+  "$torch_python" -c 'import torch' >/dev/null 2>&1 && export KILN_TORCH_PYTHON="$torch_python"
+  "$torch_python" -c 'import tensorboard' >/dev/null 2>&1 && export KILN_TENSORBOARD_PYTHON="$torch_python"
+  export OMP_WAIT_POLICY=passive OMP_NUM_THREADS=2
+  test_jobs=$(($(nproc) / 2))
+  [ "$test_jobs" -ge 1 ] || test_jobs=1
+  # Fashion-MNIST where kiln and torch_fashion.py look by default.
+  local data=/usr/share/datasets/fashion-mnist
+  if [ ! -f "$data/train-images-idx3-ubyte.gz" ]; then
+    mkdir -p "$data" 2>/dev/null && cp "$kit/data"/*.gz "$data/" 2>/dev/null ||
+      note "warning: could not install Fashion-MNIST into $data (not root?): the cases that read it fail"
+  fi
+
+  local step
+  for step in "${steps[@]}"; do
+    if [ "$(left)" -lt 10 ]; then not_run+=("step $step"); continue; fi
+    case "$step" in
+      preflight) step_preflight ;;
+      tests) step_tests ;;
+      bench) step_bench ;;
+      compare) step_compare ;;
+      train) step_train ;;
+      memcheck | racecheck) step_sanitizer "$step" ;;
+    esac
+  done
+
+  {
+    echo "# kiln GPU kit: $(date -u '+%Y-%m-%d %H:%M:%S UTC')"
+    echo
+    echo "- device: $device_line"
+    echo "- driver/runtime: $(nvidia-smi 2>/dev/null | grep -o 'Driver Version: [0-9.]*.*CUDA Version: [0-9.]*' | tr -s ' ' || echo 'nvidia-smi not found')"
+    echo "- kit: $(tr '\n' ';' <"$kit/COMMIT" | sed 's/;/; /g')"
+    echo "- steps: ${steps[*]}${only_tests:+ (tests: $only_tests)}; deadline ${deadline_s} s; used $((deadline_s - deadline + $(now))) s"
+    echo "- library path: $LD_LIBRARY_PATH"
+    echo
+    cat "$summary"
+    echo "| step | verdict | detail |"
+    echo "|---|---|---|"
+    cat "$verdicts"
+    echo
+    if [ ${#not_run[@]} -gt 0 ]; then echo "Not run for lack of time: ${not_run[*]}"; else echo "Everything asked for ran."; fi
+    cat "$details"
+  } >"$OUT/summary.md"
+  tar -C "$work" -cf - logs | xz -6 >"$OUT/logs.tar.xz"
+  echo "gpu_kit: summary in $OUT/summary.md; $failures step(s) failed"
+  [ "$failures" -eq 0 ]
+}
+
+# ==================================================================== dry-run
+
+cmd_dry_run() {
+  local scratch
+  scratch="$(mktemp -d /tmp/kiln-kit-dry.XXXXXX)"
+  trap 'rm -rf "$scratch"' RETURN
+  local start
+  start="$(now)"
+  unpack "$scratch"
+  local bins="$scratch/bin" program line problems=0
+  # Every library resolves, and the ones the kit carries resolve into the kit. The CUDA
+  # libraries come from this machine's toolkit here (from torch's venv there).
+  local path="$scratch/lib:/usr/local/cuda/lib64"
+  for program in "$bins"/*; do
+    while read -r line; do
+      echo "gpu_kit: dry-run: $(basename "$program"): $line" >&2
+      problems=$((problems + 1))
+    done < <(LD_LIBRARY_PATH="$path" ldd "$program" | awk -v kit="$scratch/lib/" '
+      /not found/ {print; next}
+      $2 == "=>" && $3 ~ /^\// && $1 ~ /^lib(gloo|hiredis|ibverbs|nl-)/ && index($3, kit) != 1 {print $1 " resolves outside the kit: " $3}')
+  done
+  [ "$problems" -eq 0 ] || die "dry-run: $problems library problems (above)"
+  # A few CPU test cases from the unpacked binary.
+  LD_LIBRARY_PATH="$path" "$bins/kiln_tests" --no-version --source-file='*/test_tensor.cpp' >"$scratch/tensor.log" 2>&1 ||
+    { cat "$scratch/tensor.log" >&2; die "dry-run: the unpacked kiln_tests failed test_tensor"; }
+  # The kit's data set is whole: a short training run reads it.
+  LD_LIBRARY_PATH="$path" "$bins/train_fashion" --fast-dev-run 2 --num-workers 0 --data-dir "$kit/data" \
+    --default-root-dir "$scratch/runs" >"$scratch/train.log" 2>&1 ||
+    { cat "$scratch/train.log" >&2; die "dry-run: train_fashion on the kit's data failed"; }
+  # The GPU cases: the sources, the binary and the kit's list agree.
+  local in_sources in_binary in_kit
+  in_sources="$(source_gpu_cases | grep -c . || true)"
+  in_binary="$(LD_LIBRARY_PATH="$path" list_cases "$bins/kiln_tests" '--test-case=*[gpu]*,*[gpu2]*' | grep -c . || true)"
+  in_kit="$(grep -c . "$kit/gpu_cases.tsv" || true)"
+  if [ "$in_sources" -ne "$in_binary" ] || [ "$in_binary" -ne "$in_kit" ]; then
+    diff <(source_gpu_cases) <(LD_LIBRARY_PATH="$path" list_cases "$bins/kiln_tests" '--test-case=*[gpu]*,*[gpu2]*' | sort) >&2 || true
+    die "dry-run: GPU cases: $in_sources in the sources, $in_binary in the binary, $in_kit in the kit's list"
+  fi
+  # The run step's own plumbing on two files, without a GPU (skips expected).
+  if ! OUT="$scratch/out" bash "$0" run tests --tests test_tensor,test_allocator --rehearsal --deadline 120 >"$scratch/run.log" 2>&1; then
+    cat "$scratch/run.log" "$scratch/out/summary.md" >&2 2>/dev/null || true
+    die "dry-run: 'run tests' failed in rehearsal"
+  fi
+  grep -q '| tests | ok |' "$scratch/out/summary.md" || { cat "$scratch/out/summary.md" >&2; die "dry-run: the rehearsal's summary has no tests verdict"; }
+  [ -s "$scratch/out/logs.tar.xz" ] || die "dry-run: the rehearsal wrote no logs.tar.xz"
+  echo "gpu_kit: dry-run ok in $(($(now) - start)) s: libraries resolve, test_tensor passes from the kit, train_fashion reads the kit's data, $in_binary GPU cases (sources = binary = kit list), the run step's plumbing works"
+}
+
+command="$1"
+shift
+case "$command" in
+  pack) cmd_pack "$@" ;;
+  run) cmd_run "$@" ;;
+  dry-run) cmd_dry_run "$@" ;;
+  *) die "unknown command '$command' (expected pack, dry-run or run)" ;;
+esac
