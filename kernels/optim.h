@@ -170,7 +170,7 @@ void average_update_cuda(DType param_dtype, const ListTensor* averages, const Li
 // momentum[g] likewise where the program sets momentum and momentum[g] is non-null.
 // base_lr (may be null, as may each base_lr[g]) overrides the program's base
 // lr of group g with a value read from memory (SWALR's lr at construction).
-// Arrays have program.n_groups entries.
+// Arrays have one entry per group of the program (program.groups.size()).
 void schedule_step_cpu(const ScheduleProgram& program, int64_t* last_epoch, const float* found_inf, bool advance,
                        double* const* lr, double* const* momentum, const double* const* base_lr);
 void schedule_step_cuda(const ScheduleProgram& program, int64_t* last_epoch, const float* found_inf, bool advance,

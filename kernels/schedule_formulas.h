@@ -6,18 +6,21 @@
 // documented formulas); where PyTorch's step() is recursive ("chainable") the
 // closed form here is its exact solution when nothing else changes the lr.
 // A ScheduleProgram is a sequence of formulas switched at milestones, like
-// SequentialLR: segment k runs its formula at (step - boundary[k-1]).
+// SequentialLR: segment k runs its formula at (step - boundary[k-1]). What
+// differs between parameter groups (their lrs and momenta) is kept apart from
+// the formulas, one ScheduleGroup per group, so the number of groups is not
+// bounded: the CUDA kernel takes one group per launch.
 #pragma once
 
 #include <math.h>
 
 #include <cstdint>
+#include <vector>
 
 #include "kernels/dtype.h"  // KILN_HOST_DEVICE
 
 namespace kiln::kernels {
 
-constexpr int kScheduleMaxGroups = 8;
 constexpr int kScheduleMaxMilestones = 32;
 constexpr int kScheduleMaxSegments = 4;
 
@@ -51,21 +54,34 @@ struct ScheduleFormula {
   double start_factor = 1.0, end_factor = 1.0;  // linear
   double eta_min = 0.0;                         // cosine, cosine_warm_restarts
   double pct_start = 0.3;                       // one_cycle
-  // Per parameter group. base_lr is the initial lr (one_cycle: max_lr /
-  // div_factor; cyclic: the lower bound); max_lr is one_cycle/cyclic's peak
-  // and swa's swa_lr; min_lr is one_cycle's final lr.
-  double base_lr[kScheduleMaxGroups] = {};
-  double max_lr[kScheduleMaxGroups] = {};
-  double min_lr[kScheduleMaxGroups] = {};
-  double base_momentum[kScheduleMaxGroups] = {};
-  double max_momentum[kScheduleMaxGroups] = {};
 };
 
-struct ScheduleProgram {
-  int32_t n_groups = 1;
+// One parameter group's values for one formula. base_lr is the initial lr
+// (one_cycle: max_lr / div_factor; cyclic: the lower bound); max_lr is
+// one_cycle/cyclic's peak and swa's swa_lr; min_lr is one_cycle's final lr.
+struct ScheduleGroupValues {
+  double base_lr = 0;
+  double max_lr = 0;
+  double min_lr = 0;
+  double base_momentum = 0;
+  double max_momentum = 0;
+};
+
+// A group's values in each segment (what one CUDA launch takes by value).
+struct ScheduleGroup {
+  ScheduleGroupValues segments[kScheduleMaxSegments];
+};
+
+// The formulas and where they switch: the same for every group.
+struct ScheduleSegments {
   int32_t n_segments = 1;
   int64_t boundaries[kScheduleMaxSegments - 1] = {};  // step where segment k+1 starts
   ScheduleFormula segments[kScheduleMaxSegments];
+};
+
+// Host side: the segments and one ScheduleGroup per parameter group.
+struct ScheduleProgram : ScheduleSegments {
+  std::vector<ScheduleGroup> groups;
 };
 
 struct ScheduleValue {
@@ -82,11 +98,11 @@ KILN_HOST_DEVICE inline double anneal(AnnealMode mode, double start, double end,
   return (end - start) * pct + start;
 }
 
-KILN_HOST_DEVICE inline ScheduleValue one_cycle(const ScheduleFormula& f, int g, int64_t step) {
+KILN_HOST_DEVICE inline ScheduleValue one_cycle(const ScheduleFormula& f, const ScheduleGroupValues& g, int64_t step) {
   // Phases as in OneCycleLR._schedule_phases: (end_step, start/end lr, start/end momentum).
   const double total = static_cast<double>(f.period);
-  const double initial = f.base_lr[g], peak = f.max_lr[g], final_lr = f.min_lr[g];
-  const double m_lo = f.base_momentum[g], m_hi = f.max_momentum[g];
+  const double initial = g.base_lr, peak = g.max_lr, final_lr = g.min_lr;
+  const double m_lo = g.base_momentum, m_hi = g.max_momentum;
   double end_step[3], lr_from[3], lr_to[3], m_from[3], m_to[3];
   int phases;
   if (f.three_phase) {
@@ -121,7 +137,7 @@ KILN_HOST_DEVICE inline ScheduleValue one_cycle(const ScheduleFormula& f, int g,
   return value;
 }
 
-KILN_HOST_DEVICE inline ScheduleValue cyclic(const ScheduleFormula& f, int g, int64_t step) {
+KILN_HOST_DEVICE inline ScheduleValue cyclic(const ScheduleFormula& f, const ScheduleGroupValues& g, int64_t step) {
   const double up = static_cast<double>(f.period), down = static_cast<double>(f.period2);
   const double total_size = up + down;
   const double step_ratio = up / total_size;
@@ -136,19 +152,20 @@ KILN_HOST_DEVICE inline ScheduleValue cyclic(const ScheduleFormula& f, int g, in
     default: scale = ::pow(f.gamma, t); break;  // exp_range scales by iterations
   }
   ScheduleValue value;
-  value.lr = f.base_lr[g] + (f.max_lr[g] - f.base_lr[g]) * scale_factor * scale;
-  value.momentum = f.max_momentum[g] - (f.max_momentum[g] - f.base_momentum[g]) * scale_factor * scale;
+  value.lr = g.base_lr + (g.max_lr - g.base_lr) * scale_factor * scale;
+  value.momentum = g.max_momentum - (g.max_momentum - g.base_momentum) * scale_factor * scale;
   value.has_momentum = f.cycle_momentum != 0;
   return value;
 }
 }  // namespace schedule_detail
 
-// The value of one formula at `step` for group g. base_override (when not NaN)
-// replaces f.base_lr[g] (SWALR anneals from the lr found at its construction).
-KILN_HOST_DEVICE inline ScheduleValue schedule_formula_value(const ScheduleFormula& f, int g, int64_t step,
-                                                             double base_override) {
+// The value of one formula at `step` for a group with values g. base_override
+// (when not NaN) replaces g.base_lr (SWALR anneals from the lr found at its
+// construction).
+KILN_HOST_DEVICE inline ScheduleValue schedule_formula_value(const ScheduleFormula& f, const ScheduleGroupValues& g,
+                                                             int64_t step, double base_override) {
   using namespace schedule_detail;
-  const double base = ::isnan(base_override) ? f.base_lr[g] : base_override;
+  const double base = ::isnan(base_override) ? g.base_lr : base_override;
   ScheduleValue value;
   switch (f.kind) {
     case ScheduleKind::constant: value.lr = base; break;
@@ -196,19 +213,20 @@ KILN_HOST_DEVICE inline ScheduleValue schedule_formula_value(const ScheduleFormu
       double t = static_cast<double>(s) / static_cast<double>(f.period > 1 ? f.period : 1);
       t = t < 0.0 ? 0.0 : (t > 1.0 ? 1.0 : t);
       const double alpha = f.anneal == AnnealMode::cos ? (1.0 - ::cos(kPi * t)) / 2.0 : t;
-      value.lr = f.max_lr[g] * alpha + base * (1.0 - alpha);
+      value.lr = g.max_lr * alpha + base * (1.0 - alpha);
       break;
     }
   }
   return value;
 }
 
-KILN_HOST_DEVICE inline ScheduleValue schedule_program_value(const ScheduleProgram& program, int g, int64_t step,
+KILN_HOST_DEVICE inline ScheduleValue schedule_program_value(const ScheduleSegments& program,
+                                                             const ScheduleGroup& group, int64_t step,
                                                              double base_override) {
   int k = 0;
   while (k + 1 < program.n_segments && step >= program.boundaries[k]) ++k;
   const int64_t local = k == 0 ? step : step - program.boundaries[k - 1];
-  return schedule_formula_value(program.segments[k], g, local, base_override);
+  return schedule_formula_value(program.segments[k], group.segments[k], local, base_override);
 }
 
 }  // namespace kiln::kernels

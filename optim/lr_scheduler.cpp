@@ -20,11 +20,12 @@ using kernels::ScheduleProgram;
 // A one-segment program with each group's configured lr as its base.
 ScheduleProgram base_program(const Optimizer& optimizer, ScheduleKind kind) {
   ScheduleProgram program;
-  program.n_groups = static_cast<int32_t>(optimizer.num_groups());
   program.n_segments = 1;
-  ScheduleFormula& f = program.segments[0];
-  f.kind = kind;
-  for (int64_t g = 0; g < optimizer.num_groups(); ++g) f.base_lr[g] = optimizer.group_options(g).lr;
+  program.segments[0].kind = kind;
+  program.groups.resize(static_cast<size_t>(optimizer.num_groups()));
+  for (int64_t g = 0; g < optimizer.num_groups(); ++g) {
+    program.groups[static_cast<size_t>(g)].segments[0].base_lr = optimizer.group_options(g).lr;
+  }
   return program;
 }
 
@@ -225,11 +226,12 @@ OneCycleLR::OneCycleLR(Optimizer& optimizer, const OneCycleLROptions& o)
                     f.three_phase = o.three_phase;
                     f.cycle_momentum = o.cycle_momentum;
                     for (size_t g = 0; g < max_lr.size(); ++g) {
-                      f.base_lr[g] = max_lr[g] / o.div_factor;
-                      f.max_lr[g] = max_lr[g];
-                      f.min_lr[g] = f.base_lr[g] / o.final_div_factor;
-                      f.base_momentum[g] = o.base_momentum;
-                      f.max_momentum[g] = o.max_momentum;
+                      kernels::ScheduleGroupValues& v = p.groups[g].segments[0];
+                      v.base_lr = max_lr[g] / o.div_factor;
+                      v.max_lr = max_lr[g];
+                      v.min_lr = v.base_lr / o.final_div_factor;
+                      v.base_momentum = o.base_momentum;
+                      v.max_momentum = o.max_momentum;
                     }
                     return p;
                   }(),
@@ -255,10 +257,11 @@ CyclicLR::CyclicLR(Optimizer& optimizer, const CyclicLROptions& o)
                     f.gamma = o.gamma;
                     f.cycle_momentum = o.cycle_momentum;
                     for (size_t g = 0; g < base.size(); ++g) {
-                      f.base_lr[g] = base[g];
-                      f.max_lr[g] = max_lr[g];
-                      f.base_momentum[g] = o.base_momentum;
-                      f.max_momentum[g] = o.max_momentum;
+                      kernels::ScheduleGroupValues& v = p.groups[g].segments[0];
+                      v.base_lr = base[g];
+                      v.max_lr = max_lr[g];
+                      v.base_momentum = o.base_momentum;
+                      v.max_momentum = o.max_momentum;
                     }
                     return p;
                   }(),
@@ -274,7 +277,7 @@ SWALR::SWALR(Optimizer& optimizer, std::vector<double> swa_lr, int64_t anneal_ep
                     f.period = anneal_epochs;
                     f.anneal = anneal_strategy == AnnealStrategy::cos ? kernels::AnnealMode::cos
                                                                       : kernels::AnnealMode::linear;
-                    for (size_t g = 0; g < target.size(); ++g) f.max_lr[g] = target[g];
+                    for (size_t g = 0; g < target.size(); ++g) p.groups[g].segments[0].max_lr = target[g];
                     return p;
                   }(),
                   "SWALR", /*base_from_device=*/true) {}
@@ -300,6 +303,9 @@ SequentialLR::SequentialLR(Optimizer& optimizer, const std::vector<const LRSched
                       KILN_CHECK(s.program().n_segments == 1 && s.name() != "SWALR", "SequentialLR: scheduler ", k,
                                  " (", s.name(), ") cannot be nested");
                       p.segments[k] = s.program().segments[0];
+                      for (size_t g = 0; g < p.groups.size(); ++g) {
+                        p.groups[g].segments[k] = s.program().groups[g].segments[0];
+                      }
                       if (k > 0) p.boundaries[k - 1] = milestones[k - 1];
                     }
                     return p;

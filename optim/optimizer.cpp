@@ -68,8 +68,7 @@ int64_t saved_step_count(const Tensor& saved, const std::string& what) {
 
 Optimizer::Optimizer(std::vector<ParamGroup> groups, const GroupOptions& defaults, const char* kind) {
   KILN_CHECK(!groups.empty(), kind, ": no parameter groups were given");
-  KILN_CHECK(static_cast<int>(groups.size()) <= kernels::kScheduleMaxGroups, kind, ": ", groups.size(),
-             " parameter groups (at most ", kernels::kScheduleMaxGroups, " are supported)");
+
   std::set<const TensorImpl*> seen;
   bool have_device = false;
   for (size_t g = 0; g < groups.size(); ++g) {

@@ -146,12 +146,13 @@ TEST_CASE("CosineAnnealingWarmRestarts: a period beyond int64 is the last one, n
   f.kind = kernels::ScheduleKind::cosine_warm_restarts;
   f.period = int64_t{1} << 30;
   f.period2 = (int64_t{1} << 40) + 1;  // T_1 = 2^70 + 2^30 wraps to 2^30 in int64
-  f.base_lr[0] = 1.0;
+  kernels::ScheduleGroupValues group;
+  group.base_lr = 1.0;
   const int64_t step = (int64_t{1} << 30) + (int64_t{1} << 29);
   // T_cur = 2^29 into a period of ~2^70: the lr has barely left base_lr (a wrapped T_1 gives the midpoint 0.5).
   const double expected = (1.0 + std::cos(kPi * std::ldexp(1.0, 29) / (std::ldexp(1.0, 70) + std::ldexp(1.0, 30)))) / 2;
-  CHECK(kernels::schedule_formula_value(f, 0, step, std::nan("")).lr == doctest::Approx(expected).epsilon(1e-15));
-  CHECK(kernels::schedule_formula_value(f, 0, step, std::nan("")).lr > 0.999);
+  CHECK(kernels::schedule_formula_value(f, group, step, std::nan("")).lr == doctest::Approx(expected).epsilon(1e-15));
+  CHECK(kernels::schedule_formula_value(f, group, step, std::nan("")).lr > 0.999);
 }
 
 TEST_CASE("OneCycleLR at steps 0, 29, 30, 99 of 100, with momentum cycling") {
@@ -393,6 +394,38 @@ TEST_CASE("scheduler errors name the scheduler") {
 }
 
 // ---------------------------------------------------------------- GPU
+namespace {
+// An SGD with `count` parameter groups, group g with lr 0.01 * (g + 1).
+std::unique_ptr<SGD> many_groups(int count, std::vector<Tensor>& params, Device device = Device::cpu()) {
+  std::vector<ParamGroup> groups(static_cast<size_t>(count));
+  for (int g = 0; g < count; ++g) {
+    params.push_back(zeros({2}, {.device = device}).requires_grad_());
+    groups[static_cast<size_t>(g)].params = {params.back()};
+    groups[static_cast<size_t>(g)].lr = 0.01 * (g + 1);
+  }
+  return std::make_unique<SGD>(groups, SGDOptions{.lr = 0.1, .momentum = 0.9});
+}
+}  // namespace
+
+TEST_CASE("schedules and optimizers take any number of parameter groups (a GPT's 2, a layer-wise 30)") {
+  std::vector<Tensor> params;
+  std::unique_ptr<SGD> sgd = many_groups(30, params);
+  std::vector<double> max_lr(30);
+  for (int g = 0; g < 30; ++g) max_lr[static_cast<size_t>(g)] = 0.1 * (g + 1);
+  OneCycleLR warmup(*sgd, {.max_lr = max_lr, .total_steps = 20});
+  CosineAnnealingLR cosine(*sgd, 10);
+  SequentialLR schedule(*sgd, {&warmup, &cosine}, {20});
+  for (int t = 0; t < 25; ++t) schedule.step();
+  // Step 25 is step 5 of the cosine, which anneals each group's own base lr (its configured lr).
+  for (int g = 0; g < 30; ++g) {
+    const double base = 0.01 * (g + 1);
+    CHECK(sgd->lr(g).item<double>() == doctest::Approx(base * (1 + std::cos(kPi * 5 / 10)) / 2).epsilon(1e-12));
+  }
+  for (Tensor& p : params) p.set_grad(ones({2}));
+  sgd->step();
+  CHECK(params[29].to_vector<float>()[0] == doctest::Approx(-sgd->lr(29).item<double>()).epsilon(1e-6));
+}
+
 TEST_CASE("schedules on CUDA match the CPU and do not synchronize [gpu]") {
   KILN_REQUIRE_GPU();
   Fixture cpu, gpu(Device::cuda());
@@ -409,4 +442,15 @@ TEST_CASE("schedules on CUDA match the CPU and do not synchronize [gpu]") {
     CHECK(gpu.lr(g) == doctest::Approx(cpu.lr(g)).epsilon(1e-14));
     CHECK(gpu.momentum(g) == doctest::Approx(cpu.momentum(g)).epsilon(1e-14));
   }
+  // More groups than one launch's parameters could once hold: one launch per group.
+  std::vector<Tensor> cpu_params, gpu_params;
+  std::unique_ptr<SGD> cpu_sgd = many_groups(12, cpu_params), gpu_sgd = many_groups(12, gpu_params, Device::cuda());
+  std::vector<double> max_lr(12, 0.5);
+  OneCycleLR many_cpu(*cpu_sgd, {.max_lr = max_lr, .total_steps = 50});
+  OneCycleLR many_gpu(*gpu_sgd, {.max_lr = max_lr, .total_steps = 50});
+  for (int k = 0; k < 17; ++k) {
+    many_cpu.step();
+    many_gpu.step();
+  }
+  for (int g = 0; g < 12; ++g) CHECK(gpu_sgd->lr(g).item<double>() == doctest::Approx(cpu_sgd->lr(g).item<double>()).epsilon(1e-14));
 }

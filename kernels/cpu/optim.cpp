@@ -443,9 +443,9 @@ void average_update_cpu(DType param_dtype, const ListTensor* averages, const Lis
 void schedule_step_cpu(const ScheduleProgram& program, int64_t* last_epoch, const float* found_inf, bool advance,
                        double* const* lr, double* const* momentum, const double* const* base_lr) {
   if (advance && !skipped(found_inf)) ++*last_epoch;
-  for (int g = 0; g < program.n_groups; ++g) {
+  for (size_t g = 0; g < program.groups.size(); ++g) {
     const double base = base_lr != nullptr && base_lr[g] != nullptr ? *base_lr[g] : NAN;
-    const ScheduleValue value = schedule_program_value(program, g, *last_epoch, base);
+    const ScheduleValue value = schedule_program_value(program, program.groups[g], *last_epoch, base);
     *lr[g] = value.lr;
     if (value.has_momentum && momentum != nullptr && momentum[g] != nullptr) *momentum[g] = value.momentum;
   }

@@ -409,22 +409,21 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // ---------------------------------------------------------------- schedules
-struct ScheduleTargets {
-  double* lr[kScheduleMaxGroups];
-  double* momentum[kScheduleMaxGroups];
-  const double* base_lr[kScheduleMaxGroups];
+// One launch per parameter group (the first advances the step), so the
+// number of groups is not bounded by what a launch's parameters can hold.
+struct ScheduleTarget {
+  double* lr;
+  double* momentum;       // may be null
+  const double* base_lr;  // may be null
 };
 
-__global__ void schedule_kernel(const __grid_constant__ ScheduleProgram program, ScheduleTargets targets,
-                                int64_t* last_epoch, const float* found_inf, bool advance) {
+__global__ void schedule_kernel(const __grid_constant__ ScheduleSegments program, const ScheduleGroup group,
+                                ScheduleTarget target, int64_t* last_epoch, const float* found_inf, bool advance) {
   if (advance && !skip_step(found_inf)) ++*last_epoch;
-  const int64_t step = *last_epoch;
-  for (int g = 0; g < program.n_groups; ++g) {
-    const double base = targets.base_lr[g] != nullptr ? *targets.base_lr[g] : NAN;
-    const ScheduleValue value = schedule_program_value(program, g, step, base);
-    *targets.lr[g] = value.lr;
-    if (value.has_momentum && targets.momentum[g] != nullptr) *targets.momentum[g] = value.momentum;
-  }
+  const double base = target.base_lr != nullptr ? *target.base_lr : NAN;
+  const ScheduleValue value = schedule_program_value(program, group, *last_epoch, base);
+  *target.lr = value.lr;
+  if (value.has_momentum && target.momentum != nullptr) *target.momentum = value.momentum;
 }
 
 template <typename Fn>
@@ -544,16 +543,15 @@ void average_update_cuda(DType param_dtype, const ListTensor* averages, const Li
 void schedule_step_cuda(const ScheduleProgram& program, int64_t* last_epoch, const float* found_inf, bool advance,
                         double* const* lr, double* const* momentum, const double* const* base_lr,
                         cuda::Stream stream) {
-  KILN_CHECK(program.n_groups >= 1 && program.n_groups <= kScheduleMaxGroups, "lr schedule: ", program.n_groups,
-             " parameter groups (at most ", kScheduleMaxGroups, ")");
-  ScheduleTargets targets = {};
-  for (int g = 0; g < program.n_groups; ++g) {
-    targets.lr[g] = lr[g];
-    targets.momentum[g] = momentum != nullptr ? momentum[g] : nullptr;
-    targets.base_lr[g] = base_lr != nullptr ? base_lr[g] : nullptr;
+  KILN_CHECK(!program.groups.empty(), "lr schedule: a program without parameter groups");
+  const ScheduleSegments& segments = program;
+  for (size_t g = 0; g < program.groups.size(); ++g) {
+    const ScheduleTarget target{lr[g], momentum != nullptr ? momentum[g] : nullptr,
+                                base_lr != nullptr ? base_lr[g] : nullptr};
+    schedule_kernel<<<1, 1, 0, as_cuda(stream)>>>(segments, program.groups[g], target, last_epoch, found_inf,
+                                                  advance && g == 0);
+    cuda::check_last_launch("lr_schedule_step");
   }
-  schedule_kernel<<<1, 1, 0, as_cuda(stream)>>>(program, targets, last_epoch, found_inf, advance);
-  cuda::check_last_launch("lr_schedule_step");
 }
 
 }  // namespace kiln::kernels
