@@ -67,6 +67,12 @@ Tensor batch_norm_relu(const Tensor& x, const Tensor& running_mean, const Tensor
 // end with); weight and bias (normalized_shape) may be undefined.
 Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight = Tensor(),
                   const Tensor& bias = Tensor(), double eps = 1e-5);
+// x / sqrt(mean(x^2 over the trailing dims normalized_shape) + eps) * weight
+// (torch.nn.functional.rms_norm); eps defaults to the dtype's machine epsilon
+// (torch's None), weight (normalized_shape) may be undefined. Composed of
+// differentiable ops, computed in float32 for 16-bit inputs.
+Tensor rms_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight = Tensor(),
+                std::optional<double> eps = std::nullopt);
 
 // ---------------------------------------------------------------- pooling
 // x (N, C, H, W) or (C, H, W). stride defaults to kernel. Padding is at most
@@ -79,5 +85,21 @@ Tensor avg_pool2d(const Tensor& x, Size2 kernel, std::optional<Size2> stride = s
                   bool count_include_pad = true);
 // Output (N, C, OH, OW); cell (i, j) averages rows [floor(i*H/OH), ceil((i+1)*H/OH)) and likewise columns.
 Tensor adaptive_avg_pool2d(const Tensor& x, Size2 output_size);
+
+// ---------------------------------------------------------------- attention
+// torch.nn.functional.scaled_dot_product_attention: query (..., L, E), key
+// (..., S, E), value (..., S, Ev) with the same batch dims; output (..., L, Ev)
+// = softmax(query key^T * scale + mask) value, scale 1/sqrt(E) by default.
+// attn_mask broadcasts to (..., L, S): bool (true = may attend) or floating
+// (added to the scores). is_causal masks key j > query i (tril(ones(L, S)));
+// it cannot be combined with attn_mask. dropout_p drops probabilities (always,
+// as torch's functional form does; modules pass 0 in eval). A row with no
+// allowed key is zeros (torch >= 2.5). Fused kernels (flash-style on CUDA,
+// tiled on the CPU; the L x S matrix is never stored) unless Ev != E, the mask
+// needs a gradient, or CUDA lacks the head dim / dtype (float64; E other than
+// 32, 64, 96, 128): then matmul + softmax. Does not synchronize.
+Tensor scaled_dot_product_attention(const Tensor& query, const Tensor& key, const Tensor& value,
+                                    const Tensor& attn_mask = Tensor(), double dropout_p = 0.0,
+                                    bool is_causal = false, std::optional<double> scale = std::nullopt);
 
 }  // namespace kiln

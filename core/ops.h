@@ -40,6 +40,8 @@ Tensor gelu(const Tensor& x, const std::string& approximate = "none");
 Tensor silu(const Tensor& x);
 Tensor sigmoid(const Tensor& x);
 Tensor tanh(const Tensor& x);
+Tensor sin(const Tensor& x);
+Tensor cos(const Tensor& x);
 Tensor clamp(const Tensor& x, std::optional<double> min, std::optional<double> max);
 // condition (bool) ? a : b, broadcasting all three.
 Tensor where(const Tensor& condition, const Tensor& a, const Tensor& b);
@@ -79,6 +81,13 @@ Tensor argmax(const Tensor& x, int64_t dim, bool keepdim = false);
 Tensor norm(const Tensor& x, double p = 2.0, const std::vector<int64_t>& dims = {}, bool keepdim = false);
 // One bool: every element is finite.
 Tensor all(const Tensor& x);
+// Running sum along dim (torch.cumsum); integer and bool inputs give int64.
+// The gradient is the reversed running sum of the gradient.
+Tensor cumsum(const Tensor& x, int64_t dim);
+// The k largest (largest = false: smallest) values along dim, in order, with
+// their int64 indices (torch.topk, sorted = true). Ties go to the lower index;
+// NaN counts as the largest value. Gradients flow to the chosen elements.
+ValuesIndices topk(const Tensor& x, int64_t k, int64_t dim = -1, bool largest = true);
 
 // ---------------------------------------------------------------- linear algebra
 // (.., n, k) @ (.., k, m) with batch broadcasting; 1-D operands as in torch.matmul.
@@ -106,6 +115,13 @@ Tensor nll_loss(const Tensor& log_probs, const Tensor& target, const Tensor& wei
 // ---------------------------------------------------------------- indexing
 Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index);
 Tensor gather(const Tensor& x, int64_t dim, const Tensor& index);
+// x where the bool mask (broadcast to x's shape) is false, `value` where it is
+// true (torch.Tensor.masked_fill); the gradient flows where the mask is false.
+Tensor masked_fill(const Tensor& x, const Tensor& mask, double value);
+// The lower (tril) or upper (triu) triangle of the last two dims, zeros
+// elsewhere: tril keeps col - row <= diagonal, triu col - row >= diagonal.
+Tensor tril(const Tensor& x, int64_t diagonal = 0);
+Tensor triu(const Tensor& x, int64_t diagonal = 0);
 // A copy of x with src added at index along dim (out-of-place scatter_add).
 Tensor scatter_add(const Tensor& x, int64_t dim, const Tensor& index, const Tensor& src);
 // Rows of weight (num, dim) for integer indices of any shape.
@@ -122,6 +138,13 @@ std::vector<Tensor> chunk(const Tensor& x, int64_t chunks, int64_t dim = 0);
 // Zeroes each element with probability p and scales the rest by 1/(1-p); the
 // mask is drawn in the kernel from the default generator (Philox).
 Tensor dropout(const Tensor& x, double p, bool training = true);
+// num_samples int64 indices per row of probs (1-D, or 2-D rows), drawn with
+// weights proportional to the row (torch.multinomial): without replacement by
+// an exponential race (Gumbel-top-k), with replacement one race per sample.
+// Refuses rows with a negative, infinite or NaN weight or a zero sum, and more
+// samples than nonzero weights without replacement; those checks read the
+// device (one synchronization per call).
+Tensor multinomial(const Tensor& probs, int64_t num_samples, bool replacement = false);
 
 // ---------------------------------------------------------------- operators
 Tensor operator+(const Tensor& a, const Tensor& b);

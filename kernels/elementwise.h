@@ -40,6 +40,8 @@ enum class UnaryOp : uint8_t {
   silu,
   sigmoid,
   tanh,
+  sin,
+  cos,
   // predicates (bool output); integer inputs compare with s0 in float64
   isfinite,
   eq_scalar,

@@ -33,6 +33,10 @@ KILN_HOST_DEVICE inline float erf(float x) { return ::erff(x); }
 KILN_HOST_DEVICE inline double erf(double x) { return ::erf(x); }
 KILN_HOST_DEVICE inline float tanh(float x) { return ::tanhf(x); }
 KILN_HOST_DEVICE inline double tanh(double x) { return ::tanh(x); }
+KILN_HOST_DEVICE inline float sin(float x) { return ::sinf(x); }
+KILN_HOST_DEVICE inline double sin(double x) { return ::sin(x); }
+KILN_HOST_DEVICE inline float cos(float x) { return ::cosf(x); }
+KILN_HOST_DEVICE inline double cos(double x) { return ::cos(x); }
 #if defined(__CUDA_ARCH__)
 __device__ inline float rsqrt(float x) { return ::rsqrtf(x); }
 __device__ inline double rsqrt(double x) { return ::rsqrt(x); }
@@ -146,6 +150,12 @@ struct Sigmoid {
 };
 struct Tanh {
   template <typename C, typename S> KILN_HOST_DEVICE C operator()(C x, S, S) const { return math::tanh(x); }
+};
+struct Sin {
+  template <typename C, typename S> KILN_HOST_DEVICE C operator()(C x, S, S) const { return math::sin(x); }
+};
+struct Cos {
+  template <typename C, typename S> KILN_HOST_DEVICE C operator()(C x, S, S) const { return math::cos(x); }
 };
 struct IsFinite {
   template <typename C, typename S> KILN_HOST_DEVICE bool operator()(C x, S, S) const {
@@ -361,6 +371,8 @@ void dispatch_unary(UnaryOp op, DType dtype, double s0, double s1, Launch&& laun
     case UnaryOp::silu: return unary_with<Silu, K::floating, false>(dtype, name, s0, s1, launch);
     case UnaryOp::sigmoid: return unary_with<Sigmoid, K::floating, false>(dtype, name, s0, s1, launch);
     case UnaryOp::tanh: return unary_with<Tanh, K::floating, false>(dtype, name, s0, s1, launch);
+    case UnaryOp::sin: return unary_with<Sin, K::floating, false>(dtype, name, s0, s1, launch);
+    case UnaryOp::cos: return unary_with<Cos, K::floating, false>(dtype, name, s0, s1, launch);
     case UnaryOp::isfinite: return unary_with<IsFinite, K::all, true>(dtype, name, s0, s1, launch);
     case UnaryOp::eq_scalar: return unary_with<EqScalar, K::all, true>(dtype, name, s0, s1, launch);
     case UnaryOp::gt_scalar: return unary_with<GtScalar, K::all, true>(dtype, name, s0, s1, launch);

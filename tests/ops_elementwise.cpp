@@ -116,6 +116,8 @@ std::vector<OpInfo> elementwise_op_infos() {
   rows.push_back(unary_row("silu", [](const Tensor& x) { return silu(x); }));
   rows.push_back(unary_row("sigmoid", [](const Tensor& x) { return sigmoid(x); }));
   rows.push_back(unary_row("tanh", [](const Tensor& x) { return tanh(x); }));
+  rows.push_back(unary_row("sin", [](const Tensor& x) { return sin(x); }));
+  rows.push_back(unary_row("cos", [](const Tensor& x) { return cos(x); }));
   rows.push_back(unary_row("clamp", [](const Tensor& x) { return clamp(x, -0.5, 0.75); }));
   rows.push_back(unary_row("clamp min_only", [](const Tensor& x) { return clamp(x, 0.25, std::nullopt); }));
   // --- where: a bool condition (first input) and two values
@@ -132,6 +134,20 @@ std::vector<OpInfo> elementwise_op_infos() {
       inputs[0] = gt(inputs[0], 0.0);
       return inputs;
     };
+    rows.push_back(std::move(row));
+  }
+  // --- masked_fill: the input and a bool mask that broadcasts to it
+  {
+    OpInfo row;
+    row.name = "masked_fill";
+    row.fn = [](const Inputs& in) { return masked_fill(in[0], in[1], -1.5); };
+    row.samples = {{{{4, 5}, {4, 5}}, "same shape"}, {{{2, 3, 5}, {3, 1}}, "broadcast mask"}, {{{0, 3}, {3}}, "empty"}};
+    row.make_inputs = [](const OpSample& sample, DType dtype, uint64_t seed) {
+      Inputs inputs = mapped_inputs(sample, dtype, seed, [](double v) { return v; });
+      inputs[1] = gt(inputs[1], 0.0);
+      return inputs;
+    };
+    row.grad_inputs = {0};
     rows.push_back(std::move(row));
   }
   // --- comparisons (no gradient)

@@ -90,6 +90,13 @@ std::vector<OpInfo> nn_op_infos() {
   rows.push_back(row("layer_norm two dims no affine",
                      [](const std::vector<Tensor>& in) { return layer_norm(in[0], {4, 5}); },
                      {{{{3, 4, 5}}, "(3, 4, 5) over (4, 5)"}}));
+  // ---- rms_norm
+  rows.push_back(row("rms_norm last dim",
+                     [](const std::vector<Tensor>& in) { return rms_norm(in[0], {6}, in[1], 1e-6); },
+                     {{{{3, 4, 6}, {6}}, "(3, 4, 6) over (6), weight"}}));
+  rows.push_back(row("rms_norm two dims default eps",
+                     [](const std::vector<Tensor>& in) { return rms_norm(in[0], {4, 5}); },
+                     {{{{3, 4, 5}}, "(3, 4, 5) over (4, 5)"}}));
   // ---- pooling
   rows.push_back(row("max_pool2d 2x2", [](const std::vector<Tensor>& in) { return max_pool2d(in[0], 2); },
                      {{{{2, 3, 6, 8}}, "non-overlapping"}, {{{2, 2, 7, 9}}, "odd size (floor)"}}));

@@ -73,6 +73,14 @@ std::vector<OpInfo> reduction_op_infos() {
   rows.push_back(row("norm pinf", [inf](const Tensor& x) { return norm(x, inf, {1}); }, {k2d, k3d}));
   rows.push_back(row("norm p3_dims", [](const Tensor& x) { return norm(x, 3.0, {0, 2}, true); }, {k3d}));
   rows.push_back(row("norm p2_middle_dim", [](const Tensor& x) { return norm(x, 2.0, {1}); }, {k3d}));
+  // --- cumsum
+  rows.push_back(row("cumsum last_dim", [](const Tensor& x) { return cumsum(x, -1); }, {k2d, k3d, kOdd, kEmptyRows, kScalar}));
+  rows.push_back(row("cumsum dim0", [](const Tensor& x) { return cumsum(x, 0); }, {k2d, k3d, kEmptyRows}));
+  // --- topk (values; the indices come from the same kernel and gather the values)
+  rows.push_back(row("topk last_dim", [](const Tensor& x) { return topk(x, 3, -1).values; },
+                     {k2d, {{{3, 1031}}, "odd rows (3,1031)"}}));
+  rows.push_back(row("topk smallest dim1", [](const Tensor& x) { return topk(x, 2, 1, /*largest=*/false).values; },
+                     {k3d}));
   return rows;
 }
 

@@ -50,6 +50,11 @@ std::vector<OpInfo> shape_op_infos() {
                      {{{{3, 8}}, "2-d"}, {{{2, 3, 8}}, "3-d"}}));
   rows.push_back(row("chunk", [](const Inputs& in) { return weighted_cat(chunk(in[0], 3, 1), 1); },
                      {{{{5, 7}}, "uneven last piece"}, {{{2, 6}}, "even"}, {{{3, 2}}, "fewer pieces than chunks"}}));
+  rows.push_back(row("tril", [](const Inputs& in) { return tril(in[0]); },
+                     {{{{4, 5}}, "(4,5)"}, {{{2, 5, 3}}, "batch (2,5,3)"}, {{{0, 3}}, "empty"}}));
+  rows.push_back(row("tril diagonal -1", [](const Inputs& in) { return tril(in[0], -1); }, {{{{5, 4}}, "(5,4)"}}));
+  rows.push_back(row("triu", [](const Inputs& in) { return triu(in[0]); }, {{{{4, 5}}, "(4,5)"}, {{{2, 5, 3}}, "batch"}}));
+  rows.push_back(row("triu diagonal 2", [](const Inputs& in) { return triu(in[0], 2); }, {{{{3, 6}}, "(3,6)"}}));
   return rows;
 }
 

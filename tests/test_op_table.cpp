@@ -16,7 +16,7 @@ namespace {
 std::vector<OpInfo> all_rows() {
   std::vector<OpInfo> rows;
   for (auto family : {elementwise_op_infos, reduction_op_infos, linalg_op_infos, softmax_op_infos,
-                      indexing_op_infos, shape_op_infos, view_op_infos, nn_op_infos}) {
+                      indexing_op_infos, shape_op_infos, view_op_infos, nn_op_infos, attention_op_infos}) {
     for (OpInfo& row : family()) rows.push_back(std::move(row));
   }
   return rows;
@@ -54,7 +54,8 @@ TEST_CASE("op table: every op of core/ops.h has a row") {
       "index_select", "gather", "scatter_add", "embedding",
       "cat", "stack", "split", "chunk",
       "view", "reshape", "permute", "transpose", "narrow", "slice", "expand", "squeeze", "unsqueeze", "flatten",
-      "conv2d", "batch_norm", "layer_norm", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d"};
+      "conv2d", "batch_norm", "layer_norm", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d",
+      "scaled_dot_product_attention", "sin", "cos", "masked_fill", "tril", "triu", "cumsum", "topk", "rms_norm"};
   std::set<std::string> names;
   for (const OpInfo& row : all_rows()) {
     // A row is named "<op>" or "<op> <variant>".
@@ -138,6 +139,9 @@ TEST_CASE("op table: CUDA vs CPU parity, forward and backward [gpu]") {
           }
           Tolerance tolerance = parity_tolerance(dtype);
           if (row.parity_rtol > 0) tolerance = {row.parity_rtol, row.parity_atol};
+          if (auto it = row.parity_by_dtype.find(dtype); it != row.parity_by_dtype.end()) {
+            tolerance = {it->second.first, it->second.second};
+          }
           KILN_CHECK_CLOSE(gpu_out.cpu(), cpu_out, tolerance.rtol, tolerance.atol);
           if (!grad_indices.empty() && cpu_out.numel() > 0) {
             Tensor seed = default_inputs(OpSample{{cpu_out.shape()}, ""}, dtype, 17)[0];

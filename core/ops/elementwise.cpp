@@ -321,6 +321,26 @@ Tensor exp(const Tensor& x) {
   return out;
 }
 
+Tensor sin(const Tensor& x) {
+  if (const autocast::Cast to = autocast::plan(autocast::Policy::float32, {&x})) return sin(to(x));
+  check_floating_input(x, "sin");
+  Tensor out = unary_kernel("sin", UnaryOp::sin, x);
+  if (autograd::any_requires_grad({&x})) {
+    record_unary("sin", x, out, [saved = SavedTensor(x, "sin")](const Tensor& dout) { return mul(dout, cos(saved.unpack())); });
+  }
+  return out;
+}
+
+Tensor cos(const Tensor& x) {
+  if (const autocast::Cast to = autocast::plan(autocast::Policy::float32, {&x})) return cos(to(x));
+  check_floating_input(x, "cos");
+  Tensor out = unary_kernel("cos", UnaryOp::cos, x);
+  if (autograd::any_requires_grad({&x})) {
+    record_unary("cos", x, out, [saved = SavedTensor(x, "cos")](const Tensor& dout) { return neg(mul(dout, sin(saved.unpack()))); });
+  }
+  return out;
+}
+
 Tensor log(const Tensor& x) {
   if (const autocast::Cast to = autocast::plan(autocast::Policy::float32, {&x})) return log(to(x));
   check_floating_input(x, "log");
@@ -543,6 +563,21 @@ Tensor& Tensor::relu_() {
   check_defined(*this, "relu_", "self");
   check_numeric_input(*this, "relu_");
   return inplace_unary("relu_", UnaryOp::relu, *this);
+}
+
+}  // namespace kiln
+
+namespace kiln {
+
+Tensor masked_fill(const Tensor& x, const Tensor& mask, double value) {
+  check_defined(x, "masked_fill");
+  check_defined(mask, "masked_fill", "the mask");
+  KILN_CHECK(mask.dtype() == DType::b8, "masked_fill: the mask must be bool, got ", dtype_name(mask.dtype()),
+             " of shape ", shape_str(mask.shape()));
+  check_same_device(x, mask, "masked_fill");
+  KILN_CHECK(broadcast_shapes(mask.shape(), x.shape(), "masked_fill") == x.shape(), "masked_fill: a mask of shape ",
+             shape_str(mask.shape()), " does not broadcast to the input's shape ", shape_str(x.shape()));
+  return where(mask, scalar_tensor(value, {.dtype = x.dtype(), .device = x.device()}), x);
 }
 
 }  // namespace kiln

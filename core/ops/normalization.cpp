@@ -283,3 +283,34 @@ Tensor layer_norm(const Tensor& x_in, const Shape& normalized_shape, const Tenso
 }
 
 }  // namespace kiln
+
+namespace kiln {
+
+Tensor rms_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight, std::optional<double> eps) {
+  KILN_CHECK(x.defined(), "rms_norm: the input is undefined");
+  KILN_CHECK(is_floating(x.dtype()), "rms_norm: expected a floating input, got ", dtype_name(x.dtype()));
+  const auto n = static_cast<int64_t>(normalized_shape.size());
+  KILN_CHECK(n >= 1 && n <= x.dim() && Shape(x.shape().end() - n, x.shape().end()) == normalized_shape,
+             "rms_norm: normalized_shape ", shape_str(normalized_shape), " is not the end of the input's shape ",
+             shape_str(x.shape()));
+  if (weight.defined()) {
+    KILN_CHECK(weight.shape() == normalized_shape, "rms_norm: weight of shape ", shape_str(weight.shape()),
+               ", expected ", shape_str(normalized_shape));
+    KILN_CHECK(weight.device() == x.device(), "rms_norm: weight is on ", weight.device(), ", the input on ",
+               x.device());
+  }
+  // torch's eps = None: the machine epsilon of the input's dtype.
+  const double machine_eps = x.dtype() == DType::f64   ? 2.220446049250313e-16
+                             : x.dtype() == DType::f16 ? 0.0009765625
+                             : x.dtype() == DType::bf16 ? 0.0078125
+                                                        : 1.1920928955078125e-07;
+  const bool half = x.dtype() == DType::f16 || x.dtype() == DType::bf16;
+  const Tensor xf = half ? cast(x, DType::f32) : x;
+  std::vector<int64_t> dims;
+  for (int64_t d = x.dim() - n; d < x.dim(); ++d) dims.push_back(d);
+  Tensor y = mul(xf, rsqrt(add(mean(mul(xf, xf), dims, /*keepdim=*/true), eps.value_or(machine_eps))));
+  if (half) y = cast(y, x.dtype());
+  return weight.defined() ? mul(y, weight) : y;
+}
+
+}  // namespace kiln

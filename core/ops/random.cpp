@@ -7,6 +7,7 @@
 // alike. Reserving is a host-side counter bump: nothing here synchronizes.
 // dropout draws its mask inside the kernel and keeps it (bool) for backward.
 #include <cmath>
+#include <limits>
 
 #include "core/autograd.h"
 #include "core/launch.h"
@@ -177,6 +178,52 @@ Tensor dropout(const Tensor& x, double p, bool training) {
     });
   }
   return out;
+}
+
+}  // namespace kiln
+
+namespace kiln {
+
+Tensor multinomial(const Tensor& probs, int64_t num_samples, bool replacement) {
+  check_defined(probs, "multinomial");
+  KILN_CHECK(probs.dim() == 1 || probs.dim() == 2, "multinomial: expected a 1-D or 2-D tensor of weights, got shape ",
+             shape_str(probs.shape()));
+  KILN_CHECK(is_floating(probs.dtype()), "multinomial: expected floating weights, got ", dtype_name(probs.dtype()));
+  KILN_CHECK(num_samples > 0, "multinomial: num_samples must be positive, got ", num_samples);
+  const int64_t categories = probs.size(-1);
+  KILN_CHECK(categories > 0, "multinomial: the rows have no categories (shape ", shape_str(probs.shape()), ")");
+  KILN_CHECK(replacement || num_samples <= categories, "multinomial: cannot draw ", num_samples,
+             " samples without replacement from ", categories, " categories");
+  NoGradGuard no_grad;
+  Tensor p = probs.dim() == 1 ? probs.unsqueeze(0) : probs;
+  p = cast(p, p.dtype() == DType::f64 ? DType::f64 : DType::f32);
+  if (p.size(0) == 0) return empty(probs.dim() == 1 ? Shape{num_samples} : Shape{0, num_samples}, {.dtype = DType::i64, .device = probs.device()});
+  // One read of the device: negative or non-finite weights, the smallest row
+  // sum and the fewest nonzero weights in a row.
+  const std::vector<double> checks =
+      stack({sum(cast(lt(p, 0.0), DType::f64)), sum(cast(eq(isfinite(p), 0.0), DType::f64)),
+             cast(amin(sum(p, {1})), DType::f64), amin(sum(cast(gt(p, 0.0), DType::f64), {1}))})
+          .to_vector<double>();
+  KILN_CHECK(checks[0] == 0, "multinomial: ", checks[0], " weights are negative");
+  KILN_CHECK(checks[1] == 0, "multinomial: ", checks[1], " weights are infinite or NaN");
+  KILN_CHECK(checks[2] > 0, "multinomial: a row of weights sums to 0");
+  KILN_CHECK(replacement || checks[3] >= static_cast<double>(num_samples), "multinomial: a row has only ", checks[3],
+             " nonzero weights, fewer than the ", num_samples, " samples to draw without replacement");
+  // The exponential race: category j wins with key log(u_j) / p_j (u uniform
+  // in (0, 1)) with probability p_j / sum(p); the top k keys are a draw of k
+  // without replacement (Gumbel-top-k). Zero weights never win.
+  const TensorOptions like{.dtype = p.dtype(), .device = p.device()};
+  const Tensor never = scalar_tensor(-std::numeric_limits<double>::infinity(), like);
+  const auto keys = [&] { return where(gt(p, 0.0), div(log(rand(p.shape(), like)), p), never); };
+  Tensor samples;
+  if (!replacement) {
+    samples = topk(keys(), num_samples, 1).indices;
+  } else {
+    std::vector<Tensor> draws;
+    for (int64_t s = 0; s < num_samples; ++s) draws.push_back(argmax(keys(), 1, /*keepdim=*/true));
+    samples = cat(draws, 1);
+  }
+  return probs.dim() == 1 ? samples.squeeze(0) : samples;
 }
 
 }  // namespace kiln

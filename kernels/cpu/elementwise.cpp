@@ -32,6 +32,8 @@ std::string_view unary_op_name(UnaryOp op) {
     case UnaryOp::silu: return "silu";
     case UnaryOp::sigmoid: return "sigmoid";
     case UnaryOp::tanh: return "tanh";
+    case UnaryOp::sin: return "sin";
+    case UnaryOp::cos: return "cos";
     case UnaryOp::isfinite: return "isfinite";
     case UnaryOp::eq_scalar: return "eq";
     case UnaryOp::gt_scalar: return "gt";
@@ -91,6 +93,8 @@ bool has_dense_f32_path(UnaryOp op) {
     case UnaryOp::exp:
     case UnaryOp::log:
     case UnaryOp::tanh:
+    case UnaryOp::sin:
+    case UnaryOp::cos:
     case UnaryOp::sigmoid:
     case UnaryOp::silu:
     case UnaryOp::gelu:
@@ -118,6 +122,8 @@ void unary_dense_f32(UnaryOp op, float* out, const float* x, int64_t n) {
       case UnaryOp::exp: o = exp_of(v); break;
       case UnaryOp::log: o = v.log(); break;
       case UnaryOp::tanh: o = v.tanh(); break;
+      case UnaryOp::sin: o = v.sin(); break;
+      case UnaryOp::cos: o = v.cos(); break;
       case UnaryOp::sigmoid: o = 1.0f / (1.0f + exp_of(-v)); break;
       case UnaryOp::silu: o = v / (1.0f + exp_of(-v)); break;
       case UnaryOp::gelu: o = 0.5f * v * (1.0f + (v * 0.70710678118654752440f).erf()); break;

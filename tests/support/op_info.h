@@ -6,6 +6,7 @@
 #pragma once
 
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -34,6 +35,8 @@ struct OpInfo {
   // Looser parity tolerance for a named path (TF32, reduced-precision accumulation); 0 = default.
   double parity_rtol = 0;
   double parity_atol = 0;
+  // Per-dtype (rtol, atol) for a named path, in place of the above for that dtype.
+  std::map<DType, std::pair<double, double>> parity_by_dtype;
   std::string tolerance_note;
 };
 
@@ -46,6 +49,7 @@ std::vector<OpInfo> indexing_op_infos();
 std::vector<OpInfo> shape_op_infos();
 std::vector<OpInfo> view_op_infos();
 std::vector<OpInfo> nn_op_infos();
+std::vector<OpInfo> attention_op_infos();
 
 // randn inputs of the sample's shapes in `dtype` on the cpu.
 std::vector<Tensor> default_inputs(const OpSample& sample, DType dtype, uint64_t seed);

@@ -15,6 +15,7 @@ KILN_WEAK_ROWS(indexing)
 KILN_WEAK_ROWS(shape)
 KILN_WEAK_ROWS(view)
 KILN_WEAK_ROWS(nn)
+KILN_WEAK_ROWS(attention)
 #undef KILN_WEAK_ROWS
 
 }  // namespace kiln::testing

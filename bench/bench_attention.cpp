@@ -1,0 +1,170 @@
+// scaled_dot_product_attention: the fused kernels (flash-style on CUDA, tiled
+// on the CPU) against the same math written with matmul + softmax (what a
+// framework without a fused kernel runs), forward and forward + backward.
+// Attention is compute-bound: rows report TFLOP/s, counting 4 B H L S D FLOPs
+// for the forward (two products) and 2.5x that for forward + backward (the
+// backward's five products; with causal masking half of each), as
+// flash-attention's benchmarks do. The matmul path also writes and reads the
+// B H L S scores, which the table's bytes column shows.
+//
+//   bench_attention                 GPU (when present) and CPU tables
+//   bench_attention --cpu-only | --gpu-only | --quick | --repeats N
+#include <cmath>
+#include <cstdlib>
+#include <ctime>
+#include <random>
+#include <string>
+
+#include "bench/harness.h"
+#include "core/autograd.h"
+#include "core/nn_ops.h"
+#include "core/ops.h"
+#include "kernels/cuda/runtime.h"
+
+namespace kiln::bench {
+namespace {
+
+struct Options {
+  bool cpu = true, gpu = true, quick = false;
+  int repeats = 0;
+};
+
+struct Case {
+  int64_t B, H, T, D;
+  bool causal;
+};
+
+Tensor random_tensor(const Shape& shape, DType dtype, Device device, uint64_t seed) {
+  std::mt19937_64 engine(seed);
+  std::normal_distribution<float> normal;
+  std::vector<float> values(static_cast<size_t>(shape_numel(shape)));
+  for (float& v : values) v = normal(engine);
+  return tensor<float>(values, shape).to(device, dtype);
+}
+
+// softmax(q k^T / sqrt(D) + causal mask) v with separate ops.
+Tensor matmul_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& causal_mask) {
+  Tensor scores = mul(matmul(q, k.transpose(-2, -1)), 1.0 / std::sqrt(static_cast<double>(q.size(-1))));
+  if (causal_mask.defined()) scores = add(scores, causal_mask);
+  return matmul(softmax(scores, -1), v);
+}
+
+template <typename TimeFn>
+void run_cases(Table& table, Device device, DType dtype, const std::vector<Case>& cases, TimeFn&& time_fn) {
+  for (const Case& c : cases) {
+    const std::string shape = "B" + std::to_string(c.B) + " H" + std::to_string(c.H) + " T" + std::to_string(c.T) +
+                              " D" + std::to_string(c.D) + (c.causal ? " causal" : "");
+    const std::string dtype_text(dtype_name(dtype));
+    const double forward_flops = 4.0 * c.B * c.H * c.T * c.T * c.D * (c.causal ? 0.5 : 1.0);
+    const double element = static_cast<double>(dtype_size(dtype));
+    const double io_bytes = 4.0 * c.B * c.H * c.T * c.D * element;  // q, k, v read, out written
+    const double scores_bytes = 2.0 * c.B * c.H * c.T * c.T * element;
+    try {
+      Tensor q = random_tensor({c.B, c.H, c.T, c.D}, dtype, device, 1).requires_grad_();
+      Tensor k = random_tensor({c.B, c.H, c.T, c.D}, dtype, device, 2).requires_grad_();
+      Tensor v = random_tensor({c.B, c.H, c.T, c.D}, dtype, device, 3).requires_grad_();
+      Tensor dout = random_tensor({c.B, c.H, c.T, c.D}, dtype, device, 4);
+      Tensor causal_mask;
+      if (c.causal) {
+        causal_mask = where(gt(triu(ones({c.T, c.T}, {.dtype = dtype, .device = device}), 1), 0.0),
+                            full({}, -INFINITY, {.dtype = dtype, .device = device}),
+                            zeros({}, {.dtype = dtype, .device = device}));
+      }
+      {
+        NoGradGuard no_grad;
+        table.add({"fused forward", shape, dtype_text,
+                   time_fn([&] { (void)scaled_dot_product_attention(q, k, v, Tensor(), 0.0, c.causal); }), io_bytes,
+                   forward_flops, ""});
+        table.add({"matmul+softmax forward", shape, dtype_text,
+                   time_fn([&] { (void)matmul_attention(q, k, v, causal_mask); }), io_bytes + 2 * scores_bytes,
+                   forward_flops, ""});
+      }
+      table.add({"fused forward+backward", shape, dtype_text, time_fn([&] {
+                   scaled_dot_product_attention(q, k, v, Tensor(), 0.0, c.causal).backward(dout);
+                 }),
+                 3 * io_bytes, 3.5 * forward_flops, ""});
+      table.add({"matmul+softmax fwd+bwd", shape, dtype_text,
+                 time_fn([&] { matmul_attention(q, k, v, causal_mask).backward(dout); }),
+                 3 * io_bytes + 6 * scores_bytes, 3.0 * forward_flops, ""});
+    } catch (const Error& error) {
+      table.add_failure("attention", shape, dtype_text, error.what());
+    }
+  }
+}
+
+void run_gpu(const Options& options) {
+  if (!cuda::is_available()) {
+    std::printf("GPU benchmarks skipped: no CUDA device (%s)\n", cuda::availability().problem.c_str());
+    return;
+  }
+  cuda::set_device(0);
+  const cuda::DeviceProperties properties = cuda::device_properties(0);
+  std::printf("GPU: %s, %d SMs\n", properties.name, properties.multiprocessor_count);
+  const int repeats = options.repeats > 0 ? options.repeats : (options.quick ? 3 : 20);
+  GpuTimer timer(0);
+  auto time_fn = [&](const std::function<void()>& fn) { return timer.time(fn, repeats); };
+  std::vector<Case> cases;
+  if (options.quick) {
+    cases = {{1, 2, 256, 64, true}};
+  } else {
+    for (int64_t T : {1024, 2048, 4096}) {
+      for (int64_t D : {64, 128}) {
+        for (bool causal : {false, true}) cases.push_back({16384 / T, 2048 / D, T, D, causal});
+      }
+    }
+  }
+  for (DType dtype : {DType::bf16, DType::f16}) {
+    Table table(std::string("GPU attention, ") + std::string(dtype_name(dtype)));
+    run_cases(table, Device::cuda(0), dtype, cases, time_fn);
+    table.print(0);
+  }
+}
+
+void run_cpu(const Options& options) {
+  const int repeats = options.repeats > 0 ? options.repeats : 3;
+  CpuTimer timer;
+  auto time_fn = [&](const std::function<void()>& fn) { return timer.time(fn, repeats); };
+  // The shapes of train_vit (50 tokens, 4 heads of 24) and of a small GPT.
+  const std::vector<Case> cases = options.quick ? std::vector<Case>{{2, 2, 64, 32, false}}
+                                                : std::vector<Case>{{128, 4, 50, 24, false},
+                                                                    {16, 4, 256, 64, true},
+                                                                    {4, 8, 1024, 64, true},
+                                                                    {4, 8, 1024, 64, false}};
+  Table table("CPU attention, float32");
+  run_cases(table, Device::cpu(), DType::f32, cases, time_fn);
+  table.print(0);
+}
+
+}  // namespace
+}  // namespace kiln::bench
+
+int main(int argc, char** argv) {
+  kiln::bench::Options options;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--cpu-only") {
+      options.gpu = false;
+    } else if (arg == "--gpu-only") {
+      options.cpu = false;
+    } else if (arg == "--quick") {
+      options.quick = true;
+    } else if (arg == "--repeats" && i + 1 < argc) {
+      options.repeats = std::atoi(argv[++i]);
+    } else {
+      std::fprintf(stderr, "usage: %s [--cpu-only | --gpu-only] [--quick] [--repeats N]\n", argv[0]);
+      return arg == "--help" || arg == "-h" ? 0 : 2;
+    }
+  }
+  const std::time_t now = std::time(nullptr);
+  char date[64];
+  std::strftime(date, sizeof(date), "%Y-%m-%d %H:%M UTC", std::gmtime(&now));
+  std::printf("bench_attention, %s%s\n", date, options.quick ? " (--quick: smoke-test sizes)" : "");
+  try {
+    if (options.gpu) kiln::bench::run_gpu(options);
+    if (options.cpu) kiln::bench::run_cpu(options);
+  } catch (const kiln::Error& error) {
+    std::fprintf(stderr, "bench_attention: %s\n", error.what());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,243 @@
+// scaled_dot_product_attention (core/nn_ops.h): torch's semantics on
+// (..., L, E) tensors, computed by the fused kernels of kernels/attention.h
+// (flash-style on CUDA, tiled on the CPU; the T x T matrix is never stored)
+// with one autograd node that saves q, k, v, the output and the row
+// log-sum-exp. Problems the fused kernels do not take (a value dim other than
+// the query's, a head dim or dtype the CUDA kernels lack, a mask that needs a
+// gradient) go through the same math written with matmul and softmax.
+#include <cmath>
+#include <limits>
+
+#include "core/autocast.h"
+#include "core/autograd.h"
+#include "core/generator.h"
+#include "core/launch.h"
+#include "core/nn_ops.h"
+#include "core/ops.h"
+#include "core/ops/broadcast.h"
+#include "kernels/attention.h"
+
+namespace kiln {
+
+namespace {
+
+constexpr const char* kOp = "scaled_dot_product_attention";
+
+void check_inputs(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask, double dropout_p,
+                  bool is_causal) {
+  check_defined(q, kOp, "query");
+  check_defined(k, kOp, "key");
+  check_defined(v, kOp, "value");
+  check_same_device(q, k, kOp);
+  check_same_device(q, v, kOp);
+  check_same_dtype(q, k, kOp);
+  check_same_dtype(q, v, kOp);
+  KILN_CHECK(is_floating(q.dtype()), kOp, ": expected floating query, key and value, got ", dtype_name(q.dtype()));
+  KILN_CHECK(q.dim() >= 2 && k.dim() == q.dim() && v.dim() == q.dim(), kOp,
+             ": expected query, key and value of the same rank >= 2, (..., L, E), (..., S, E) and (..., S, Ev); got ",
+             shape_str(q.shape()), ", ", shape_str(k.shape()), " and ", shape_str(v.shape()));
+  for (int64_t d = 0; d + 2 < q.dim(); ++d) {
+    KILN_CHECK(k.size(d) == q.size(d) && v.size(d) == q.size(d), kOp,
+               ": query, key and value must have the same batch dims, got ", shape_str(q.shape()), ", ",
+               shape_str(k.shape()), " and ", shape_str(v.shape()));
+  }
+  KILN_CHECK(k.size(-1) == q.size(-1), kOp, ": key's last dim ", k.size(-1), " differs from query's ", q.size(-1),
+             " (shapes ", shape_str(q.shape()), " and ", shape_str(k.shape()), ")");
+  KILN_CHECK(v.size(-2) == k.size(-2), kOp, ": value has ", v.size(-2), " positions and key ", k.size(-2),
+             " (shapes ", shape_str(k.shape()), " and ", shape_str(v.shape()), ")");
+  KILN_CHECK(dropout_p >= 0.0 && dropout_p < 1.0, kOp, ": dropout_p must be in [0, 1), got ", dropout_p);
+  if (mask.defined()) {
+    KILN_CHECK(!is_causal, kOp, ": an explicit attn_mask cannot be combined with is_causal = true (as in torch)");
+    KILN_CHECK(mask.dtype() == DType::b8 || is_floating(mask.dtype()), kOp,
+               ": attn_mask must be bool or floating, got ", dtype_name(mask.dtype()));
+    KILN_CHECK(mask.device() == q.device(), kOp, ": attn_mask is on ", mask.device(), ", query on ", q.device());
+    Shape scores = q.shape();
+    scores.back() = k.size(-2);
+    bool broadcasts = mask.dim() <= static_cast<int64_t>(scores.size());
+    for (int64_t d = 1; broadcasts && d <= mask.dim(); ++d) {
+      const int64_t size = mask.size(-d);
+      broadcasts = size == 1 || size == scores[scores.size() - static_cast<size_t>(d)];
+    }
+    KILN_CHECK(broadcasts, kOp, ": attn_mask of shape ", shape_str(mask.shape()),
+               " does not broadcast to the scores' shape ", shape_str(scores), " (..., L, S)");
+  }
+}
+
+// The mask as additive values in `dtype` (0 where a boolean mask is true,
+// -inf where it is false), not expanded.
+Tensor additive_mask(const Tensor& mask, DType dtype) {
+  if (!mask.defined()) return Tensor();
+  NoGradGuard no_grad;
+  if (mask.dtype() != DType::b8) return mask.to(dtype);
+  const TensorOptions like{.dtype = dtype, .device = mask.device()};
+  return where(mask, zeros({}, like), full({}, -std::numeric_limits<double>::infinity(), like));
+}
+
+// The dtype the kernels read masks in: float64 for a float64 problem, else float32.
+DType mask_dtype(DType dtype) { return dtype == DType::f64 ? DType::f64 : DType::f32; }
+
+// The same math with matmul and softmax: problems the fused kernels do not
+// take, and the mask's gradient. A row with no allowed key gives zeros (torch
+// >= 2.5), with zero gradients: its scores are replaced before the softmax.
+Tensor composite_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask, double dropout_p,
+                           bool is_causal, double scale) {
+  const int64_t L = q.size(-2), S = k.size(-2);
+  Tensor scores = mul(matmul(q, k.transpose(-2, -1)), scale);
+  Tensor additive;
+  if (is_causal) {
+    std::vector<float> values(static_cast<size_t>(L * S), 0.0f);
+    for (int64_t i = 0; i < L; ++i) {
+      for (int64_t j = i + 1; j < S; ++j) values[static_cast<size_t>(i * S + j)] = -std::numeric_limits<float>::infinity();
+    }
+    additive = tensor<float>(values, {L, S}).to(q.device());
+  } else if (mask.defined()) {
+    additive = mask.dtype() == DType::b8 ? additive_mask(mask, scores.dtype()) : mask;
+  }
+  if (additive.defined()) {
+    scores = add(scores, cast(additive, scores.dtype()));
+    // Rows with no allowed key: softmax over zeros, then zeroed.
+    const TensorOptions like{.dtype = scores.dtype(), .device = scores.device()};
+    Tensor allowed = gt(amax(scores, {-1}, /*keepdim=*/true), -std::numeric_limits<double>::infinity());
+    scores = where(allowed, scores, zeros({}, like));
+    Tensor probs = mul(softmax(scores, -1), cast(allowed, scores.dtype()));
+    return matmul(dropout(probs, dropout_p), v);
+  }
+  return matmul(dropout(softmax(scores, -1), dropout_p), v);
+}
+
+// (B, H) of the fused kernels for inputs of rank `rank` with leading dims `lead`.
+std::pair<int64_t, int64_t> batch_heads(const Shape& lead) {
+  if (lead.empty()) return {1, 1};
+  int64_t batch = 1;
+  for (size_t d = 0; d + 1 < lead.size(); ++d) batch *= lead[d];
+  return {batch, lead.back()};
+}
+
+}  // namespace
+
+Tensor scaled_dot_product_attention(const Tensor& query, const Tensor& key, const Tensor& value,
+                                    const Tensor& attn_mask, double dropout_p, bool is_causal,
+                                    std::optional<double> scale) {
+  if (const autocast::Cast to = autocast::plan(autocast::Policy::lower_precision, {&query, &key, &value})) {
+    return scaled_dot_product_attention(to(query), to(key), to(value), attn_mask, dropout_p, is_causal, scale);
+  }
+  check_inputs(query, key, value, attn_mask, dropout_p, is_causal);
+  const DType dtype = query.dtype();
+  if (query.is_cpu() && (dtype == DType::f16 || dtype == DType::bf16)) {
+    // The CPU computes 16-bit types in float32.
+    return scaled_dot_product_attention(query.to(DType::f32), key.to(DType::f32), value.to(DType::f32), attn_mask,
+                                        dropout_p, is_causal, scale)
+        .to(dtype);
+  }
+  const int64_t E = query.size(-1), L = query.size(-2), S = key.size(-2);
+  const double softmax_scale = scale.value_or(1.0 / std::sqrt(static_cast<double>(E)));
+  const bool fused = value.size(-1) == E && !(attn_mask.defined() && attn_mask.requires_grad()) &&
+                     (query.is_cpu() || kernels::attention_cuda_supports(dtype, E));
+  if (!fused) return composite_attention(query, key, value, attn_mask, dropout_p, is_causal, softmax_scale);
+
+  const Shape lead(query.shape().begin(), query.shape().end() - 2);
+  const auto [B, H] = batch_heads(lead);
+  kernels::AttentionArgs args;
+  args.dtype = dtype;
+  args.batch = B;
+  args.heads = H;
+  args.q_len = L;
+  args.kv_len = S;
+  args.head_dim = E;
+  args.causal = is_causal;
+  args.scale = softmax_scale;
+  args.dropout_p = static_cast<float>(dropout_p);
+
+  Tensor q, k, v, mask, out, lse;
+  {
+    NoGradGuard no_grad;
+    q = query.contiguous();
+    k = key.contiguous();
+    v = value.contiguous();
+    if (attn_mask.defined()) {
+      Shape scores = query.shape();
+      scores.back() = S;
+      mask = additive_mask(attn_mask, mask_dtype(dtype)).expand(scores);
+      // Strides over (B, H, L, S): two leading dims or fewer map directly; more
+      // are folded into B, which needs them dense.
+      if (lead.size() > 2) mask = mask.contiguous();
+      mask = mask.reshape({B, H, L, S});
+      if (dtype == DType::f64) {
+        args.mask.data_f64 = mask.data<double>();
+      } else {
+        args.mask.data = mask.data<float>();
+      }
+      args.mask.stride_b = mask.stride(0);
+      args.mask.stride_h = mask.stride(1);
+      args.mask.stride_q = mask.stride(2);
+      args.mask.stride_k = mask.stride(3);
+    }
+    args.q = q.data_ptr();
+    args.k = k.data_ptr();
+    args.v = v.data_ptr();
+    out = empty(query.shape(), {.dtype = dtype, .device = query.device()});
+    lse = empty({B, H, L}, {.dtype = dtype == DType::f64 ? DType::f64 : DType::f32, .device = query.device()});
+    if (dropout_p > 0.0 && out.numel() > 0) {
+      const GeneratorState state = default_generator(query.device()).advance(kernels::attention_dropout_counters(args));
+      args.seed = state.seed;
+      args.offset = state.offset;
+    }
+    if (out.numel() > 0) {
+      if (query.is_cpu()) {
+        kernels::attention_forward_cpu(args, out.data_ptr(), lse.data_ptr());
+      } else {
+        kernels::attention_forward_cuda(args, out.data_ptr(), lse.data_ptr(), launch_on(query, kOp).stream);
+      }
+    }
+  }
+  if (autograd::any_requires_grad({&query, &key, &value})) {
+    const bool need_dq = query.requires_grad(), need_dk = key.requires_grad(), need_dv = value.requires_grad();
+    autograd::record(
+        kOp, {query, key, value}, {out},
+        [args, mask, need_dq, need_dk, need_dv, sq = autograd::SavedTensor(q, kOp), sk = autograd::SavedTensor(k, kOp),
+         sv = autograd::SavedTensor(v, kOp), so = autograd::SavedTensor(out.detach(), kOp),  // not out: a cycle
+         lse](const autograd::TensorList& grads) -> autograd::TensorList {
+          const Tensor q = sq.unpack(), k = sk.unpack(), v = sv.unpack(), out = so.unpack();
+          const Tensor dout = grads[0].contiguous();
+          const TensorOptions options{.dtype = q.dtype(), .device = q.device()};
+          Tensor dq = need_dq ? empty(q.shape(), options) : Tensor();
+          Tensor dk = need_dk ? empty(k.shape(), options) : Tensor();
+          Tensor dv = need_dv ? empty(v.shape(), options) : Tensor();
+          if (q.numel() == 0 || k.numel() == 0) {
+            for (Tensor* t : {&dq, &dk, &dv}) {
+              if (t->defined()) t->zero_();
+            }
+            return {dq, dk, dv};
+          }
+          kernels::AttentionGradArgs grad_args;
+          grad_args.forward = args;
+          grad_args.forward.q = q.data_ptr();
+          grad_args.forward.k = k.data_ptr();
+          grad_args.forward.v = v.data_ptr();
+          if (mask.defined() && mask.dtype() == DType::f64) {
+            grad_args.forward.mask.data_f64 = mask.data<double>();
+          } else if (mask.defined()) {
+            grad_args.forward.mask.data = mask.data<float>();
+          }
+          grad_args.out = out.data_ptr();
+          grad_args.lse = lse.data_ptr();
+          grad_args.dout = dout.data_ptr();
+          grad_args.dq = need_dq ? dq.data_ptr() : nullptr;
+          grad_args.dk = need_dk ? dk.data_ptr() : nullptr;
+          grad_args.dv = need_dv ? dv.data_ptr() : nullptr;
+          if (q.is_cpu()) {
+            kernels::attention_backward_cpu(grad_args);
+          } else {
+            const cuda::DeviceScope scope(q.device().index, kOp);
+            const size_t bytes = kernels::attention_backward_workspace_bytes(grad_args);
+            Tensor workspace = empty({static_cast<int64_t>(std::max<size_t>(bytes, 1))},
+                                     {.dtype = DType::u8, .device = q.device()});
+            kernels::attention_backward_cuda(grad_args, workspace.data_ptr(), scope.stream);
+          }
+          return {dq, dk, dv};
+        });
+  }
+  return out;
+}
+
+}  // namespace kiln

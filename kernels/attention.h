@@ -1,0 +1,92 @@
+// Scaled dot-product attention, fused (flash-style): the compute behind
+// kiln::scaled_dot_product_attention (core/ops/attention.cpp).
+//
+// Invariants:
+//   - q (B, H, Tq, D), k (B, H, Tk, D), v (B, H, Tk, D), out and dout
+//     (B, H, Tq, D): dense row-major buffers of one dtype. The front end makes
+//     them so (and broadcasts k/v heads); D is the same for q, k and v.
+//   - scores s_ij = scale * q_i . k_j + mask_ij; the mask is optional, float32
+//     (float64 for a float64 problem, which only the CPU takes), additive (-inf where a boolean mask is false), read through strides so a
+//     (Tq, Tk) or (B, 1, 1, Tk) mask is never expanded in memory. is_causal
+//     masks j > i (torch's top-left alignment: tril(ones(Tq, Tk))).
+//   - p_ij = exp(s_ij - lse_i), lse_i = log sum_j exp(s_ij) over the allowed
+//     j. A row with no allowed key (every s_ij = -inf) has lse_i = -inf, an
+//     output of zeros and zero gradients (torch >= 2.5's safe softmax).
+//   - Dropout (p > 0): keep_ij = dropout_keep(word, p) with the Philox word
+//     philox::word_at(seed, offset, ((b * H + h) * Tq + i) * Tk + j) of
+//     kernels/philox.h; kept probabilities are scaled by 1 / (1 - p). The
+//     backward regenerates the same words, so no mask is stored.
+//     attention_dropout_counters() is how far the generator advances.
+//   - The T x T matrix is never stored in global memory: the kernels walk key
+//     blocks with an online softmax and keep one tile of scores per block
+//     (CUDA) or per thread (CPU).
+//   - Math in float (double for f64); lse is float32 (float64 for f64).
+//   - The forward writes out (=) and lse (=); the backward writes dq, dk and dv
+//     (=), each when non-null.
+//   - Dtypes: CPU float32 and float64 (the front end converts 16-bit inputs to
+//     float32 on the CPU); CUDA float32, float16 and bfloat16 (16-bit inputs on
+//     tensor cores), head dims D in {32, 64, 96, 128} on CUDA (any D on the
+//     CPU); attention_cuda_supports() says whether a problem fits, and the
+//     front end falls back to the composite matmul/softmax path when not.
+//   - CUDA: q, k, v and dout need not be 16-byte aligned (aligned ones take
+//     vector loads); scale is applied in float; 16-bit problems round P and
+//     dS to the input type before their products, as flash-attention does.
+//   - Nothing here synchronizes.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/cuda/runtime.h"
+#include "kernels/dtype.h"
+
+namespace kiln::kernels {
+
+struct AttentionMask {
+  const float* data = nullptr;  // additive, or null for none
+  const double* data_f64 = nullptr;  // a float64 problem's (CPU only), instead of data
+  // Element strides over (B, H, Tq, Tk); 0 for a broadcast dimension.
+  int64_t stride_b = 0, stride_h = 0, stride_q = 0, stride_k = 0;
+};
+
+struct AttentionArgs {
+  DType dtype = DType::f32;
+  int64_t batch = 0, heads = 0, q_len = 0, kv_len = 0, head_dim = 0;
+  const void* q = nullptr;  // (B, H, Tq, D)
+  const void* k = nullptr;  // (B, H, Tk, D)
+  const void* v = nullptr;  // (B, H, Tk, D)
+  AttentionMask mask;
+  bool causal = false;
+  double scale = 1.0;
+  // Dropout on the probabilities; p = 0 turns it off.
+  float dropout_p = 0.0f;
+  uint64_t seed = 0, offset = 0;
+};
+
+// Counters a dropout draw of this problem consumes (one word per score).
+uint64_t attention_dropout_counters(const AttentionArgs& args);
+
+// out (B, H, Tq, D) and lse (B, H, Tq) (float32; float64 for f64).
+void attention_forward_cpu(const AttentionArgs& args, void* out, void* lse);
+void attention_forward_cuda(const AttentionArgs& args, void* out, void* lse, cuda::Stream stream);
+
+struct AttentionGradArgs {
+  AttentionArgs forward;
+  const void* out = nullptr;   // (B, H, Tq, D), the forward's output
+  const void* lse = nullptr;   // (B, H, Tq), the forward's
+  const void* dout = nullptr;  // (B, H, Tq, D)
+  void* dq = nullptr;          // (B, H, Tq, D) or null
+  void* dk = nullptr;          // (B, H, Tk, D) or null
+  void* dv = nullptr;          // (B, H, Tk, D) or null
+};
+
+// Bytes of device scratch attention_backward_cuda needs: the row sums of
+// dout * out (B * H * Tq floats); every dq, dk and dv element has one owning
+// block, so there are no accumulators (and no atomics).
+size_t attention_backward_workspace_bytes(const AttentionGradArgs& args);
+void attention_backward_cpu(const AttentionGradArgs& args);
+void attention_backward_cuda(const AttentionGradArgs& args, void* workspace, cuda::Stream stream);
+
+// Whether the CUDA kernels take this problem (dtype and head dim).
+bool attention_cuda_supports(DType dtype, int64_t head_dim);
+
+}  // namespace kiln::kernels

@@ -1,0 +1,23 @@
+// Linked when kiln is built without CUDA: the CUDA attention entry points throw,
+// and attention_cuda_supports() says no, so the front end never picks them.
+#include "kernels/attention.h"
+#include "kernels/error.h"
+
+namespace kiln::kernels {
+
+namespace {
+[[noreturn]] void no_cuda(const char* what) {
+  KILN_THROW(what, ": kiln was built without CUDA (no CUDA toolkit was found at configure time)");
+}
+}  // namespace
+
+void attention_forward_cuda(const AttentionArgs&, void*, void*, cuda::Stream) {
+  no_cuda("scaled_dot_product_attention (cuda)");
+}
+size_t attention_backward_workspace_bytes(const AttentionGradArgs&) { return 0; }
+void attention_backward_cuda(const AttentionGradArgs&, void*, cuda::Stream) {
+  no_cuda("scaled_dot_product_attention backward (cuda)");
+}
+bool attention_cuda_supports(DType, int64_t) { return false; }
+
+}  // namespace kiln::kernels

@@ -1,0 +1,221 @@
+// scaled_dot_product_attention beyond the op table: agreement with the plain
+// math, masks, a row with no allowed key, dropout, memory, errors, and the
+// CUDA kernels against the CPU.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <limits>
+
+#include "core/allocator.h"
+#include "core/autograd.h"
+#include "core/generator.h"
+#include "core/nn_ops.h"
+#include "core/ops.h"
+#include "kernels/attention.h"
+#include "tests/support/test_util.h"
+
+namespace kiln::testing {
+namespace {
+
+using doctest::Contains;
+
+Tensor random_tensor(const Shape& shape, uint64_t seed, DType dtype = DType::f64) {
+  return tensor<double>(random_values(shape_numel(shape), seed), shape).to(dtype);
+}
+
+// softmax(q k^T * scale + mask) v written out with matmul, in float64.
+Tensor reference_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& additive, double scale) {
+  Tensor scores = mul(matmul(q.to(DType::f64), k.to(DType::f64).transpose(-2, -1)), scale);
+  if (additive.defined()) scores = add(scores, additive.to(DType::f64));
+  return matmul(softmax(scores, -1), v.to(DType::f64));
+}
+
+Tensor causal_additive(int64_t L, int64_t S) {
+  std::vector<double> values(static_cast<size_t>(L * S), 0.0);
+  for (int64_t i = 0; i < L; ++i) {
+    for (int64_t j = i + 1; j < S; ++j) values[static_cast<size_t>(i * S + j)] = -std::numeric_limits<double>::infinity();
+  }
+  return tensor<double>(values, {L, S});
+}
+
+}  // namespace
+
+TEST_CASE("attention: the fused CPU kernel equals softmax(q k^T / sqrt(E)) v, causal and not, across tiles") {
+  for (const auto& [L, S] : std::vector<std::pair<int64_t, int64_t>>{{1, 1}, {5, 7}, {64, 64}, {65, 129}, {130, 70}}) {
+    for (bool causal : {false, true}) {
+      INFO("L " << L << " S " << S << (causal ? " causal" : ""));
+      const Tensor q = random_tensor({2, 3, L, 16}, 1), k = random_tensor({2, 3, S, 16}, 2),
+                   v = random_tensor({2, 3, S, 16}, 3);
+      const Tensor expected = reference_attention(q, k, v, causal ? causal_additive(L, S) : Tensor(), 0.25);
+      for (DType dtype : {DType::f64, DType::f32}) {
+        const Tensor got = scaled_dot_product_attention(q.to(dtype), k.to(dtype), v.to(dtype), Tensor(), 0.0, causal);
+        const double tolerance = dtype == DType::f64 ? 1e-12 : 2e-6;
+        KILN_CHECK_CLOSE(got.to(DType::f64), expected, tolerance, tolerance);
+      }
+    }
+  }
+}
+
+TEST_CASE("attention: a bool mask equals its additive form; broadcast masks are not expanded in memory") {
+  const Tensor q = random_tensor({2, 2, 6, 8}, 4), k = random_tensor({2, 2, 9, 8}, 5), v = random_tensor({2, 2, 9, 8}, 6);
+  std::vector<uint8_t> allowed(2 * 9);
+  for (size_t i = 0; i < allowed.size(); ++i) allowed[i] = i % 3 != 0;
+  const Tensor bool_mask = tensor<uint8_t>(allowed, {2, 1, 1, 9}).to(DType::b8);  // a key-padding mask
+  const Tensor additive = where(bool_mask, zeros({}, {.dtype = DType::f64}),
+                                full({}, -std::numeric_limits<double>::infinity(), {.dtype = DType::f64}));
+  const Tensor expected = reference_attention(q, k, v, additive, 1.0 / std::sqrt(8.0));
+  KILN_CHECK_CLOSE(scaled_dot_product_attention(q, k, v, bool_mask), expected, 1e-12, 1e-12);
+  KILN_CHECK_CLOSE(scaled_dot_product_attention(q, k, v, additive), expected, 1e-12, 1e-12);
+  // A float mask of the scores' full shape, and an explicit scale.
+  const Tensor full_mask = random_tensor({2, 2, 6, 9}, 7);
+  KILN_CHECK_CLOSE(scaled_dot_product_attention(q, k, v, full_mask, 0.0, false, 0.5),
+                   reference_attention(q, k, v, full_mask, 0.5), 1e-12, 1e-12);
+}
+
+TEST_CASE("attention: a row with no allowed key gives zeros and zero gradients, never NaN") {
+  Tensor q = random_tensor({1, 1, 3, 4}, 8).requires_grad_(), k = random_tensor({1, 1, 5, 4}, 9).requires_grad_(),
+         v = random_tensor({1, 1, 5, 4}, 10).requires_grad_();
+  std::vector<uint8_t> allowed(15, 1);
+  for (int j = 0; j < 5; ++j) allowed[5 + j] = 0;  // row 1 may attend to nothing
+  const Tensor mask = tensor<uint8_t>(allowed, {3, 5}).to(DType::b8);
+  for (bool fused : {true, false}) {
+    INFO(std::string(fused ? "fused" : "matmul path (Ev != E)"));
+    Tensor vv = fused ? v : random_tensor({1, 1, 5, 3}, 11).requires_grad_();
+    Tensor out = scaled_dot_product_attention(q, k, vv, mask);
+    const std::vector<double> values = out.to_vector<double>();
+    const int64_t ev = vv.size(-1);
+    for (int64_t d = 0; d < ev; ++d) CHECK(values[static_cast<size_t>(ev + d)] == 0.0);
+    for (double value : values) CHECK(std::isfinite(value));
+    q.zero_grad_();
+    sum(out).backward();
+    const std::vector<double> dq = q.grad().to_vector<double>();
+    for (double value : dq) CHECK(std::isfinite(value));
+    for (int64_t d = 0; d < 4; ++d) CHECK(dq[static_cast<size_t>(4 + d)] == 0.0);
+  }
+}
+
+TEST_CASE("attention: dropout follows the generator, keeps the mean, and its gradient matches its forward") {
+  const Tensor q = random_tensor({2, 2, 40, 8}, 12), k = random_tensor({2, 2, 50, 8}, 13), v = random_tensor({2, 2, 50, 8}, 14);
+  manual_seed(3);
+  const Tensor a = scaled_dot_product_attention(q, k, v, Tensor(), 0.3);
+  manual_seed(3);
+  const Tensor b = scaled_dot_product_attention(q, k, v, Tensor(), 0.3);
+  const Tensor c = scaled_dot_product_attention(q, k, v, Tensor(), 0.3);
+  KILN_CHECK_CLOSE(a, b, 0, 0);
+  CHECK_FALSE(compare(a, c, 0, 0).empty());  // the generator moved on
+  const Tensor plain = scaled_dot_product_attention(q, k, v);
+  CHECK_FALSE(compare(a, plain, 1e-3, 1e-3).empty());
+  // With v = 1 each output is the row's kept probability mass / (1 - p): its mean is 1.
+  const Tensor ones_v = ones({2, 2, 50, 8}, {.dtype = DType::f64});
+  manual_seed(4);
+  CHECK(mean(scaled_dot_product_attention(q, k, ones_v, Tensor(), 0.3)).item<double>() == doctest::Approx(1.0).epsilon(0.03));
+  // The backward regenerates the forward's mask: gradcheck with a reseeded generator.
+  const std::string failure = gradcheck(
+      [](const std::vector<Tensor>& in) {
+        manual_seed(9);
+        return scaled_dot_product_attention(in[0], in[1], in[2], Tensor(), 0.25, /*is_causal=*/true);
+      },
+      {random_tensor({1, 2, 6, 4}, 15).requires_grad_(), random_tensor({1, 2, 7, 4}, 16).requires_grad_(),
+       random_tensor({1, 2, 7, 4}, 17).requires_grad_()});
+  CHECK_MESSAGE(failure.empty(), failure);
+}
+
+TEST_CASE("attention: the CPU forward holds tiles, not the L x S matrix") {
+  const int64_t L = 2048, S = 2048, E = 64;
+  const Tensor q = random_tensor({1, 1, L, E}, 18, DType::f32), k = random_tensor({1, 1, S, E}, 19, DType::f32),
+               v = random_tensor({1, 1, S, E}, 20, DType::f32);
+  reset_peak_memory_stats(Device::cpu());
+  const size_t before = memory_stats(Device::cpu()).allocated_bytes;
+  const Tensor out = scaled_dot_product_attention(q, k, v, Tensor(), 0.0, true);
+  const size_t peak = memory_stats(Device::cpu()).peak_allocated_bytes - before;
+  MESSAGE("peak tensor memory of a 2048 x 2048 attention: " << peak << " bytes (scores would be "
+                                                            << L * S * 4 << ")");
+  CHECK(peak < static_cast<size_t>(L * S * 4) / 8);  // output + lse: L * (E + 1) * 4 bytes
+  CHECK(peak >= static_cast<size_t>(L * E * 4));
+}
+
+TEST_CASE("attention: 16-bit inputs on the CPU compute in float32") {
+  const Tensor q = random_tensor({1, 2, 5, 8}, 21), k = random_tensor({1, 2, 6, 8}, 22), v = random_tensor({1, 2, 6, 8}, 23);
+  for (DType dtype : {DType::bf16, DType::f16}) {
+    const Tensor got = scaled_dot_product_attention(q.to(dtype), k.to(dtype), v.to(dtype));
+    CHECK(got.dtype() == dtype);
+    const Tensor expected = scaled_dot_product_attention(q.to(dtype).to(DType::f32), k.to(dtype).to(DType::f32),
+                                                         v.to(dtype).to(DType::f32));
+    KILN_CHECK_CLOSE(got.to(DType::f32), expected.to(dtype).to(DType::f32), 0, 0);
+  }
+}
+
+TEST_CASE("attention: bad inputs are refused, naming what is wrong") {
+  const Tensor q = random_tensor({2, 3, 5, 8}, 24), k = random_tensor({2, 3, 7, 8}, 25), v = random_tensor({2, 3, 7, 8}, 26);
+  CHECK(error_of([&] { scaled_dot_product_attention(q, random_tensor({2, 3, 7, 6}, 1), v); })
+            .find("key's last dim 6 differs from query's 8") != std::string::npos);
+  CHECK(error_of([&] { scaled_dot_product_attention(q, k, random_tensor({2, 3, 6, 8}, 1)); })
+            .find("value has 6 positions and key 7") != std::string::npos);
+  CHECK(error_of([&] { scaled_dot_product_attention(q, random_tensor({2, 4, 7, 8}, 1), v); })
+            .find("same batch dims") != std::string::npos);
+  CHECK(error_of([&] { scaled_dot_product_attention(q, k.to(DType::f32), v); }).find("dtype") != std::string::npos);
+  CHECK(error_of([&] { scaled_dot_product_attention(q, k, v, random_tensor({5, 7}, 1), 0.0, true); })
+            .find("cannot be combined with is_causal") != std::string::npos);
+  CHECK(error_of([&] { scaled_dot_product_attention(q, k, v, random_tensor({5, 6}, 1)); })
+            .find("attn_mask") != std::string::npos);
+  CHECK(error_of([&] { scaled_dot_product_attention(q, k, v, Tensor(), 1.0); }).find("dropout_p must be in [0, 1)") !=
+        std::string::npos);
+  CHECK(error_of([&] { scaled_dot_product_attention(q, k, v, zeros({5, 7}, {.dtype = DType::i64})); })
+            .find("attn_mask must be bool or floating") != std::string::npos);
+}
+
+TEST_CASE("attention: the CUDA kernels match the CPU, forward and backward, in every dtype and head dim [gpu]") {
+  KILN_REQUIRE_GPU();
+  struct Case {
+    int64_t B, H, L, S;
+    bool causal;
+    int mask;  // 0 none, 1 additive (L, S), 2 bool key padding (B, 1, 1, S)
+  };
+  const std::vector<Case> cases = {{2, 3, 5, 7, false, 0},   {1, 2, 130, 70, false, 0}, {2, 2, 257, 257, true, 0},
+                                   {1, 1, 70, 200, true, 0}, {2, 2, 33, 97, false, 1},  {2, 2, 64, 65, false, 2},
+                                   {1, 1, 3, 0, false, 0}};
+  for (DType dtype : {DType::f32, DType::f16, DType::bf16}) {
+    for (int64_t E : {32, 64, 96, 128}) {
+      REQUIRE(kernels::attention_cuda_supports(dtype, E));
+      for (const Case& c : cases) {
+        INFO(dtype_name(dtype) << " E " << E << " B " << c.B << " H " << c.H << " L " << c.L << " S " << c.S
+                               << (c.causal ? " causal" : "") << " mask " << c.mask);
+        Tensor q = random_tensor({c.B, c.H, c.L, E}, 30, dtype), k = random_tensor({c.B, c.H, c.S, E}, 31, dtype),
+               v = random_tensor({c.B, c.H, c.S, E}, 32, dtype);
+        Tensor mask;
+        if (c.mask == 1) mask = random_tensor({c.L, c.S}, 33, dtype);
+        if (c.mask == 2) mask = gt(random_tensor({c.B, 1, 1, c.S}, 34), -1.0);
+        std::vector<Tensor> cpu = {q.to(DType::f32).requires_grad_(), k.to(DType::f32).requires_grad_(),
+                                   v.to(DType::f32).requires_grad_()};
+        std::vector<Tensor> gpu = {q.cuda().requires_grad_(), k.cuda().requires_grad_(), v.cuda().requires_grad_()};
+        const Tensor cpu_out = scaled_dot_product_attention(cpu[0], cpu[1], cpu[2], mask, 0.0, c.causal);
+        const Tensor gpu_out = scaled_dot_product_attention(gpu[0], gpu[1], gpu[2], mask.defined() ? mask.cuda() : mask,
+                                                            0.0, c.causal);
+        // 16-bit: P and dS are rounded to the input type before their products
+        // (as flash-attention does), an absolute error of about half an ulp.
+        const Tolerance tol = parity_tolerance(dtype);
+        const double rtol = dtype == DType::f32 ? 1e-5 : 2 * tol.rtol;
+        const double atol = dtype == DType::f32 ? 1e-5 : dtype == DType::f16 ? 1e-3 : 5e-3;
+        KILN_CHECK_CLOSE(gpu_out.cpu().to(DType::f32), cpu_out, rtol, atol);
+        if (cpu_out.numel() == 0) continue;
+        const Tensor seed = random_tensor(cpu_out.shape(), 35, DType::f32);
+        cpu_out.backward(seed);
+        gpu_out.backward(seed.to(Device::cuda(), dtype));
+        for (int i = 0; i < 3; ++i) {
+          INFO("gradient of input " << i);
+          KILN_CHECK_CLOSE(gpu[i].grad().cpu().to(DType::f32), cpu[i].grad(), 4 * rtol, 4 * atol);
+        }
+      }
+    }
+  }
+  // Dropout draws the same Philox words on both devices.
+  const Tensor q = random_tensor({2, 2, 70, 64}, 36, DType::f32), k = random_tensor({2, 2, 90, 64}, 37, DType::f32),
+               v = random_tensor({2, 2, 90, 64}, 38, DType::f32);
+  manual_seed(5);
+  const Tensor cpu_drop = scaled_dot_product_attention(q, k, v, Tensor(), 0.2, true);
+  manual_seed(5);
+  const Tensor gpu_drop = scaled_dot_product_attention(q.cuda(), k.cuda(), v.cuda(), Tensor(), 0.2, true);
+  KILN_CHECK_CLOSE(gpu_drop.cpu(), cpu_drop, 1e-5, 1e-5);
+}
+
+}  // namespace kiln::testing
