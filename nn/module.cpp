@@ -78,8 +78,15 @@ std::vector<Tensor> Module::parameters(bool recurse) const {
 }
 
 NamedTensors Module::named_parameters(bool recurse) const {
-  NamedTensors out;
-  collect("", recurse, true, out);
+  NamedTensors all, out;
+  collect("", recurse, true, all);
+  // A parameter registered under two names (a weight tied between an
+  // embedding and an output layer) is listed once, under its first name, as
+  // torch's named_parameters does: an optimizer must update it once.
+  std::set<const TensorImpl*> seen;
+  for (auto& entry : all) {
+    if (seen.insert(entry.second.impl()).second) out.push_back(std::move(entry));
+  }
   return out;
 }
 
@@ -156,7 +163,6 @@ std::string Module::summary() {
   std::ostringstream out;
   out << std::left << std::setw(28) << "name" << std::setw(22) << "type" << std::setw(32) << "parameter shapes"
       << std::right << std::setw(12) << "parameters" << "\n";
-  int64_t total = 0;
   for (auto& [name, module] : named_modules()) {
     std::string shapes;
     int64_t count = 0;
@@ -164,11 +170,10 @@ std::string Module::summary() {
       shapes += (shapes.empty() ? "" : " ") + shape_str(tensor.shape());
       count += tensor.numel();
     }
-    total += count;
     out << std::left << std::setw(28) << (name.empty() ? "(root)" : name) << std::setw(22) << module->type_name()
         << std::setw(32) << shapes << std::right << std::setw(12) << count << "\n";
   }
-  out << "total parameters: " << total << " (trainable " << parameter_count(true) << ")\n";
+  out << "total parameters: " << parameter_count() << " (trainable " << parameter_count(true) << ")\n";
   return out.str();
 }
 
@@ -189,7 +194,9 @@ std::string Module::to_string_indented(int indent) const {
 std::string Module::to_string() const { return to_string_indented(0); }
 
 StateDict Module::state_dict() const {
-  StateDict state = named_parameters();
+  // Every name, tied ones included (torch's state_dict keeps both keys).
+  StateDict state;
+  collect("", true, true, state);
   for (auto& entry : named_buffers()) state.push_back(entry);
   return state;
 }

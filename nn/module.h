@@ -51,7 +51,9 @@ class Module : public std::enable_shared_from_this<Module> {
   // Removes a parameter (e.g. a bias dropped before BatchNorm); returns whether it existed.
   bool remove_parameter(const std::string& name);
 
-  // --- traversal, in registration order
+  // --- traversal, in registration order; a parameter registered under two
+  // names (tied weights) is listed once, under its first name; state_dict()
+  // keeps every name.
   std::vector<Tensor> parameters(bool recurse = true) const;
   NamedTensors named_parameters(bool recurse = true) const;
   NamedTensors named_buffers(bool recurse = true) const;
