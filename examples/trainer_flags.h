@@ -1,4 +1,4 @@
-// The command-line flags that train_fashion and train_gan share, declared
+// The command-line flags that train_fashion, train_vit, train_gpt and train_gan share, declared
 // once: Lightning's Trainer flags in kebab-case, bound to a TrainerOptions,
 // and the Fashion-MNIST loading flags. Header-only, for the examples (the
 // library itself has no CLI11 dependency).
@@ -130,6 +130,39 @@ inline TrainerFlagHandles add_trainer_flags(CLI::App& app, TrainerFlags& flags) 
                  "simple (time per Trainer action) or pytorch (time per op); the report prints when a stage ends")
       ->check(CLI::IsMember({"", "simple", "pytorch"}));
   return handles;
+}
+
+// The Trainer flags of automatic optimization that train_fashion, train_vit
+// and train_gpt share beyond add_trainer_flags: epochs and time, gradient
+// accumulation and clipping, precision, validation cadence, smoke runs and
+// cuDNN settings.
+inline void add_fit_flags(CLI::App& app, TrainerFlags& flags) {
+  app.add_option("--min-epochs", flags.trainer.min_epochs, "Train at least this many epochs")->capture_default_str();
+  app.add_option("--max-time", flags.trainer.max_time, "Stop after this time (DD:HH:MM:SS or seconds)");
+  app.add_option("--accumulate-grad-batches", flags.trainer.accumulate_grad_batches,
+                 "Accumulate gradients over k batches")
+      ->capture_default_str()
+      ->check(kPositive);
+  app.add_option("--gradient-clip-val", flags.trainer.gradient_clip_val, "Clip gradients at this value (0: off)")
+      ->capture_default_str()
+      ->check(kNonNegative);
+  app.add_option("--gradient-clip-algorithm", flags.trainer.gradient_clip_algorithm, "norm or value")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"norm", "value"}));
+  app.add_option("--precision", flags.trainer.precision, "32-true, 64-true, bf16-true, bf16-mixed, 16-mixed")
+      ->capture_default_str();
+  add_batches_or_fraction_flag(app, "--val-check-interval", flags.trainer.val_check_interval,
+                               "Validate every N batches (4) or every fraction of an epoch (0.25)");
+  add_integer_or_none_flag(app, "--check-val-every-n-epoch", flags.trainer.check_val_every_n_epoch, 1,
+                           "expected a positive number of epochs or None",
+                           "Validate every N epochs; None: every --val-check-interval batches counted across epochs");
+  add_batches_or_fraction_flag(app, "--limit-val-batches", flags.trainer.limit_val_batches,
+                               "Validation batches: a number (4) or a fraction (0.25)");
+  app.add_option("--fast-dev-run", flags.trainer.fast_dev_run, "Run N batches of train/val/test as a smoke test")
+      ->capture_default_str()
+      ->check(kNonNegative);
+  app.add_flag("--deterministic", flags.trainer.deterministic, "Deterministic algorithms only");
+  app.add_flag("--benchmark", flags.trainer.benchmark, "cuDNN autotuning");
 }
 
 // Adds --batch-size, --num-workers and --data-dir (empty: FashionMNIST's
