@@ -107,7 +107,8 @@ cmd_pack() {
   tar -C "$stage" -cf - bin lib lib-fallback | xz -9 -T1 >"$kit/$archive_name"
   cp "$data"/*.gz "$kit/data/"
   cp "$repo/scripts/check_torch_interop.py" "$repo/scripts/check_tensorboard.py" "$kit/scripts/"
-  cp "$repo/bench/compare_fashion.py" "$repo/bench/torch_fashion.py" "$kit/bench/"
+  cp "$repo/bench/compare_fashion.py" "$repo/bench/torch_fashion.py" "$repo/bench/compare_transformers.py" \
+    "$repo/bench/torch_transformer.py" "$repo/bench/torch_attention.py" "$kit/bench/"
 
   # The GPU cases per test file, as the binary lists them; the test files.
   local source test_name
@@ -302,7 +303,7 @@ step_tests() {
 step_bench() {
   local bench rc out="$OUT/bench.md" ran=() step_end=$(($(now) + 120))  # the whole step: 2 minutes at most
   echo "# kiln GPU benchmarks, $(date -u '+%Y-%m-%d'), $device_line, commit $commit" >"$out"
-  for bench in bench_kernels bench_gemm bench_optim bench_conv bench_checkpointing bench_dataloader; do
+  for bench in bench_kernels bench_gemm bench_attention bench_optim bench_conv bench_checkpointing bench_dataloader; do
     if [ "$(left)" -lt 15 ] || [ $((step_end - $(now))) -lt 10 ]; then not_run+=("bench: $bench"); continue; fi
     rc=0
     {
@@ -327,13 +328,18 @@ step_compare() {
   [ "$with_compile" -eq 1 ] && cap=200  # torch.compile from cold
   run_bounded "$out" "$cap" env KILN_COMMIT="$commit" "$torch_python" "$kit/bench/compare_fashion.py" \
     --model cnn --batch-size 64 --precision 16-mixed --limit-train-batches 600 "${common[@]}" || rc=$?
-  local rc2=0
+  local rc2=0 rc3=0 rc4=0
   run_bounded "$out" "$cap" env KILN_COMMIT="$commit" "$torch_python" "$kit/bench/compare_fashion.py" \
     --model resnet9 --batch-size 512 --precision bf16-mixed --limit-train-batches 60 "${common[@]}" || rc2=$?
-  if [ "$rc" -eq 0 ] && [ "$rc2" -eq 0 ]; then
-    verdict compare ok "FashionCNN 16-mixed and ResNet-9 bf16-mixed against torch eager${compile:+ and torch.compile}"
+  # GPT-2 124M's training step, batch 16 x 1024 in bf16-mixed, and attention against torch's SDPA.
+  run_bounded "$out" "$cap" env KILN_COMMIT="$commit" "$torch_python" "$kit/bench/compare_transformers.py" \
+    --model gpt2-124m --batch-size 16 --steps 10 --rounds 1 --accelerator gpu --precision bf16-mixed \
+    --python "$torch_python" --kiln "$bins/bench_transformer" "${compile[@]}" || rc3=$?
+  run_bounded "$out" 60 "$torch_python" "$kit/bench/torch_attention.py" --dtype bf16 || rc4=$?
+  if [ "$rc" -eq 0 ] && [ "$rc2" -eq 0 ] && [ "$rc3" -eq 0 ] && [ "$rc4" -eq 0 ]; then
+    verdict compare ok "FashionCNN 16-mixed, ResNet-9 bf16-mixed, GPT-2 124M bf16-mixed and SDPA against torch eager${compile:+ and torch.compile}"
   else
-    verdict compare FAILED "FashionCNN exit $rc, ResNet-9 exit $rc2 (see compare.md)"
+    verdict compare FAILED "FashionCNN exit $rc, ResNet-9 exit $rc2, GPT-2 exit $rc3, SDPA exit $rc4 (see compare.md)"
   fi
 }
 

@@ -1,0 +1,75 @@
+#!/usr/bin/env python3
+"""Times the same transformer training step in kiln (build/bin/bench_transformer)
+and PyTorch (bench/torch_transformer.py), alternating them --rounds times so a
+change of machine load hits both, and prints a Markdown table for
+bench/RESULTS.md (medians over the rounds).
+
+    /usr/bin/python3 bench/compare_transformers.py --model vit
+    /usr/bin/python3 bench/compare_transformers.py --model gpt --rounds 3
+    python3 bench/compare_transformers.py --model gpt2-124m --accelerator gpu --precision bf16-mixed --torch-compile
+
+CPU: Debian's python3-torch with OPENBLAS_NUM_THREADS=1 and 2 torch threads
+(the fair setting of bench/compare_fashion.py); kiln with its 2 OpenMP threads.
+"""
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run(command, env):
+    result = subprocess.run(command, env=env, capture_output=True, text=True, cwd=ROOT)
+    if result.returncode != 0:
+        sys.exit(f"compare_transformers: {' '.join(command)} failed ({result.returncode}):\n{result.stderr}")
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="vit", choices=["vit", "gpt", "gpt2-124m"])
+    parser.add_argument("--batch-size", type=int, default=0)
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--accelerator", default="cpu", choices=["cpu", "gpu"])
+    parser.add_argument("--precision", default="32-true", choices=["32-true", "bf16-mixed", "16-mixed"])
+    parser.add_argument("--torch-compile", action="store_true", help="also time torch.compile (a third row)")
+    parser.add_argument("--kiln", default=os.path.join(ROOT, "build", "bin", "bench_transformer"))
+    parser.add_argument("--python", default="/usr/bin/python3", help="the Python that has torch")
+    args = parser.parse_args()
+    common = ["--model", args.model, "--batch-size", str(args.batch_size), "--steps", str(args.steps),
+              "--accelerator", args.accelerator, "--precision", args.precision]
+    env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="2")
+    peers = {"torch": []} | ({"torch.compile": ["--compile"]} if args.torch_compile else {})
+    kiln_runs, peer_runs = [], {name: [] for name in peers}
+    for round_index in range(args.rounds):
+        seeded = common + ["--seed", str(42 + round_index)]
+        kiln_runs.append(run([args.kiln] + seeded, env))
+        for name, flags in peers.items():
+            peer_runs[name].append(run([args.python, os.path.join(ROOT, "bench", "torch_transformer.py"), "--threads",
+                                        "2"] + seeded + flags, env))
+    commit = os.environ.get("KILN_COMMIT") or subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
+    first = kiln_runs[0]
+    print(f"{datetime.date.today()} · {platform.node()} · {os.cpu_count()} cores · commit {commit} · "
+          f"load {os.getloadavg()[0]:.1f} · {' '.join(sys.argv)}")
+    print(f"model {args.model} ({first['parameters']:,} parameters), batch {first['batch_size']}, {args.steps} steps, "
+          f"{args.accelerator}, {args.precision}, {args.rounds} round(s); torch {peer_runs['torch'][0]['torch']}\n")
+    kiln_ms = statistics.median(r["ms_per_step"] for r in kiln_runs)
+    print("| framework | ms/step (median) | tokens/s | model TFLOP/s | kiln's speed-up over it |")
+    print("|---|---|---|---|---|")
+    print(f"| kiln | {kiln_ms:.1f} | {statistics.median(r['tokens_per_s'] for r in kiln_runs):,.0f} | "
+          f"{statistics.median(r['model_tflops'] for r in kiln_runs):.3f} | — |")
+    for name, runs in peer_runs.items():
+        ms = statistics.median(r["ms_per_step"] for r in runs)
+        print(f"| {name} | {ms:.1f} | {statistics.median(r['tokens_per_s'] for r in runs):,.0f} | "
+              f"{statistics.median(r['model_tflops'] for r in runs):.3f} | {ms / kiln_ms:.2f}x |")
+
+
+if __name__ == "__main__":
+    main()
