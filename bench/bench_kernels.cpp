@@ -1,5 +1,8 @@
 // Kernel benchmarks through the kiln ops API: elementwise add / relu / gelu,
-// a full sum, softmax and cross_entropy (forward), in float32 and bfloat16.
+// a full sum, softmax and cross_entropy (forward), in float32 and bfloat16;
+// and the memory-bound layers of a transformer at GPT-2's activation shape
+// (16 x 1024 x 768; 4 x 1024 x 768 with --quick): LayerNorm, GELU, an
+// Embedding lookup and Dropout, forward and backward.
 // Every op here is memory-bound, so each row reports GB/s against the copy
 // bandwidth measured in the same run: device-to-device cudaMemcpy on the GPU,
 // a multi-threaded memcpy on the CPU. Inputs are random (never zeros).
@@ -15,6 +18,8 @@
 #include <string>
 
 #include "bench/harness.h"
+#include "core/autograd.h"
+#include "core/nn_ops.h"
 #include "core/ops.h"
 #include "core/tensor.h"
 #include "kernels/cuda/runtime.h"
@@ -111,6 +116,69 @@ void run_cases(Table& table, Device device, const Sizes& sizes, TimeFn&& time_fn
   }
 }
 
+// LayerNorm, GELU, Embedding and Dropout at a transformer's activation shape
+// (rows of width 768), forward and backward. Bytes: the tensors each kernel
+// must read and write once (the floor); the backward of LayerNorm reads x and
+// dy and writes dx (its per-column sums of dw, db are small).
+template <typename TimeFn>
+void run_transformer_cases(Table& table, Device device, int64_t rows, TimeFn&& time_fn) {
+  const int64_t width = 768, vocab = 50257;
+  for (DType dtype : {DType::f32, DType::bf16}) {
+    const std::string dtype_text(dtype_name(dtype));
+    const double element = static_cast<double>(dtype_size(dtype));
+    const Shape shape = {rows, width};
+    const std::string shape_text_ = shape_text({rows / 1024, 1024, width});
+    const double n = static_cast<double>(rows * width);
+    auto measure = [&](const std::string& op, double bytes, const std::function<void()>& fn) {
+      try {
+        table.add({op, shape_text_, dtype_text, time_fn(fn), bytes, 0, ""});
+      } catch (const Error& error) {
+        table.add_failure(op, shape_text_, dtype_text, error.what());
+      }
+    };
+    try {
+      Tensor x = random_tensor(shape, dtype, device, 7);
+      Tensor dy = random_tensor(shape, dtype, device, 8);
+      const TensorOptions params{.dtype = dtype, .device = device};
+      Tensor weight = ones({width}, params), bias = zeros({width}, params);
+      {
+        NoGradGuard no_grad;
+        measure("layer_norm fwd", 2 * n * element, [&] { (void)layer_norm(x, {width}, weight, bias); });
+        measure("gelu fwd", 2 * n * element, [&] { (void)gelu(x); });
+        measure("dropout fwd (p 0.1)", 2 * n * element, [&] { (void)dropout(x, 0.1); });
+      }
+      Tensor xg = x.detach().requires_grad_();
+      // Gradients are set to None first: the leaf's gradient is then stored,
+      // not added to the previous repeat's.
+      measure("layer_norm fwd+bwd", 5 * n * element, [&] {
+        xg.zero_grad_();
+        layer_norm(xg, {width}, weight, bias).backward(dy);
+      });
+      measure("gelu fwd+bwd", 5 * n * element, [&] {
+        xg.zero_grad_();
+        gelu(xg).backward(dy);
+      });
+      measure("dropout fwd+bwd", 4 * n * element + 2 * n, [&] {
+        xg.zero_grad_();
+        dropout(xg, 0.1).backward(dy);
+      });
+      Tensor table_weights = random_tensor({vocab, width}, dtype, device, 9).requires_grad_();
+      Tensor ids = randint(0, vocab, {rows}).to(device);
+      {
+        NoGradGuard no_grad;
+        measure("embedding fwd", 2 * n * element + rows * 8.0, [&] { (void)embedding(table_weights, ids); });
+      }
+      // The backward writes the whole (vocab, width) gradient once (zeros, then the rows).
+      measure("embedding fwd+bwd", 4 * n * element + static_cast<double>(vocab * width) * element, [&] {
+        table_weights.zero_grad_();
+        embedding(table_weights, ids).backward(dy);
+      });
+    } catch (const Error& error) {
+      table.add_failure("transformer inputs", shape_text_, dtype_text, error.what());
+    }
+  }
+}
+
 void run_gpu(const Options& options) {
   if (!cuda::is_available()) {
     std::printf("GPU benchmarks skipped: no CUDA device (device_count() = 0, kiln %s CUDA)\n",
@@ -150,6 +218,9 @@ void run_gpu(const Options& options) {
              0, ""});
   run_cases(table, cuda_device, sizes, time_fn);
   table.print(reference);
+  Table transformer_table("GPU transformer layers at GPT-2's activation shape, cuda:" + std::to_string(device));
+  run_transformer_cases(transformer_table, cuda_device, options.quick ? 4 * 1024 : 16 * 1024, time_fn);
+  transformer_table.print(reference);
   std::printf("reference: device-to-device copy %.1f GB/s (read + write)\n", reference);
 }
 
@@ -186,6 +257,9 @@ void run_cpu(const Options& options) {
   table.add({"memcpy (reference)", std::to_string(bytes >> 20) + " MiB", "bytes", copy, copy_bytes, 0, ""});
   run_cases(table, Device::cpu(), sizes, time_fn);
   table.print(reference);
+  Table transformer_table("CPU transformer layers at GPT-2's activation shape");
+  run_transformer_cases(transformer_table, Device::cpu(), options.quick ? 4 * 1024 : 16 * 1024, time_fn);
+  transformer_table.print(reference);
   std::printf("reference: %d-thread memcpy %.1f GB/s (read + write)\n", threads, reference);
 }
 

@@ -77,6 +77,15 @@ struct IndexAddArgs {
 size_t index_add_sorted_workspace_bytes(int64_t count);
 void index_add_sorted_cuda(const IndexAddArgs& args, void* workspace, size_t workspace_bytes, cuda::Stream stream);
 
+// The CPU's index_add over the same contiguous operands, written with =:
+// every row of data (outer, data_dim_size, inner) is the sum of the rows of
+// values its indices name, in index order, accumulated in float (double for
+// float64) and rounded once; rows no index names are zeros. It buckets the
+// indices by row (a counting sort) and splits the rows across threads, so it
+// writes the result once (no zero fill first) and takes no locks; the result
+// does not depend on the thread count. Reports the first out-of-range index.
+IndexError index_add_rows_cpu(const IndexAddArgs& args);
+
 // Reads and clears the device's error slot (synchronizes `stream`).
 IndexError index_error_cuda(int device, cuda::Stream stream);
 

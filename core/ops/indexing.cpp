@@ -140,7 +140,26 @@ Tensor expand_index(const Tensor& index, int64_t dim, const Shape& out_shape) {
 // Backward of index_select/embedding: rows of grad added into zeros at index.
 Tensor index_add_backward(const char* op, const Tensor& grad, const Shape& input_shape, int64_t dim,
                           const Tensor& index) {
-  Tensor dx = zeros(input_shape, TensorOptions{.dtype = grad.dtype(), .device = grad.device()});
+  const TensorOptions options{.dtype = grad.dtype(), .device = grad.device()};
+  if (grad.is_cpu() && is_floating(grad.dtype()) && grad.numel() > 0) {
+    // One pass that writes every element (no zero fill first).
+    Tensor dx = empty(input_shape, options);
+    Tensor dense = grad.contiguous(), flat_index = index.reshape({-1}).contiguous();
+    kernels::IndexAddArgs args;
+    args.data = dx.data_ptr();
+    args.values = dense.data_ptr();
+    args.index = flat_index.data_ptr();
+    args.dtype = grad.dtype();
+    args.index_dtype = flat_index.dtype();
+    for (int64_t d = 0; d < dim; ++d) args.outer *= input_shape[d];
+    for (size_t d = dim + 1; d < input_shape.size(); ++d) args.inner *= input_shape[d];
+    args.count = flat_index.numel();
+    args.data_dim_size = input_shape[dim];
+    const kernels::IndexError error = kernels::index_add_rows_cpu(args);
+    if (error.found) throw_index_error(op, dim, error);
+    return dx;
+  }
+  Tensor dx = zeros(input_shape, options);
   if (grad.numel() == 0) return dx;
   if (grad.is_cuda() && is_floating(grad.dtype())) {
     Tensor dense = grad.contiguous(), flat_index = index.reshape({-1}).contiguous();

@@ -10,6 +10,8 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <type_traits>
+#include <vector>
 
 #include "kernels/indexing.h"
 
@@ -164,6 +166,67 @@ IndexError scatter_add_cpu(const IndexArgs& args) {
       return dispatch_index(args.index.dtype, "scatter_add",
                             [&]<typename I>() { return scatter_add_typed<T, I>(args); });
     }
+  });
+}
+
+namespace {
+
+template <typename T, typename I>
+IndexError index_add_rows_typed(const IndexAddArgs& args) {
+  using Acc = std::conditional_t<std::is_same_v<T, double>, double, float>;
+  const auto* index = static_cast<const I*>(args.index);
+  const auto* values = static_cast<const T*>(args.values);
+  auto* data = static_cast<T*>(args.data);
+  const int64_t rows = args.data_dim_size, count = args.count, inner = args.inner;
+  // Counting sort of the positions by their row (stable: index order within a row).
+  std::vector<int64_t> starts(static_cast<size_t>(rows + 1), 0), order(static_cast<size_t>(count));
+  IndexError error;
+  for (int64_t i = 0; i < count; ++i) {
+    const int64_t row = static_cast<int64_t>(index[i]);
+    if (row < 0 || row >= rows) {
+      if (!error.found) error = {true, row, rows};
+      continue;
+    }
+    ++starts[static_cast<size_t>(row + 1)];
+  }
+  for (int64_t r = 0; r < rows; ++r) starts[static_cast<size_t>(r + 1)] += starts[static_cast<size_t>(r)];
+  {
+    std::vector<int64_t> next(starts.begin(), starts.end() - 1);
+    for (int64_t i = 0; i < count; ++i) {
+      const int64_t row = static_cast<int64_t>(index[i]);
+      if (row >= 0 && row < rows) order[static_cast<size_t>(next[static_cast<size_t>(row)]++)] = i;
+    }
+  }
+  const int64_t tasks = args.outer * rows;
+#pragma omp parallel if (tasks * inner > kParallelThreshold)
+  {
+    std::vector<Acc> sum(static_cast<size_t>(inner));
+#pragma omp for schedule(static)
+    for (int64_t task = 0; task < tasks; ++task) {
+      const int64_t o = task / rows, r = task % rows;
+      T* out = data + (o * rows + r) * inner;
+      const int64_t begin = starts[static_cast<size_t>(r)], end = starts[static_cast<size_t>(r + 1)];
+      if (begin == end) {
+        std::fill(out, out + inner, T(0));
+        continue;
+      }
+      std::fill(sum.begin(), sum.end(), Acc(0));
+      for (int64_t k = begin; k < end; ++k) {
+        const T* in = values + (o * count + order[static_cast<size_t>(k)]) * inner;
+        for (int64_t j = 0; j < inner; ++j) sum[static_cast<size_t>(j)] += static_cast<Acc>(in[j]);
+      }
+      for (int64_t j = 0; j < inner; ++j) out[j] = static_cast<T>(sum[static_cast<size_t>(j)]);
+    }
+  }
+  return error;
+}
+
+}  // namespace
+
+IndexError index_add_rows_cpu(const IndexAddArgs& args) {
+  return dispatch_floating(args.dtype, "index_add", [&]<typename T>() {
+    return dispatch_index(args.index_dtype, "index_add",
+                          [&]<typename I>() { return index_add_rows_typed<T, I>(args); });
   });
 }
 
