@@ -124,6 +124,8 @@ void* CachingAllocator::allocate(size_t bytes, cuda::Stream stream) {
   const size_t size = caching_ ? round_size(bytes) : std::max<size_t>(bytes, 1);
   std::lock_guard lock(mutex_);
   if (!awaiting_.empty()) collect_awaiting_locked(/*wait=*/false);
+  const auto pool_entry = stream_pools_.find(stream);
+  const uint64_t pool = pool_entry == stream_pools_.end() ? 0 : pool_entry->second;
   // Best fit among cached blocks of the same stream. A large request does not
   // take a block more than twice its size (it would strand the rest), and a
   // small one (< 1 MiB) takes only small blocks: otherwise a 512-byte request
@@ -132,7 +134,7 @@ void* CachingAllocator::allocate(size_t bytes, cuda::Stream stream) {
   for (auto it = cached_.lower_bound(size); it != cached_.end(); ++it) {
     if (size >= (1u << 20) && it->first > 2 * size) break;
     if (size < (1u << 20) && it->first >= (1u << 20)) break;
-    if (it->second.stream != stream) continue;
+    if (it->second.stream != stream || it->second.pool != pool) continue;
     Block block = it->second;
     cached_.erase(it);
     live_.emplace(block.pointer, block);
@@ -156,9 +158,10 @@ void* CachingAllocator::allocate(size_t bytes, cuda::Stream stream) {
                                           stats_.reserved_bytes, " reserved)"),
                            __FILE__, __LINE__);
   }
-  Block block{pointer, size, stream, {}};
+  Block block{pointer, size, stream, {}, pool};
   live_.emplace(pointer, block);
   stats_.reserved_bytes += size;
+  if (pool != 0) stats_.graph_pool_bytes += size;
   stats_.allocated_bytes += size;
   stats_.peak_allocated_bytes = std::max(stats_.peak_allocated_bytes, stats_.allocated_bytes);
   return pointer;
@@ -195,14 +198,47 @@ bool CachingAllocator::record_stream(void* pointer, cuda::Stream stream) {
 }
 
 void CachingAllocator::retire_locked(Block block) {
-  if (caching_) {
+  if (caching_ && !(block.pool != 0 && released_pools_.count(block.pool) != 0)) {
     block.other_streams.clear();
     cached_.emplace(block.size, std::move(block));
     return;
   }
+  release_block_locked(block);
+}
+
+void CachingAllocator::release_block_locked(const Block& block) {
   source_->release(block.pointer);
   ++stats_.device_free_calls;
   stats_.reserved_bytes -= block.size;
+  if (block.pool != 0) stats_.graph_pool_bytes -= block.size;
+}
+
+void CachingAllocator::begin_pool(cuda::Stream stream, uint64_t pool) {
+  std::lock_guard lock(mutex_);
+  KILN_CHECK(pool != 0, "begin_pool: pool 0 is the common pool");
+  KILN_CHECK(caching_, "a CUDA graph on ", device_name_, " needs the caching allocator, and caching is off ",
+             "(KILN_NO_CUDA_MEMORY_CACHING is set)");
+  KILN_CHECK(released_pools_.count(pool) == 0, "begin_pool: pool ", pool, " was released");
+  stream_pools_[stream] = pool;
+}
+
+void CachingAllocator::end_pool(cuda::Stream stream) {
+  std::lock_guard lock(mutex_);
+  stream_pools_.erase(stream);
+}
+
+void CachingAllocator::release_pool(uint64_t pool) {
+  std::lock_guard lock(mutex_);
+  if (pool == 0) return;
+  released_pools_.insert(pool);
+  for (auto it = cached_.begin(); it != cached_.end();) {
+    if (it->second.pool == pool) {
+      release_block_locked(it->second);
+      it = cached_.erase(it);
+    } else {
+      ++it;
+    }
+  }
 }
 
 void CachingAllocator::collect_awaiting_locked(bool wait) {
@@ -228,12 +264,15 @@ void CachingAllocator::collect_awaiting_locked(bool wait) {
 }
 
 void CachingAllocator::release_cached_locked() {
-  for (auto& [size, block] : cached_) {
-    source_->release(block.pointer);
-    ++stats_.device_free_calls;
-    stats_.reserved_bytes -= size;
+  // A graph's cached blocks stay: its recorded kernels still use them.
+  for (auto it = cached_.begin(); it != cached_.end();) {
+    if (it->second.pool == 0) {
+      release_block_locked(it->second);
+      it = cached_.erase(it);
+    } else {
+      ++it;
+    }
   }
-  cached_.clear();
 }
 
 void CachingAllocator::empty_cache() {

@@ -47,6 +47,7 @@ struct AllocatorStats {
   uint64_t device_malloc_calls = 0; // calls to RawDeviceMemory::allocate
   uint64_t device_free_calls = 0;
   uint64_t oom_retries = 0;         // times the cache was emptied to retry
+  size_t graph_pool_bytes = 0;      // of reserved_bytes: held by CUDA graphs' pools (live and cached)
 };
 
 // A size-binned, stream-aware caching allocator. Blocks are rounded up (512 B
@@ -61,6 +62,10 @@ struct AllocatorStats {
 // PYTORCH_NO_CUDA_MEMORY_CACHING does for torch's) every request is its own
 // device allocation of exactly the bytes asked for, released when freed: what
 // compute-sanitizer's memcheck needs to see an overrun past the end.
+// A CUDA graph's memory is a pool of its own (begin_pool .. end_pool around
+// its capture): blocks allocated for it are reused only by it, never
+// returned by empty_cache, and released with release_pool when the graph
+// goes, so its replays allocate nothing and touch memory nobody else holds.
 class CachingAllocator {
  public:
   explicit CachingAllocator(std::unique_ptr<RawDeviceMemory> source, std::string device_name, bool caching = true);
@@ -79,6 +84,15 @@ class CachingAllocator {
   void reset_peak();
   bool caching() const { return caching_; }
 
+  // From now until end_pool(stream), requests on `stream` come from pool
+  // `pool` (nonzero, a graph's id), and so do the frees of its blocks.
+  // Throws kiln::Error with caching off (a graph needs its memory to stay).
+  void begin_pool(cuda::Stream stream, uint64_t pool);
+  void end_pool(cuda::Stream stream);
+  // Returns the pool's cached blocks to the device; its live blocks are
+  // returned when they are freed.
+  void release_pool(uint64_t pool);
+
   static size_t round_size(size_t bytes);
 
  private:
@@ -87,13 +101,16 @@ class CachingAllocator {
     size_t size;
     cuda::Stream stream;
     std::vector<cuda::Stream> other_streams;  // from record_stream
+    uint64_t pool = 0;                         // 0: the common pool; else a graph's
   };
   // A freed block that other streams may still use, with one event per stream.
   struct AwaitingBlock {
     Block block;
     std::vector<cuda::Event> events;
   };
+  // Returns the cached blocks of the common pool (never a graph's) to the device.
   void release_cached_locked();
+  void release_block_locked(const Block& block);
   // Frees (caching off) or caches a block nothing uses any more.
   void retire_locked(Block block);
   // Retires the awaiting blocks whose events have all passed; with `wait`, all of them.
@@ -106,6 +123,8 @@ class CachingAllocator {
   std::unordered_map<void*, Block> live_;
   std::multimap<size_t, Block> cached_;  // by size
   std::vector<AwaitingBlock> awaiting_;
+  std::unordered_map<cuda::Stream, uint64_t> stream_pools_;  // streams capturing into a graph's pool
+  std::set<uint64_t> released_pools_;
   AllocatorStats stats_;
 };
 

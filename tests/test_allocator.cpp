@@ -350,6 +350,45 @@ TEST_CASE("allocator: with caching off every request is its own exact-size alloc
   CHECK(f.allocator.stats().device_malloc_calls == f.allocator.stats().device_free_calls);
 }
 
+TEST_CASE("allocator: a CUDA graph's pool keeps its blocks to itself and stays through empty_cache") {
+  Fixture f;
+  // Common memory cached before the capture is not handed to the graph.
+  void* common = f.allocator.allocate(1000, stream_a());
+  f.allocator.deallocate(common);
+  f.allocator.begin_pool(stream_b(), 7);
+  void* in_graph = f.allocator.allocate(1000, stream_b());
+  CHECK(in_graph != common);
+  CHECK(f.allocator.stats().graph_pool_bytes == 1024);
+  f.allocator.deallocate(in_graph);
+  void* again = f.allocator.allocate(1000, stream_b());  // reused within the capture, in stream order
+  CHECK(again == in_graph);
+  f.allocator.end_pool(stream_b());
+  f.allocator.deallocate(again);
+  // After the capture the pool's block is not reused by common requests...
+  void* after = f.allocator.allocate(1000, stream_b());
+  CHECK(after != in_graph);
+  f.allocator.deallocate(after);
+  // ...and empty_cache keeps it: the graph's recorded kernels still use it.
+  f.allocator.empty_cache();
+  CHECK(f.memory.live.count(in_graph) == 1);
+  CHECK(f.allocator.stats().graph_pool_bytes == 1024);
+  // Releasing the pool returns its cached blocks; a live one goes when freed.
+  f.allocator.begin_pool(stream_b(), 8);
+  void* live = f.allocator.allocate(4096, stream_b());
+  f.allocator.end_pool(stream_b());
+  f.allocator.release_pool(7);
+  f.allocator.release_pool(8);
+  CHECK(f.memory.live.count(in_graph) == 0);
+  CHECK(f.memory.live.count(live) == 1);
+  f.allocator.deallocate(live);
+  CHECK(f.memory.live.count(live) == 0);
+  CHECK(f.allocator.stats().graph_pool_bytes == 0);
+  CHECK(testing::error_of([&] { f.allocator.begin_pool(stream_b(), 8); }).find("was released") != std::string::npos);
+  Fixture uncached(1024 * MiB, /*caching=*/false);
+  CHECK(testing::error_of([&] { uncached.allocator.begin_pool(stream_a(), 9); }).find("needs the caching allocator") !=
+        std::string::npos);
+}
+
 TEST_CASE("allocator: deallocating an unknown pointer is a bug, reported") {
   Fixture f;
   int local = 0;

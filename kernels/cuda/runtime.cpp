@@ -21,9 +21,11 @@
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <vector>
 
 #include "kernels/cuda/check.h"
+#include "kernels/cuda/graph.h"
 #include "kernels/error.h"
 
 namespace kiln::cuda {
@@ -177,6 +179,9 @@ int current_device() {
 
 void* raw_malloc(size_t bytes, int device) {
   DeviceGuard guard(device, "cudaMalloc");
+  // The caching allocator's memory for a graph outlives it (graph.h).
+  std::optional<RelaxedCapture> relaxed;
+  if (capturing()) relaxed.emplace();
   void* pointer = nullptr;
   const cudaError_t status = cudaMalloc(&pointer, bytes);
   if (status == cudaErrorMemoryAllocation) {
@@ -189,6 +194,7 @@ void* raw_malloc(size_t bytes, int device) {
 
 void raw_free(void* pointer, int device) {
   if (pointer == nullptr) return;
+  check_not_capturing("cudaFree");  // it synchronizes the device
   DeviceGuard guard(device, "cudaFree");
   KILN_CUDA_CHECK(cudaFree(pointer));
 }
@@ -238,6 +244,9 @@ bool is_pinned(const void* pointer) {
 }
 
 void memcpy_async(void* dst, const void* src, size_t bytes, CopyKind kind, Stream stream) {
+  // A copy to the host is recorded fine, but whoever reads the host buffer
+  // reads it when the graph runs, not when it is captured: refused.
+  if (kind == CopyKind::device_to_host) check_not_capturing("a device-to-host copy");
   if (kind == CopyKind::device_to_host) device_to_host_copies.fetch_add(1, std::memory_order_relaxed);
   if (bytes == 0) return;
   DeviceGuard guard(device_of(stream), "memcpy_async");
@@ -278,12 +287,14 @@ void destroy_stream(Stream stream) {
 }
 
 void stream_synchronize(Stream stream) {
+  check_not_capturing("stream_synchronize");
   adopt_process_device();
   synchronizations.fetch_add(1, std::memory_order_relaxed);
   KILN_CUDA_CHECK(cudaStreamSynchronize(as_stream(stream)));
 }
 
 void device_synchronize(int device) {
+  check_not_capturing("device_synchronize");
   DeviceGuard guard(device, "device_synchronize");
   synchronizations.fetch_add(1, std::memory_order_relaxed);
   KILN_CUDA_CHECK(cudaDeviceSynchronize());
@@ -313,6 +324,7 @@ void stream_wait_event(Stream stream, Event event) {
 }
 
 void event_synchronize(Event event) {
+  check_not_capturing("event_synchronize");
   adopt_process_device();
   synchronizations.fetch_add(1, std::memory_order_relaxed);
   KILN_CUDA_CHECK(cudaEventSynchronize(as_event(event)));
