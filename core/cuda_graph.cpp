@@ -3,6 +3,7 @@
 #include <atomic>
 
 #include "core/allocator.h"
+#include "core/generator.h"
 #include "kernels/error.h"
 
 namespace kiln::cuda {
@@ -16,12 +17,15 @@ Graph::Graph(int device) : device_(device < 0 ? current_device() : device), pool
   DeviceGuard guard(device_, "cuda::Graph");
   capture_stream_ = create_stream(device_);
   ordering_ = create_event(device_, /*timing=*/false);
+  replay_state_ = raw_malloc(sizeof(philox::ReplayState), device_);
+  KILN_CHECK(replay_state_ != nullptr, "cuda::Graph: out of memory on cuda:", device_);
 }
 
 Graph::~Graph() {
   try {
     if (capturing_) {
       capturing_ = false;
+      (void)default_generator(Device::cuda(device_)).end_graph();
       (void)stream_end_capture(capture_stream_);
     }
   } catch (...) {
@@ -32,6 +36,7 @@ Graph::~Graph() {
     cuda_allocator(device_).release_pool(pool_);
     destroy_event(ordering_);
     destroy_stream(capture_stream_);
+    raw_free(replay_state_, device_);
   } catch (...) {
   }
 }
@@ -53,6 +58,7 @@ void Graph::capture_begin() {
     cuda_allocator(device_).end_pool(capture_stream_);
     throw;
   }
+  default_generator(Device::cuda(device_)).begin_graph(static_cast<philox::ReplayState*>(replay_state_));
   capturing_ = true;
 }
 
@@ -60,6 +66,7 @@ void Graph::capture_end() {
   KILN_CHECK(capturing_, "cuda::Graph::capture_end: not capturing");
   DeviceGuard guard(device_, "cuda::Graph::capture_end");
   capturing_ = false;
+  replay_counters_ = default_generator(Device::cuda(device_)).end_graph();
   set_current_stream(device_, previous_stream_);
   cuda_allocator(device_).end_pool(capture_stream_);
   exec_ = stream_end_capture(capture_stream_);  // throws when the capture was invalidated
@@ -68,7 +75,12 @@ void Graph::capture_end() {
 void Graph::replay() {
   KILN_CHECK(exec_ != nullptr, "cuda::Graph::replay: nothing was captured");
   DeviceGuard guard(device_, "cuda::Graph::replay");
-  graph_launch(exec_, current_stream(device_));
+  const Stream stream = current_stream(device_);
+  if (replay_counters_ > 0) {
+    const GeneratorState drawn = default_generator(Device::cuda(device_)).advance(replay_counters_);
+    set_replay_state(static_cast<philox::ReplayState*>(replay_state_), drawn.seed, drawn.offset, stream);
+  }
+  graph_launch(exec_, stream);
 }
 
 void Graph::reset() {

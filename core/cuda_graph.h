@@ -16,7 +16,12 @@
 // reuse exactly the addresses they recorded. A host read or synchronization
 // inside the region (.item(), .cpu(), printing a CUDA tensor) throws
 // kiln::Error naming it, and capture_end then throws too: the capture is
-// abandoned, since the region did not record what it meant to. The graph, its pool and its stream go with the object.
+// abandoned, since the region did not record what it meant to.
+// Random ops recorded in the graph (dropout, rand) draw new numbers at every
+// replay: during the capture the device's default generator counts their
+// draws relative to a seed and offset the graph keeps in device memory, and
+// replay() reserves that many counters from the generator and writes them
+// there (a one-thread kernel) before launching the graph. The graph, its pool and its stream go with the object.
 #pragma once
 
 #include <cstdint>
@@ -59,6 +64,8 @@ class Graph {
   Event ordering_ = nullptr;
   GraphExec exec_ = nullptr;
   bool capturing_ = false;
+  void* replay_state_ = nullptr;   // philox::ReplayState on the device (allocated outside the pool)
+  uint64_t replay_counters_ = 0;   // Philox counters one replay draws
 };
 
 }  // namespace kiln::cuda

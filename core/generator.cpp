@@ -24,9 +24,26 @@ void Generator::set_state(const GeneratorState& state) {
 
 GeneratorState Generator::advance(uint64_t counters) {
   std::lock_guard lock(mutex_);
+  if (graph_replay_ != nullptr) {
+    const GeneratorState drawn{state_.seed, graph_counters_, graph_replay_};
+    graph_counters_ += counters;
+    return drawn;
+  }
   GeneratorState drawn = state_;
   state_.offset += counters;
   return drawn;
+}
+
+void Generator::begin_graph(const philox::ReplayState* replay) {
+  std::lock_guard lock(mutex_);
+  graph_replay_ = replay;
+  graph_counters_ = 0;
+}
+
+uint64_t Generator::end_graph() {
+  std::lock_guard lock(mutex_);
+  graph_replay_ = nullptr;
+  return graph_counters_;
 }
 
 namespace {

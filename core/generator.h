@@ -7,12 +7,16 @@
 #include <mutex>
 
 #include "core/device.h"
+#include "kernels/philox.h"
 
 namespace kiln {
 
 struct GeneratorState {
   uint64_t seed = 0;
   uint64_t offset = 0;  // in 128-bit Philox counters consumed
+  // Set while a CUDA graph records: the kernels read the seed and base offset
+  // there at every replay, and `offset` is relative to it (kernels/philox.h).
+  const philox::ReplayState* replay = nullptr;
 };
 
 class Generator {
@@ -23,10 +27,17 @@ class Generator {
   void set_state(const GeneratorState& state);
   // Reserves `counters` 128-bit counters and returns the state to draw them from.
   GeneratorState advance(uint64_t counters);
+  // While a CUDA graph records on this (CUDA) generator's device: draws are
+  // counted from 0 relative to `replay`, and the host state does not move;
+  // end_graph returns how many counters one replay consumes.
+  void begin_graph(const philox::ReplayState* replay);
+  uint64_t end_graph();
 
  private:
   mutable std::mutex mutex_;
   GeneratorState state_;
+  const philox::ReplayState* graph_replay_ = nullptr;
+  uint64_t graph_counters_ = 0;
 };
 
 // The default generator of a device (one for cpu, one per cuda device).

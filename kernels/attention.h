@@ -38,6 +38,7 @@
 
 #include "kernels/cuda/runtime.h"
 #include "kernels/dtype.h"
+#include "kernels/philox.h"
 
 namespace kiln::kernels {
 
@@ -60,6 +61,7 @@ struct AttentionArgs {
   // Dropout on the probabilities; p = 0 turns it off.
   float dropout_p = 0.0f;
   uint64_t seed = 0, offset = 0;
+  const philox::ReplayState* replay = nullptr;  // CUDA, inside a graph: seed and base offset read at replay
 };
 
 // Counters a dropout draw of this problem consumes (one word per score).

@@ -35,6 +35,21 @@ KILN_HOST_DEVICE inline Uint4 philox4x32(uint64_t seed, uint64_t counter_low, ui
   return c;
 }
 
+// The seed and base offset a CUDA graph's random kernels read at every
+// replay (core/cuda_graph.h writes them before each launch), so that a
+// replayed dropout draws new numbers: such a kernel's own `offset` is then
+// relative to `offset` here, and its own `seed` is ignored.
+struct ReplayState {
+  uint64_t seed;
+  uint64_t offset;
+};
+KILN_HOST_DEVICE inline uint64_t seed_of(uint64_t seed, const ReplayState* replay) {
+  return replay != nullptr ? replay->seed : seed;
+}
+KILN_HOST_DEVICE inline uint64_t offset_of(uint64_t offset, const ReplayState* replay) {
+  return replay != nullptr ? replay->offset + offset : offset;
+}
+
 KILN_HOST_DEVICE inline uint32_t lane(const Uint4& words, int index) {
   return index == 0 ? words.x : index == 1 ? words.y : index == 2 ? words.z : words.w;
 }

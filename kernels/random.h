@@ -84,13 +84,17 @@ KILN_HOST_DEVICE inline bool dropout_keep(uint32_t word, float p) { return philo
 // ---------------------------------------------------------------- kernels
 // out: `count` elements of a floating dtype.
 void uniform_cpu(void* out, DType dtype, int64_t count, uint64_t seed, uint64_t offset);
-void uniform_cuda(void* out, DType dtype, int64_t count, uint64_t seed, uint64_t offset, cuda::Stream stream);
+// The CUDA draws take the seed and offset from `replay` when it is set (a
+// kernel recorded in a CUDA graph; philox.h), `offset` then being relative.
+void uniform_cuda(void* out, DType dtype, int64_t count, uint64_t seed, uint64_t offset, cuda::Stream stream,
+                  const philox::ReplayState* replay = nullptr);
 void normal_cpu(void* out, DType dtype, int64_t count, uint64_t seed, uint64_t offset);
-void normal_cuda(void* out, DType dtype, int64_t count, uint64_t seed, uint64_t offset, cuda::Stream stream);
+void normal_cuda(void* out, DType dtype, int64_t count, uint64_t seed, uint64_t offset, cuda::Stream stream,
+                 const philox::ReplayState* replay = nullptr);
 // Integers in [low, low + range) (range > 0) as any dtype but bool.
 void randint_cpu(void* out, DType dtype, int64_t count, int64_t low, uint64_t range, uint64_t seed, uint64_t offset);
 void randint_cuda(void* out, DType dtype, int64_t count, int64_t low, uint64_t range, uint64_t seed,
-                  uint64_t offset, cuda::Stream stream);
+                  uint64_t offset, cuda::Stream stream, const philox::ReplayState* replay = nullptr);
 // A permutation of [0, n): indices sorted by their 64-bit random keys (ties
 // by index). Host only; the front end copies it to the device.
 void randperm_cpu(int64_t* out, int64_t n, uint64_t seed, uint64_t offset);
@@ -99,7 +103,7 @@ void randperm_cpu(int64_t* out, int64_t n, uint64_t seed, uint64_t offset);
 void dropout_cpu(const void* x, void* out, uint8_t* mask, DType dtype, int64_t count, float p, double scale,
                  uint64_t seed, uint64_t offset);
 void dropout_cuda(const void* x, void* out, uint8_t* mask, DType dtype, int64_t count, float p, double scale,
-                  uint64_t seed, uint64_t offset, cuda::Stream stream);
+                  uint64_t seed, uint64_t offset, cuda::Stream stream, const philox::ReplayState* replay = nullptr);
 // dx[i] = mask[i] ? dout[i] * scale : 0.
 void dropout_backward_cpu(const void* dout, const uint8_t* mask, void* dx, DType dtype, int64_t count, double scale);
 void dropout_backward_cuda(const void* dout, const uint8_t* mask, void* dx, DType dtype, int64_t count, double scale,

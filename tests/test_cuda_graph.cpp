@@ -4,6 +4,7 @@
 
 #include "core/allocator.h"
 #include "core/cuda_graph.h"
+#include "core/generator.h"
 #include "core/ops.h"
 #include "tests/support/test_util.h"
 
@@ -14,6 +15,22 @@ TEST_CASE("cuda::Graph without a GPU fails clearly") {
   CHECK(error_of([] { cuda::Graph graph; }).find("cuda::Graph: no CUDA device is available") != std::string::npos);
   CHECK_FALSE(cuda::capturing());
   CHECK_NOTHROW(cuda::check_not_capturing("anything"));
+}
+
+TEST_CASE("a generator inside a graph counts draws from 0 against the graph's replay state, and the host state stays") {
+  Generator generator(99);
+  generator.set_state({99, 40});
+  philox::ReplayState slot{};
+  generator.begin_graph(&slot);
+  const GeneratorState first = generator.advance(5), second = generator.advance(3);
+  CHECK(first.replay == &slot);
+  CHECK(first.offset == 0);
+  CHECK(second.offset == 5);
+  CHECK(generator.end_graph() == 8);
+  CHECK(generator.state().offset == 40);  // the captured draws reserved nothing yet
+  const GeneratorState eager = generator.advance(2);
+  CHECK(eager.replay == nullptr);
+  CHECK(eager.offset == 40);
 }
 
 TEST_CASE("cuda::Graph records a region once and replays it on new inputs, allocating nothing [gpu]") {
@@ -55,6 +72,26 @@ TEST_CASE("cuda::Graph refuses a host read inside the capture and names it [gpu]
   CHECK_FALSE(graph.captured());
   CHECK_FALSE(cuda::capturing());
   CHECK(sum(x).item<float>() == 10.0f);  // the device works normally afterwards
+}
+
+TEST_CASE("dropout inside a graph draws new numbers at every replay, the ones eager dropout would draw [gpu]") {
+  KILN_REQUIRE_GPU();
+  const Device gpu = Device::cuda(0);
+  Tensor x = ones({4096}, {.device = gpu});
+  (void)dropout(x, 0.5);  // warm-up
+  cuda::Graph graph;
+  graph.capture_begin();
+  Tensor y = dropout(x, 0.5);
+  graph.capture_end();
+  manual_seed(17);
+  graph.replay();
+  const std::vector<float> first = y.cpu().to_vector<float>();
+  graph.replay();
+  const std::vector<float> second = y.cpu().to_vector<float>();
+  CHECK(first != second);
+  manual_seed(17);
+  CHECK(dropout(x, 0.5).cpu().to_vector<float>() == first);
+  CHECK(dropout(x, 0.5).cpu().to_vector<float>() == second);
 }
 
 }  // namespace kiln::testing

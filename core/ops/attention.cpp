@@ -181,6 +181,7 @@ Tensor scaled_dot_product_attention(const Tensor& query, const Tensor& key, cons
       const GeneratorState state = default_generator(query.device()).advance(kernels::attention_dropout_counters(args));
       args.seed = state.seed;
       args.offset = state.offset;
+      args.replay = state.replay;
     }
     if (out.numel() > 0) {
       if (query.is_cpu()) {

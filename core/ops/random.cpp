@@ -63,7 +63,8 @@ Tensor rand(const Shape& shape, const TensorOptions& options) {
     if (out.is_cpu()) {
       kernels::uniform_cpu(out.data_ptr(), options.dtype, n, state.seed, state.offset);
     } else {
-      kernels::uniform_cuda(out.data_ptr(), options.dtype, n, state.seed, state.offset, launch_on(out, "random").stream);
+      kernels::uniform_cuda(out.data_ptr(), options.dtype, n, state.seed, state.offset, launch_on(out, "random").stream,
+                            state.replay);
     }
   }
   return finish_factory(out, options);
@@ -78,7 +79,8 @@ Tensor randn(const Shape& shape, const TensorOptions& options) {
     if (out.is_cpu()) {
       kernels::normal_cpu(out.data_ptr(), options.dtype, n, state.seed, state.offset);
     } else {
-      kernels::normal_cuda(out.data_ptr(), options.dtype, n, state.seed, state.offset, launch_on(out, "random").stream);
+      kernels::normal_cuda(out.data_ptr(), options.dtype, n, state.seed, state.offset, launch_on(out, "random").stream,
+                            state.replay);
     }
   }
   return finish_factory(out, options);
@@ -100,7 +102,8 @@ Tensor randint(int64_t low, int64_t high, const Shape& shape, const TensorOption
     if (out.is_cpu()) {
       kernels::randint_cpu(out.data_ptr(), options.dtype, n, low, range, state.seed, state.offset);
     } else {
-      kernels::randint_cuda(out.data_ptr(), options.dtype, n, low, range, state.seed, state.offset, launch_on(out, "random").stream);
+      kernels::randint_cuda(out.data_ptr(), options.dtype, n, low, range, state.seed, state.offset, launch_on(out, "random").stream,
+                            state.replay);
     }
   }
   return finish_factory(out, options);
@@ -157,7 +160,7 @@ Tensor dropout(const Tensor& x, double p, bool training) {
                            state.seed, state.offset);
     } else {
       kernels::dropout_cuda(input.data_ptr(), out.data_ptr(), mask_data, x.dtype(), n, static_cast<float>(p), scale,
-                            state.seed, state.offset, launch_on(x, "random").stream);
+                            state.seed, state.offset, launch_on(x, "random").stream, state.replay);
     }
   }
   if (need_mask) {

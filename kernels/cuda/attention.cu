@@ -89,6 +89,7 @@ struct Params {
   float scale = 1.0f;
   float dropout_p = 0.0f, dropout_scale = 1.0f;  // dropout_scale = 1 / (1 - p)
   uint64_t seed = 0, offset = 0;
+  const philox::ReplayState* replay = nullptr;  // a graph's seed and base offset, read at every replay
   bool causal = false, dropout = false;
   bool vector_loads = false;  // q, k, v and dout are 16-byte aligned
 };
@@ -326,15 +327,17 @@ __device__ __forceinline__ uint64_t dropout_index(const Params& p, int64_t bh, i
 }
 
 __device__ __forceinline__ bool keep_one(const Params& p, uint64_t index) {
-  return dropout_keep(philox::word_at(p.seed, p.offset, index), p.dropout_p);
+  return dropout_keep(philox::word_at(philox::seed_of(p.seed, p.replay), philox::offset_of(p.offset, p.replay), index),
+                      p.dropout_p);
 }
 
 // keep(index) and keep(index + 1); one Philox block serves both unless index % 4 == 3.
 __device__ __forceinline__ void keep_two(const Params& p, uint64_t index, bool& keep0, bool& keep1) {
-  const philox::Uint4 words = philox::philox4x32(p.seed, p.offset + index / 4);
+  const uint64_t seed = philox::seed_of(p.seed, p.replay), offset = philox::offset_of(p.offset, p.replay);
+  const philox::Uint4 words = philox::philox4x32(seed, offset + index / 4);
   const int at = static_cast<int>(index % 4);
   keep0 = dropout_keep(philox::lane(words, at), p.dropout_p);
-  const uint32_t next = at == 3 ? philox::philox4x32(p.seed, p.offset + index / 4 + 1).x : philox::lane(words, at + 1);
+  const uint32_t next = at == 3 ? philox::philox4x32(seed, offset + index / 4 + 1).x : philox::lane(words, at + 1);
   keep1 = dropout_keep(next, p.dropout_p);
 }
 
@@ -668,6 +671,7 @@ Params params_of(const AttentionArgs& a) {
   p.dropout_scale = !p.dropout ? 1.0f : a.dropout_p < 1.0f ? 1.0f / (1.0f - a.dropout_p) : 0.0f;
   p.seed = a.seed;
   p.offset = a.offset;
+  p.replay = a.replay;
   p.causal = a.causal;
   p.vector_loads = aligned16(a.q) && aligned16(a.k) && aligned16(a.v);
   return p;

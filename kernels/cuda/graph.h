@@ -14,6 +14,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/runtime.h"
+#include "kernels/philox.h"
 
 namespace kiln::cuda {
 
@@ -29,6 +30,11 @@ GraphExec stream_end_capture(Stream stream);
 // Queues one replay of `graph` on `stream` (asynchronous).
 void graph_launch(GraphExec graph, Stream stream);
 void graph_destroy(GraphExec graph);
+
+// Writes a graph's per-replay Philox state on `stream` (a one-thread kernel:
+// the values travel as its arguments, so a later replay cannot overwrite
+// them before this one reads them).
+void set_replay_state(philox::ReplayState* state, uint64_t seed, uint64_t offset, Stream stream);
 
 // Whether this thread is capturing a stream now.
 bool capturing();

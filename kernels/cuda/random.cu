@@ -29,14 +29,20 @@ cudaStream_t native(cuda::Stream stream) { return static_cast<cudaStream_t>(stre
        c += static_cast<int64_t>(gridDim.x) * blockDim.x)
 
 template <typename T>
-__global__ void uniform_kernel(T* out, int64_t count, int64_t counters, uint64_t seed, uint64_t offset) {
+__global__ void uniform_kernel(T* out, int64_t count, int64_t counters, uint64_t seed, uint64_t offset,
+                               const philox::ReplayState* replay) {
+  seed = philox::seed_of(seed, replay);
+  offset = philox::offset_of(offset, replay);
   KILN_GRID_STRIDE(c, counters) {
     const philox::Uint4 w = philox::philox4x32(seed, offset + static_cast<uint64_t>(c));
     for (int lane = 0; lane < 4 && 4 * c + lane < count; ++lane) out[4 * c + lane] = uniform_value<T>(philox::lane(w, lane));
   }
 }
 
-__global__ void uniform_double_kernel(double* out, int64_t count, int64_t counters, uint64_t seed, uint64_t offset) {
+__global__ void uniform_double_kernel(double* out, int64_t count, int64_t counters, uint64_t seed, uint64_t offset,
+                                      const philox::ReplayState* replay) {
+  seed = philox::seed_of(seed, replay);
+  offset = philox::offset_of(offset, replay);
   KILN_GRID_STRIDE(c, counters) {
     const philox::Uint4 w = philox::philox4x32(seed, offset + static_cast<uint64_t>(c));
     out[2 * c] = philox::uniform_double(w.x, w.y);
@@ -45,7 +51,10 @@ __global__ void uniform_double_kernel(double* out, int64_t count, int64_t counte
 }
 
 template <typename T>
-__global__ void normal_kernel(T* out, int64_t count, int64_t counters, uint64_t seed, uint64_t offset) {
+__global__ void normal_kernel(T* out, int64_t count, int64_t counters, uint64_t seed, uint64_t offset,
+                              const philox::ReplayState* replay) {
+  seed = philox::seed_of(seed, replay);
+  offset = philox::offset_of(offset, replay);
   KILN_GRID_STRIDE(c, counters) {
     const philox::Uint4 w = philox::philox4x32(seed, offset + static_cast<uint64_t>(c));
     out[2 * c] = normal_value<T>(w.x, w.y);
@@ -53,13 +62,18 @@ __global__ void normal_kernel(T* out, int64_t count, int64_t counters, uint64_t 
   }
 }
 
-__global__ void normal_double_kernel(double* out, int64_t counters, uint64_t seed, uint64_t offset) {
+__global__ void normal_double_kernel(double* out, int64_t counters, uint64_t seed, uint64_t offset,
+                                     const philox::ReplayState* replay) {
+  seed = philox::seed_of(seed, replay);
+  offset = philox::offset_of(offset, replay);
   KILN_GRID_STRIDE(c, counters) { out[c] = normal_double(philox::philox4x32(seed, offset + static_cast<uint64_t>(c))); }
 }
 
 template <typename T>
 __global__ void randint_kernel(T* out, int64_t count, int64_t counters, int64_t low, uint64_t range, uint64_t seed,
-                               uint64_t offset) {
+                               uint64_t offset, const philox::ReplayState* replay) {
+  seed = philox::seed_of(seed, replay);
+  offset = philox::offset_of(offset, replay);
   KILN_GRID_STRIDE(c, counters) {
     const philox::Uint4 w = philox::philox4x32(seed, offset + static_cast<uint64_t>(c));
     out[2 * c] = static_cast<T>(static_cast<compute_t<T>>(randint_value(w.x, w.y, low, range)));
@@ -69,8 +83,11 @@ __global__ void randint_kernel(T* out, int64_t count, int64_t counters, int64_t 
 
 template <typename T>
 __global__ void dropout_kernel(const T* x, T* out, uint8_t* mask, int64_t count, int64_t counters, float p,
-                               compute_t<T> scale, uint64_t seed, uint64_t offset) {
+                               compute_t<T> scale, uint64_t seed, uint64_t offset,
+                               const philox::ReplayState* replay) {
   using C = compute_t<T>;
+  seed = philox::seed_of(seed, replay);
+  offset = philox::offset_of(offset, replay);
   KILN_GRID_STRIDE(c, counters) {
     const philox::Uint4 w = philox::philox4x32(seed, offset + static_cast<uint64_t>(c));
     for (int lane = 0; lane < 4 && 4 * c + lane < count; ++lane) {
@@ -101,64 +118,66 @@ __global__ void dropout_backward_kernel(const T* dout, const uint8_t* mask, T* d
 
 }  // namespace
 
-void uniform_cuda(void* out, DType dtype, int64_t count, uint64_t seed, uint64_t offset, cuda::Stream stream) {
+void uniform_cuda(void* out, DType dtype, int64_t count, uint64_t seed, uint64_t offset, cuda::Stream stream,
+                  const philox::ReplayState* replay) {
   const uint64_t counters = uniform_counters(dtype, count);
   if (counters == 0) return;
   if (dtype == DType::f64) {
     uniform_double_kernel<<<blocks_for(counters), kThreads, 0, native(stream)>>>(
-        static_cast<double*>(out), count, static_cast<int64_t>(counters), seed, offset);
+        static_cast<double*>(out), count, static_cast<int64_t>(counters), seed, offset, replay);
     cuda::check_last_launch("rand (uniform_double_kernel)");
     return;
   }
   dispatch_floating(dtype, "rand", [&]<typename T>() {
     if constexpr (!std::is_same_v<T, double>) {
       uniform_kernel<T><<<blocks_for(counters), kThreads, 0, native(stream)>>>(
-          static_cast<T*>(out), count, static_cast<int64_t>(counters), seed, offset);
+          static_cast<T*>(out), count, static_cast<int64_t>(counters), seed, offset, replay);
       cuda::check_last_launch("rand (uniform_kernel)");
     }
   });
 }
 
-void normal_cuda(void* out, DType dtype, int64_t count, uint64_t seed, uint64_t offset, cuda::Stream stream) {
+void normal_cuda(void* out, DType dtype, int64_t count, uint64_t seed, uint64_t offset, cuda::Stream stream,
+                 const philox::ReplayState* replay) {
   const uint64_t counters = normal_counters(dtype, count);
   if (counters == 0) return;
   if (dtype == DType::f64) {
     normal_double_kernel<<<blocks_for(counters), kThreads, 0, native(stream)>>>(
-        static_cast<double*>(out), static_cast<int64_t>(counters), seed, offset);
+        static_cast<double*>(out), static_cast<int64_t>(counters), seed, offset, replay);
     cuda::check_last_launch("randn (normal_double_kernel)");
     return;
   }
   dispatch_floating(dtype, "randn", [&]<typename T>() {
     if constexpr (!std::is_same_v<T, double>) {
       normal_kernel<T><<<blocks_for(counters), kThreads, 0, native(stream)>>>(
-          static_cast<T*>(out), count, static_cast<int64_t>(counters), seed, offset);
+          static_cast<T*>(out), count, static_cast<int64_t>(counters), seed, offset, replay);
       cuda::check_last_launch("randn (normal_kernel)");
     }
   });
 }
 
 void randint_cuda(void* out, DType dtype, int64_t count, int64_t low, uint64_t range, uint64_t seed,
-                  uint64_t offset, cuda::Stream stream) {
+                  uint64_t offset, cuda::Stream stream, const philox::ReplayState* replay) {
   KILN_CHECK(dtype != DType::b8, "randint: bool is not a supported dtype");
   const uint64_t counters = randint_counters(count);
   if (counters == 0) return;
   dispatch_all(dtype, "randint", [&]<typename T>() {
     if constexpr (!std::is_same_v<T, bool>) {
       randint_kernel<T><<<blocks_for(counters), kThreads, 0, native(stream)>>>(
-          static_cast<T*>(out), count, static_cast<int64_t>(counters), low, range, seed, offset);
+          static_cast<T*>(out), count, static_cast<int64_t>(counters), low, range, seed, offset, replay);
       cuda::check_last_launch("randint (randint_kernel)");
     }
   });
 }
 
 void dropout_cuda(const void* x, void* out, uint8_t* mask, DType dtype, int64_t count, float p, double scale,
-                  uint64_t seed, uint64_t offset, cuda::Stream stream) {
+                  uint64_t seed, uint64_t offset, cuda::Stream stream, const philox::ReplayState* replay) {
   const uint64_t counters = dropout_counters(count);
   if (counters == 0) return;
   dispatch_floating(dtype, "dropout", [&]<typename T>() {
     dropout_kernel<T><<<blocks_for(counters), kThreads, 0, native(stream)>>>(
         static_cast<const T*>(x), static_cast<T*>(out), mask, count, static_cast<int64_t>(counters), p,
-        static_cast<compute_t<T>>(scale), seed, offset);
+        static_cast<compute_t<T>>(scale), seed, offset, replay);
     cuda::check_last_launch("dropout (dropout_kernel)");
   });
 }

@@ -7,6 +7,9 @@ void stream_begin_capture(Stream) { KILN_THROW("CUDA graph capture: kiln was bui
 GraphExec stream_end_capture(Stream) { KILN_THROW("CUDA graph capture: kiln was built without CUDA"); }
 void graph_launch(GraphExec, Stream) { KILN_THROW("CUDA graph replay: kiln was built without CUDA"); }
 void graph_destroy(GraphExec) {}
+void set_replay_state(philox::ReplayState*, uint64_t, uint64_t, Stream) {
+  KILN_THROW("CUDA graph replay: kiln was built without CUDA");
+}
 bool capturing() { return false; }
 void check_not_capturing(const char*) {}
 RelaxedCapture::RelaxedCapture() = default;

@@ -56,6 +56,18 @@ void graph_destroy(GraphExec graph) {
   if (graph != nullptr) KILN_CUDA_CHECK(cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(graph)));
 }
 
+namespace {
+__global__ void set_replay_state_kernel(philox::ReplayState* state, uint64_t seed, uint64_t offset) {
+  state->seed = seed;
+  state->offset = offset;
+}
+}  // namespace
+
+void set_replay_state(philox::ReplayState* state, uint64_t seed, uint64_t offset, Stream stream) {
+  set_replay_state_kernel<<<1, 1, 0, static_cast<cudaStream_t>(stream)>>>(state, seed, offset);
+  check_last_launch("set_replay_state");
+}
+
 bool capturing() { return capture_depth > 0; }
 
 void check_not_capturing(const char* what) {
