@@ -27,12 +27,7 @@
 namespace kiln::bench {
 namespace {
 
-struct Options {
-  bool cpu = true;
-  bool gpu = true;
-  bool quick = false;  // small sizes, few repeats: a smoke test
-  int repeats = 0;     // 0: the default of each device
-};
+using Options = DeviceBenchOptions;
 
 // Random normal values, made on the host so that no op family is needed.
 Tensor random_tensor(const Shape& shape, DType dtype, Device device, uint64_t seed) {
@@ -267,32 +262,5 @@ void run_cpu(const Options& options) {
 }  // namespace kiln::bench
 
 int main(int argc, char** argv) {
-  kiln::bench::Options options;
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    if (arg == "--cpu-only") {
-      options.gpu = false;
-    } else if (arg == "--gpu-only") {
-      options.cpu = false;
-    } else if (arg == "--quick") {
-      options.quick = true;
-    } else if (arg == "--repeats" && i + 1 < argc) {
-      options.repeats = std::atoi(argv[++i]);
-    } else {
-      std::fprintf(stderr, "usage: %s [--cpu-only | --gpu-only] [--quick] [--repeats N]\n", argv[0]);
-      return arg == "--help" || arg == "-h" ? 0 : 2;
-    }
-  }
-  const std::time_t now = std::time(nullptr);
-  char date[64];
-  std::strftime(date, sizeof(date), "%Y-%m-%d %H:%M UTC", std::gmtime(&now));
-  std::printf("bench_kernels, %s%s\n", date, options.quick ? " (--quick: smoke-test sizes, not for RESULTS.md)" : "");
-  try {
-    if (options.gpu) kiln::bench::run_gpu(options);
-    if (options.cpu) kiln::bench::run_cpu(options);
-  } catch (const kiln::Error& error) {
-    std::fprintf(stderr, "bench_kernels: %s\n", error.what());
-    return 1;
-  }
-  return 0;
+  return kiln::bench::run_device_bench(argc, argv, "bench_kernels", kiln::bench::run_gpu, kiln::bench::run_cpu);
 }

@@ -17,6 +17,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
+#include <ctime>
 #include <cstdio>
 #include <cstring>
 #include <functional>
@@ -177,6 +179,49 @@ class Table {
 
 inline double gbps(double bytes, const Measurement& m) {
   return m.median_ms > 0 ? bytes / (m.median_ms * 1e-3) * 1e-9 : 0;
+}
+
+// What the device benchmarks (bench_kernels, bench_attention) take:
+//   NAME [--cpu-only | --gpu-only] [--quick] [--repeats N]
+struct DeviceBenchOptions {
+  bool cpu = true;
+  bool gpu = true;
+  bool quick = false;  // small sizes, few repeats: a smoke test
+  int repeats = 0;     // 0: the default of each device
+};
+
+// Parses the flags, prints the title line with the date, and runs `run_gpu`
+// then `run_cpu` (each when asked). Returns the process's exit code.
+template <typename RunGpu, typename RunCpu>
+int run_device_bench(int argc, char** argv, const char* name, RunGpu&& run_gpu, RunCpu&& run_cpu) {
+  DeviceBenchOptions options;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--cpu-only") {
+      options.gpu = false;
+    } else if (arg == "--gpu-only") {
+      options.cpu = false;
+    } else if (arg == "--quick") {
+      options.quick = true;
+    } else if (arg == "--repeats" && i + 1 < argc) {
+      options.repeats = std::atoi(argv[++i]);
+    } else {
+      std::fprintf(stderr, "usage: %s [--cpu-only | --gpu-only] [--quick] [--repeats N]\n", argv[0]);
+      return arg == "--help" || arg == "-h" ? 0 : 2;
+    }
+  }
+  const std::time_t now = std::time(nullptr);
+  char date[64];
+  std::strftime(date, sizeof(date), "%Y-%m-%d %H:%M UTC", std::gmtime(&now));
+  std::printf("%s, %s%s\n", name, date, options.quick ? " (--quick: smoke-test sizes, not for RESULTS.md)" : "");
+  try {
+    if (options.gpu) run_gpu(options);
+    if (options.cpu) run_cpu(options);
+  } catch (const Error& error) {
+    std::fprintf(stderr, "%s: %s\n", name, error.what());
+    return 1;
+  }
+  return 0;
 }
 
 }  // namespace kiln::bench

@@ -138,49 +138,38 @@ Tensor expand_index(const Tensor& index, int64_t dim, const Shape& out_shape) {
 }
 
 // Backward of index_select/embedding: rows of grad added into zeros at index.
+// Floating gradients take the row kernels: on the CPU one pass that writes
+// every element (no zero fill first), on CUDA the sorted, deterministic add.
 Tensor index_add_backward(const char* op, const Tensor& grad, const Shape& input_shape, int64_t dim,
                           const Tensor& index) {
   const TensorOptions options{.dtype = grad.dtype(), .device = grad.device()};
-  if (grad.is_cpu() && is_floating(grad.dtype()) && grad.numel() > 0) {
-    // One pass that writes every element (no zero fill first).
-    Tensor dx = empty(input_shape, options);
-    Tensor dense = grad.contiguous(), flat_index = index.reshape({-1}).contiguous();
-    kernels::IndexAddArgs args;
-    args.data = dx.data_ptr();
-    args.values = dense.data_ptr();
-    args.index = flat_index.data_ptr();
-    args.dtype = grad.dtype();
-    args.index_dtype = flat_index.dtype();
-    for (int64_t d = 0; d < dim; ++d) args.outer *= input_shape[d];
-    for (size_t d = dim + 1; d < input_shape.size(); ++d) args.inner *= input_shape[d];
-    args.count = flat_index.numel();
-    args.data_dim_size = input_shape[dim];
+  if (!is_floating(grad.dtype()) || grad.numel() == 0) {
+    Tensor dx = zeros(input_shape, options);
+    if (grad.numel() > 0) scatter_add_into(op, dx, dim, expand_index(index, dim, grad.shape()), grad);
+    return dx;
+  }
+  Tensor dx = grad.is_cpu() ? empty(input_shape, options) : zeros(input_shape, options);
+  const Tensor dense = grad.contiguous(), flat_index = index.reshape({-1}).contiguous();
+  kernels::IndexAddArgs args;
+  args.data = dx.data_ptr();
+  args.values = dense.data_ptr();
+  args.index = flat_index.data_ptr();
+  args.dtype = grad.dtype();
+  args.index_dtype = flat_index.dtype();
+  for (int64_t d = 0; d < dim; ++d) args.outer *= input_shape[d];
+  for (size_t d = dim + 1; d < input_shape.size(); ++d) args.inner *= input_shape[d];
+  args.count = flat_index.numel();
+  args.data_dim_size = input_shape[dim];
+  if (grad.is_cpu()) {
     const kernels::IndexError error = kernels::index_add_rows_cpu(args);
     if (error.found) throw_index_error(op, dim, error);
     return dx;
   }
-  Tensor dx = zeros(input_shape, options);
-  if (grad.numel() == 0) return dx;
-  if (grad.is_cuda() && is_floating(grad.dtype())) {
-    Tensor dense = grad.contiguous(), flat_index = index.reshape({-1}).contiguous();
-    kernels::IndexAddArgs args;
-    args.data = dx.data_ptr();
-    args.values = dense.data_ptr();
-    args.index = flat_index.data_ptr();
-    args.dtype = grad.dtype();
-    args.index_dtype = flat_index.dtype();
-    for (int64_t d = 0; d < dim; ++d) args.outer *= input_shape[d];
-    for (size_t d = dim + 1; d < input_shape.size(); ++d) args.inner *= input_shape[d];
-    args.count = flat_index.numel();
-    args.data_dim_size = input_shape[dim];
-    const size_t bytes = kernels::index_add_sorted_workspace_bytes(args.count);
-    const cuda::DeviceScope scope(grad.device().index, op);
-    auto workspace = allocate_cuda(bytes, grad.device().index, scope.stream);
-    kernels::index_add_sorted_cuda(args, workspace.get(), bytes, scope.stream);
-    check_cuda_indices(op, dim, grad);
-    return dx;
-  }
-  scatter_add_into(op, dx, dim, expand_index(index, dim, grad.shape()), grad);
+  const size_t bytes = kernels::index_add_sorted_workspace_bytes(args.count);
+  const cuda::DeviceScope scope(grad.device().index, op);
+  auto workspace = allocate_cuda(bytes, grad.device().index, scope.stream);
+  kernels::index_add_sorted_cuda(args, workspace.get(), bytes, scope.stream);
+  check_cuda_indices(op, dim, grad);
   return dx;
 }
 
