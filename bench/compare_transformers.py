@@ -39,6 +39,8 @@ def main():
     parser.add_argument("--accelerator", default="cpu", choices=["cpu", "gpu"])
     parser.add_argument("--precision", default="32-true", choices=["32-true", "bf16-mixed", "16-mixed"])
     parser.add_argument("--torch-compile", action="store_true", help="also time torch.compile (a third row)")
+    parser.add_argument("--peak-tflops", type=float, default=0.0,
+                        help="the device's dense peak for MFU (H100/H200 SXM bf16: 989); 0: 989 on a GPU, none on the CPU")
     parser.add_argument("--kiln", default=os.path.join(ROOT, "build", "bin", "bench_transformer"))
     parser.add_argument("--python", default="/usr/bin/python3", help="the Python that has torch")
     args = parser.parse_args()
@@ -60,15 +62,20 @@ def main():
           f"load {os.getloadavg()[0]:.1f} · {' '.join(sys.argv)}")
     print(f"model {args.model} ({first['parameters']:,} parameters), batch {first['batch_size']}, {args.steps} steps, "
           f"{args.accelerator}, {args.precision}, {args.rounds} round(s); torch {peer_runs['torch'][0]['torch']}\n")
+    peak = args.peak_tflops or (989.0 if args.accelerator == "gpu" else 0.0)
+
+    def mfu(runs):
+        return f"{100 * statistics.median(r['model_tflops'] for r in runs) / peak:.1f}%" if peak else "—"
+
     kiln_ms = statistics.median(r["ms_per_step"] for r in kiln_runs)
-    print("| framework | ms/step (median) | tokens/s | model TFLOP/s | kiln's speed-up over it |")
-    print("|---|---|---|---|---|")
+    print("| framework | ms/step (median) | tokens/s | model TFLOP/s | MFU | kiln's speed-up over it |")
+    print("|---|---|---|---|---|---|")
     print(f"| kiln | {kiln_ms:.1f} | {statistics.median(r['tokens_per_s'] for r in kiln_runs):,.0f} | "
-          f"{statistics.median(r['model_tflops'] for r in kiln_runs):.3f} | — |")
+          f"{statistics.median(r['model_tflops'] for r in kiln_runs):.3f} | {mfu(kiln_runs)} | — |")
     for name, runs in peer_runs.items():
         ms = statistics.median(r["ms_per_step"] for r in runs)
         print(f"| {name} | {ms:.1f} | {statistics.median(r['tokens_per_s'] for r in runs):,.0f} | "
-              f"{statistics.median(r['model_tflops'] for r in runs):.3f} | {ms / kiln_ms:.2f}x |")
+              f"{statistics.median(r['model_tflops'] for r in runs):.3f} | {mfu(runs)} | {ms / kiln_ms:.2f}x |")
 
 
 if __name__ == "__main__":
