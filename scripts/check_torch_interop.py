@@ -9,7 +9,7 @@ reads DIR/kiln_weights.safetensors (a kiln state_dict) and DIR/kiln_io.safetenso
 definition of MODEL with strict=True, and checks that torch computes the same
 outputs. MODEL is cnn or mlp (as in the README; eval-mode logits of "input"),
 or vit or gpt (the README's definitions of nn::ViT and nn::GPT, small
-configurations), or one of the transformer layers: encoder (TransformerEncoderLayer, post-norm,
+configurations), or dtypes (below), or one of the transformer layers: encoder (TransformerEncoderLayer, post-norm,
 relu, sequence first, a float attention mask), encoder_prenorm (norm_first,
 gelu, batch_first, a bool key-padding mask), decoder (TransformerDecoderLayer,
 norm_first, gelu, batch_first, a bool causal mask and a memory padding mask),
@@ -17,49 +17,29 @@ all with dropout 0 and compared in train mode (torch's inference fast path
 stays out). Then it trains the torch model one SGD step (so weights and
 BatchNorm statistics change), and writes DIR/torch_weights.safetensors and
 DIR/torch_io.safetensors (the same inputs and torch's new outputs) for kiln to
-load and check. Safetensors files are
-read and written here by hand (the format is a JSON header and raw bytes), so
-nothing beyond torch is needed. Exits non-zero with a message on any mismatch.
+load and check.
+
+MODEL dtypes checks 16-bit tensors: kiln_weights.safetensors holds an MLP
+state_dict in float16 ("f16.<name>") and bfloat16 ("bf16.<name>") and special
+values ("<dtype>.special": signed zeros, infinities, NaN, the largest finite
+value, a subnormal), kiln_io.safetensors the same values in float32. Each must
+load with torch's dtype and exactly kiln's values, and each MLP state_dict
+must load strictly into MLP().to(dtype); then torch writes
+torch_weights.safetensors: every float32 value times 3, rounded by torch to the
+tensor's 16-bit dtype, for kiln to compare bit for bit with its own rounding.
+
+Files are read with safetensors.torch.load_file and written with save_file.
+Exits non-zero with a message on any mismatch.
 """
-import json
-import struct
 import sys
 
 import torch
 import torch.nn as nn
+# The loader the README tells users to call; the files are written with its
+# counterpart, so every file of this check goes through the safetensors package.
+from safetensors.torch import load_file, save_file
 
-DTYPES = {"F32": torch.float32, "F64": torch.float64, "I64": torch.int64, "I32": torch.int32, "BOOL": torch.bool}
-NAMES = {value: key for key, value in DTYPES.items()}
-
-
-def read_safetensors(path):
-    with open(path, "rb") as f:
-        data = f.read()
-    (header_size,) = struct.unpack("<Q", data[:8])
-    header = json.loads(data[8:8 + header_size])
-    body = data[8 + header_size:]
-    tensors = {}
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        begin, end = info["data_offsets"]
-        flat = torch.frombuffer(bytearray(body[begin:end]), dtype=DTYPES[info["dtype"]])
-        tensors[name] = flat.reshape(info["shape"]).clone()
-    return tensors
-
-
-def write_safetensors(path, tensors):
-    header, chunks, offset = {}, [], 0
-    for name, tensor in tensors.items():
-        raw = tensor.detach().contiguous().cpu().numpy().tobytes()
-        header[name] = {"dtype": NAMES[tensor.dtype], "shape": list(tensor.shape),
-                        "data_offsets": [offset, offset + len(raw)]}
-        chunks.append(raw)
-        offset += len(raw)
-    encoded = json.dumps(header).encode()
-    encoded += b" " * (-len(encoded) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(encoded)) + encoded + b"".join(chunks))
+DTYPES = {"f16": torch.float16, "bf16": torch.bfloat16}
 
 
 class FashionCNN(nn.Module):
@@ -183,18 +163,57 @@ def transformer(model_name):
     sys.exit(f"unknown model {model_name}")
 
 
+def same_values(actual, expected):
+    """Elementwise equal as float32, -0 apart from +0, NaN matching NaN."""
+    actual, expected = actual.float(), expected.float()
+    both_nan = actual.isnan() & expected.isnan()
+    equal = (actual == expected) & (actual.signbit() == expected.signbit())
+    return bool((both_nan | equal).all())
+
+
+def check_dtypes(folder):
+    weights = load_file(f"{folder}/kiln_weights.safetensors")
+    reference = load_file(f"{folder}/kiln_io.safetensors")
+    if set(weights) != set(reference):
+        sys.exit(f"dtypes: the files name different tensors: {sorted(set(weights) ^ set(reference))}")
+    for name, tensor in weights.items():
+        dtype = DTYPES[name.split(".")[0]]
+        if tensor.dtype != dtype:
+            sys.exit(f"dtypes: {name} loaded as {tensor.dtype}, expected {dtype}")
+        if reference[name].dtype != torch.float32 or not same_values(tensor, reference[name]):
+            sys.exit(f"dtypes: {name} holds {tensor.flatten()[:8]}, kiln wrote {reference[name].flatten()[:8]}")
+    for prefix, dtype in DTYPES.items():
+        model = MLP().to(dtype)
+        state = {name[len(prefix) + 1:]: t for name, t in weights.items() if name.startswith(prefix + ".")
+                 and name != prefix + ".special"}
+        model.load_state_dict(state, strict=True)
+        if any(p.dtype != dtype for p in model.parameters()):
+            sys.exit(f"dtypes: the {prefix} MLP's parameters are not {dtype} after loading")
+    for prefix in DTYPES:
+        special = weights[prefix + ".special"]
+        if not (bool(special.isinf().any()) and bool(special.isnan().any()) and bool(special.signbit()[1])):
+            sys.exit(f"dtypes: {prefix}.special lost its infinities, NaN or -0: {special}")
+    save_file({name: (reference[name] * 3).to(weights[name].dtype) for name in weights},
+              f"{folder}/torch_weights.safetensors")
+    print(f"dtypes: {len(weights)} float16/bfloat16 tensors loaded with load_file, exact; "
+          "two MLP state_dicts loaded strictly; torch's rounding of x*3 written")
+
+
 def main():
     folder, model_name = sys.argv[1], sys.argv[2]
     torch.manual_seed(0)
+    if model_name == "dtypes":
+        check_dtypes(folder)
+        return
     classifier = model_name in ("cnn", "mlp")
     if classifier:
         model = FashionCNN() if model_name == "cnn" else MLP()
         run = lambda io: model(io["input"])  # noqa: E731
     else:
         model, run = transformer(model_name)
-    weights = read_safetensors(f"{folder}/kiln_weights.safetensors")
+    weights = load_file(f"{folder}/kiln_weights.safetensors")
     model.load_state_dict(weights, strict=True)  # raises, listing the keys, on any mismatch
-    io = read_safetensors(f"{folder}/kiln_io.safetensors")
+    io = load_file(f"{folder}/kiln_io.safetensors")
     expected = io.pop("output")
     model.eval() if classifier else model.train()
     with torch.no_grad():
@@ -215,8 +234,12 @@ def main():
     model.eval() if classifier else model.train()
     with torch.no_grad():
         new_output = run(io)
-    write_safetensors(f"{folder}/torch_weights.safetensors", model.state_dict())
-    write_safetensors(f"{folder}/torch_io.safetensors", dict(io, output=new_output))
+    # save_file refuses tensors that share memory (GPT's tied head and
+    # embedding); kiln's loader, like torch's, expects both names.
+    state = {name: tensor.detach().clone().contiguous() for name, tensor in model.state_dict().items()}
+    save_file(state, f"{folder}/torch_weights.safetensors")
+    save_file({name: tensor.contiguous() for name, tensor in dict(io, output=new_output).items()},
+              f"{folder}/torch_io.safetensors")
     print(f"torch -> kiln: wrote {len(model.state_dict())} tensors after one SGD step")
 
 

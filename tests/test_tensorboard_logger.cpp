@@ -4,13 +4,9 @@
 // by TensorBoard's own EventAccumulator through scripts/check_tensorboard.py.
 #include <doctest/doctest.h>
 
-#include <sys/wait.h>
 #include <unistd.h>
 
-#include <array>
 #include <cmath>
-#include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -20,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "tests/support/python_checks.h"
 #include "tests/support/test_util.h"
 #include "trainer/tensorboard_logger.h"
 
@@ -319,14 +316,11 @@ TEST_CASE("TensorBoardLogger writes hparams.yaml and an hparams-plugin summary")
 }
 
 TEST_CASE("TensorBoard's own reader reads kiln's event file") {
-  const char* configured = std::getenv("KILN_TENSORBOARD_PYTHON");
-  const std::string python = configured != nullptr ? configured : "python3";
   const fs::path script = kiln::testing::source_root() / "scripts" / "check_tensorboard.py";
-  if (!fs::exists(script) || std::system((python + " -c 'import tensorboard' >/dev/null 2>&1").c_str()) != 0) {
-    MESSAGE("SKIPPED (" << python << " cannot import tensorboard; pip install tensorboard, or set "
-            "KILN_TENSORBOARD_PYTHON to a Python that can): TensorBoard's own reader was not run");
-    return;
-  }
+  REQUIRE(fs::exists(script));
+  const std::string python =
+      kiln::testing::require_python("tensorboard", "KILN_TENSORBOARD_PYTHON", "TensorBoard's own reader");
+  if (python.empty()) return;
   TempDir root;
   {
     kiln::TensorBoardLogger logger(root.path.string());
@@ -340,15 +334,9 @@ TEST_CASE("TensorBoard's own reader reads kiln's event file") {
       R"({"scalars": {"train_loss": [[0, 2.5], [10, 1.25], [20, 0.1]], "val_acc": [[10, 0.75]],)"
       R"( "epoch": [[0, 0], [10, 1], [20, 2]]}, "hparams": {"lr": 0.001, "optimizer": "adam", "nesterov": true}})";
   const std::string command = python + " " + script.string() + " " +
-                              (root.path / "lightning_logs" / "version_0").string() + " '" + expected + "' 2>&1";
-  FILE* pipe = ::popen(command.c_str(), "r");
-  REQUIRE(pipe != nullptr);
-  std::string output;
-  std::array<char, 4096> buffer;
-  while (size_t count = std::fread(buffer.data(), 1, buffer.size(), pipe)) output.append(buffer.data(), count);
-  const int status = ::pclose(pipe);
-  MESSAGE("check_tensorboard.py:\n" << output);
-  CHECK(WIFEXITED(status));
-  CHECK(WEXITSTATUS(status) == 0);
-  CHECK(output.find("tensorboard check: OK") != std::string::npos);
+                              (root.path / "lightning_logs" / "version_0").string() + " '" + expected + "'";
+  const kiln::testing::BinaryRun run = kiln::testing::run_shell(command);
+  MESSAGE("check_tensorboard.py:\n" << run.output);
+  CHECK(run.exit_code == 0);
+  CHECK(run.output.find("tensorboard check: OK") != std::string::npos);
 }

@@ -1,21 +1,25 @@
 // Weights saved by kiln load into the equivalent torch.nn model and back
 // (PyTorch's dotted state_dict names, BatchNorm buffers included): kiln saves
 // a FashionCNN / MLP state_dict and its eval-mode logits; PyTorch
-// (scripts/check_torch_interop.py) loads them strictly and must compute the
-// same logits; it then trains one step and saves its state_dict, which kiln
-// loads strictly and must again compute PyTorch's logits. Needs a Python with
-// torch (Debian's python3-torch); without one the case says SKIPPED.
+// (scripts/check_torch_interop.py) loads them with safetensors.torch.load_file,
+// as the README tells users to, strictly, and must compute the same logits; it
+// then trains one step and saves its state_dict with save_file, which kiln
+// loads strictly and must again compute PyTorch's logits. float16 and bfloat16
+// files go both ways bit for bit. Needs a Python with torch and safetensors
+// (`bash scripts/setup.sh --tests` makes .venv with them); without one the
+// cases say SKIPPED, and fail under KILN_REQUIRE_PYTHON_CHECKS=1 (CI).
 #include <doctest/doctest.h>
 
-#include <sys/wait.h>
 #include <unistd.h>
 
-#include <cstdio>
-#include <cstdlib>
+#include <cmath>
 #include <filesystem>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "core/autograd.h"
 #include "core/generator.h"
@@ -23,6 +27,7 @@
 #include "core/serialization.h"
 #include "nn/models.h"
 #include "nn/transformer.h"
+#include "tests/support/python_checks.h"
 #include "tests/support/test_util.h"
 
 namespace fs = std::filesystem;
@@ -30,24 +35,25 @@ using namespace kiln;
 
 namespace {
 
-std::string python_with_torch() {
-  if (const char* configured = std::getenv("KILN_TORCH_PYTHON")) return configured;
-  for (const char* candidate : {"python3", "/usr/bin/python3"}) {
-    const std::string probe = std::string(candidate) + " -c 'import torch' >/dev/null 2>&1";
-    if (std::system(probe.c_str()) == 0) return candidate;
+// The tensor called `name` in a file's list (save_file orders tensors by dtype
+// and name, not as written).
+Tensor input_named(const NamedTensorList& inputs, const std::string& name) {
+  for (const auto& [key, tensor] : inputs) {
+    if (key == name) return tensor;
   }
-  return "";
+  FAIL("no input named " << name);
+  return Tensor();
 }
 
-std::string run(const std::string& command, int* exit_code) {
-  FILE* pipe = ::popen((command + " 2>&1").c_str(), "r");
-  REQUIRE(pipe != nullptr);
-  std::string output;
-  char buffer[4096];
-  while (size_t count = std::fread(buffer, 1, sizeof buffer, pipe)) output.append(buffer, count);
-  const int status = ::pclose(pipe);
-  *exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return output;
+constexpr const char* kTorchImports = "torch, safetensors.torch";
+
+// Runs the interop script on `folder` for `model_name` and requires it to pass.
+void run_interop_script(const std::string& python, const fs::path& folder, const std::string& model_name) {
+  const fs::path script = kiln::testing::source_root() / "scripts" / "check_torch_interop.py";
+  const kiln::testing::BinaryRun run =
+      kiln::testing::run_shell(python + " " + script.string() + " " + folder.string() + " " + model_name);
+  INFO(run.output);
+  REQUIRE(run.exit_code == 0);
 }
 
 std::shared_ptr<nn::Module> make(const std::string& name) {
@@ -58,13 +64,8 @@ std::shared_ptr<nn::Module> make(const std::string& name) {
 }  // namespace
 
 TEST_CASE("kiln state_dicts load into torch.nn models and back, with the same outputs") {
-  const std::string python = python_with_torch();
-  if (python.empty()) {
-    MESSAGE("SKIPPED (no Python with torch; apt-get install python3-torch, or set KILN_TORCH_PYTHON): "
-            "the PyTorch round trip was not run");
-    return;
-  }
-  const fs::path script = kiln::testing::source_root() / "scripts" / "check_torch_interop.py";
+  const std::string python = kiln::testing::require_python(kTorchImports, "KILN_TORCH_PYTHON", "the PyTorch round trip");
+  if (python.empty()) return;
   for (const std::string model_name : {"cnn", "mlp"}) {
     CAPTURE(model_name);
     const fs::path folder = fs::temp_directory_path() / ("kiln_torch_interop_" + std::to_string(::getpid()));
@@ -84,11 +85,7 @@ TEST_CASE("kiln state_dicts load into torch.nn models and back, with the same ou
     save_safetensors((folder / "kiln_weights.safetensors").string(), weights);
     save_safetensors((folder / "kiln_io.safetensors").string(), {{"input", input}, {"output", model->forward(input)}});
 
-    int exit_code = 0;
-    const std::string output =
-        run(python + " " + script.string() + " " + folder.string() + " " + model_name, &exit_code);
-    INFO(output);
-    REQUIRE(exit_code == 0);
+    run_interop_script(python, folder, model_name);
 
     // Back: PyTorch's state_dict after one training step, loaded strictly.
     std::shared_ptr<nn::Module> reloaded = make(model_name);
@@ -98,13 +95,13 @@ TEST_CASE("kiln state_dicts load into torch.nn models and back, with the same ou
     }
     reloaded->load_state_dict(state, /*strict=*/true);
     reloaded->eval();
-    SafetensorsFile io = load_safetensors((folder / "torch_io.safetensors").string());
-    Tensor torch_logits = io.tensors.back().second;
-    Tensor kiln_logits = reloaded->forward(io.tensors.at(0).second);
+    const NamedTensorList io = load_safetensors((folder / "torch_io.safetensors").string()).tensors;
+    const Tensor torch_logits = input_named(io, "output");
+    const Tensor kiln_logits = reloaded->forward(input_named(io, "input"));
     const double difference = max(abs(sub(kiln_logits, torch_logits))).item<double>();
     CHECK(difference < 1e-4);
     // The step changed the weights: kiln's original model disagrees with them.
-    CHECK(max(abs(sub(model->forward(io.tensors.at(0).second), torch_logits))).item<double>() > 1e-3);
+    CHECK(max(abs(sub(model->forward(input_named(io, "input")), torch_logits))).item<double>() > 1e-3);
     fs::remove_all(folder);
   }
 }
@@ -118,14 +115,6 @@ struct TransformerCase {
   NamedTensorList inputs;
   std::function<Tensor(const NamedTensorList&)> run;
 };
-
-Tensor input_named(const NamedTensorList& inputs, const std::string& name) {
-  for (const auto& [key, tensor] : inputs) {
-    if (key == name) return tensor;
-  }
-  FAIL("no input named " << name);
-  return Tensor();
-}
 
 TransformerCase transformer_case(const std::string& name) {
   nn::TransformerLayerOptions options;
@@ -189,13 +178,9 @@ TransformerCase transformer_case(const std::string& name) {
 }  // namespace
 
 TEST_CASE("transformer layers, ViT and GPT load into torch.nn with torch's names and masks, with the same outputs, and back") {
-  const std::string python = python_with_torch();
-  if (python.empty()) {
-    MESSAGE("SKIPPED (no Python with torch; apt-get install python3-torch, or set KILN_TORCH_PYTHON): "
-            "the PyTorch round trip of the transformer layers was not run");
-    return;
-  }
-  const fs::path script = kiln::testing::source_root() / "scripts" / "check_torch_interop.py";
+  const std::string python =
+      kiln::testing::require_python(kTorchImports, "KILN_TORCH_PYTHON", "the PyTorch round trip of the transformer layers");
+  if (python.empty()) return;
   for (const std::string name : {"encoder", "encoder_prenorm", "decoder", "vit", "gpt"}) {
     CAPTURE(name);
     const fs::path folder = fs::temp_directory_path() / ("kiln_torch_interop_" + name + std::to_string(::getpid()));
@@ -210,21 +195,93 @@ TEST_CASE("transformer layers, ViT and GPT load into torch.nn with torch's names
     NamedTensorList io = c.inputs;
     io.emplace_back("output", c.run(c.inputs));
     save_safetensors((folder / "kiln_io.safetensors").string(), io);
-    int exit_code = 0;
-    const std::string output = run(python + " " + script.string() + " " + folder.string() + " " + name, &exit_code);
-    INFO(output);
-    REQUIRE(exit_code == 0);
+    run_interop_script(python, folder, name);
     TransformerCase reloaded = transformer_case(name);
     nn::StateDict state;
     for (auto& [key, tensor] : load_safetensors((folder / "torch_weights.safetensors").string()).tensors) {
       state.emplace_back(key, tensor);
     }
     reloaded.model->load_state_dict(state, /*strict=*/true);
-    NamedTensorList torch_io = load_safetensors((folder / "torch_io.safetensors").string()).tensors;
-    const Tensor torch_output = torch_io.back().second;
-    torch_io.pop_back();
+    NamedTensorList torch_io;
+    Tensor torch_output;
+    for (auto& [key, tensor] : load_safetensors((folder / "torch_io.safetensors").string()).tensors) {
+      if (key == "output") {
+        torch_output = tensor;
+      } else {
+        torch_io.emplace_back(key, tensor);
+      }
+    }
+    REQUIRE(torch_output.defined());
     CHECK(max(abs(sub(reloaded.run(torch_io), torch_output))).item<double>() < 1e-4);
     CHECK(max(abs(sub(c.run(torch_io), torch_output))).item<double>() > 1e-4);  // the step changed the weights
     fs::remove_all(folder);
   }
+}
+
+namespace {
+
+// Elementwise equal as float32 (exact for 16-bit values), -0 apart from +0,
+// NaN matching NaN; "" or the first difference.
+std::string first_difference(const Tensor& actual, const Tensor& expected) {
+  if (actual.shape() != expected.shape()) return "the shapes differ";
+  const std::vector<float> a = actual.to(DType::f32).to_vector<float>();
+  const std::vector<float> b = expected.to(DType::f32).to_vector<float>();
+  for (size_t i = 0; i < a.size(); ++i) {
+    const bool same = (std::isnan(a[i]) && std::isnan(b[i])) || (a[i] == b[i] && std::signbit(a[i]) == std::signbit(b[i]));
+    if (!same) return "element " + std::to_string(i) + ": " + std::to_string(a[i]) + " vs " + std::to_string(b[i]);
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE("float16 and bfloat16 tensors go to torch through safetensors.torch.load_file and back bit for bit") {
+  const std::string python =
+      kiln::testing::require_python(kTorchImports, "KILN_TORCH_PYTHON", "the float16/bfloat16 round trip with PyTorch");
+  if (python.empty()) return;
+  const fs::path folder = fs::temp_directory_path() / ("kiln_torch_interop_dtypes_" + std::to_string(::getpid()));
+  fs::remove_all(folder);
+  fs::create_directories(folder);
+  manual_seed(11);
+  nn::MLP mlp;
+  NoGradGuard no_grad;
+  const float inf = std::numeric_limits<float>::infinity();
+  // Signed zeros, infinities, NaN, each dtype's largest finite value and
+  // smallest subnormal, and values that round.
+  const std::vector<std::pair<std::string, DType>> dtypes = {{"f16", DType::f16}, {"bf16", DType::bf16}};
+  NamedTensorList weights, reference;
+  for (const auto& [prefix, dtype] : dtypes) {
+    const float largest = dtype == DType::f16 ? 65504.0f : 3.3895313892515355e38f;
+    const float subnormal = dtype == DType::f16 ? 5.9604644775390625e-8f : 9.183549615799121e-41f;
+    const Tensor special = tensor<float>({0.0f, -0.0f, inf, -inf, std::numeric_limits<float>::quiet_NaN(), largest,
+                                          -largest, subnormal, 1.0f / 3.0f, -2.5e-3f, 1000.7f},
+                                         {11});
+    NamedTensorList named = {{"special", special}};
+    for (auto& [name, tensor] : mlp.state_dict()) named.emplace_back(name, tensor);
+    for (const auto& [name, values] : named) {
+      const Tensor narrow = values.to(dtype);
+      REQUIRE(narrow.dtype() == dtype);
+      weights.emplace_back(prefix + "." + name, narrow);
+      reference.emplace_back(prefix + "." + name, narrow.to(DType::f32));  // exact
+    }
+  }
+  save_safetensors((folder / "kiln_weights.safetensors").string(), weights);
+  save_safetensors((folder / "kiln_io.safetensors").string(), reference);
+  run_interop_script(python, folder, "dtypes");
+
+  // torch's rounding of x * 3 to each tensor's dtype, against kiln's.
+  const NamedTensorList from_torch = load_safetensors((folder / "torch_weights.safetensors").string()).tensors;
+  REQUIRE(from_torch.size() == weights.size());
+  for (const auto& [name, exact] : reference) {
+    CAPTURE(name);
+    const Tensor torch_value = input_named(from_torch, name);
+    const DType dtype = input_named(weights, name).dtype();
+    CHECK(torch_value.dtype() == dtype);
+    // x * 3 in float on the host (IEEE: -0 stays -0), rounded by kiln's conversion.
+    std::vector<float> tripled = exact.to_vector<float>();
+    for (float& value : tripled) value *= 3.0f;
+    const std::string difference = first_difference(torch_value, tensor<float>(tripled, exact.shape()).to(dtype));
+    CHECK_MESSAGE(difference.empty(), difference);
+  }
+  fs::remove_all(folder);
 }
