@@ -299,7 +299,14 @@ bool DataLoader::resident() const { return impl_->resident != nullptr; }
 bool DataLoader::pinned() const { return impl_->pool && impl_->pool->pinned(); }
 
 void DataLoader::set_epoch(uint64_t epoch) {
-  impl_->cancel_job();
+  // As torch, where each pass (a new iterator) starts its workers unless they
+  // persist: a pass that never read past its last batch (the Trainer stops at
+  // its batch limit) must not hand its threads to the next one.
+  if (impl_->options.persistent_workers) {
+    impl_->cancel_job();
+  } else {
+    impl_->stop_threads();
+  }
   impl_->epoch = epoch;
   impl_->position = 0;
   impl_->plan.reset();

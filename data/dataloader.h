@@ -39,7 +39,9 @@ struct DataLoaderOptions {
   bool drop_last = false;    // drop the last batch when it is incomplete
   int num_workers = 0;       // worker threads; 0: batches are made on the calling thread
   int prefetch_factor = 2;   // batches in flight per worker
-  bool persistent_workers = false;  // keep the worker threads between epochs
+  // Keep the worker threads between epochs (and passes started by set_epoch);
+  // false: each pass starts its own, as torch does.
+  bool persistent_workers = false;
   bool pin_memory = false;   // assemble batches in page-locked memory (ignored without a GPU, as torch)
   TransformList transforms;  // applied in order to each float32 input
   std::shared_ptr<const Sampler> sampler;  // overrides shuffle when set
@@ -69,7 +71,8 @@ class DataLoader {
 
   uint64_t epoch() const;
   int64_t position() const;  // batches already returned in the current epoch
-  // Starts epoch `epoch` from its first batch (drops batches in flight).
+  // Starts epoch `epoch` from its first batch (drops batches in flight; joins
+  // the workers unless persistent_workers, so the pass starts new ones).
   void set_epoch(uint64_t epoch);
   // Makes the following epochs' batches `batch_size` examples (the trainer's
   // BatchSizeFinder); stops the workers. Throws kiln::Error for batch_size < 1
