@@ -1,10 +1,7 @@
 #include "trainer/trainer.h"
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
 #include <iostream>
 
 #include "core/autograd.h"
@@ -287,10 +284,13 @@ void Trainer::configure_optimizers(TrainModule& module) {
 
 void Trainer::log_step_metrics(TrainModule& module) {
   std::map<std::string, double> row;
+  std::vector<std::string> prog_bar;
   for (const std::string& name : module.order_) {
     LoggedValue& value = module.logged_[name];
     if (!value.on_step || !value.last.defined()) continue;
-    row[value.on_epoch ? name + "_step" : name] = value.last.item<double>();
+    const std::string key = value.on_epoch ? name + "_step" : name;
+    row[key] = value.last.item<double>();
+    if (value.prog_bar) prog_bar.push_back(key);
   }
   if (strategy_.distributed()) {  // the mean over the ranks, so every rank decides alike
     std::vector<std::string> names;
@@ -301,11 +301,12 @@ void Trainer::log_step_metrics(TrainModule& module) {
   }
   for (const auto& [key, value] : row) callback_metrics_[key] = value;
   if (!row.empty()) log_to_loggers(row, global_step_ - 1);
-  pending_progress_ = row;
+  for (const std::string& key : prog_bar) progress_bar_.set_metrics({{key, row[key]}});
 }
 
 std::map<std::string, double> Trainer::collect_epoch_metrics(TrainModule& module, const std::string& prefix) {
   std::map<std::string, std::pair<double, double>> sums;  // name -> (weighted sum, count)
+  std::vector<std::string> prog_bar;
   for (const std::string& name : module.order_) {
     LoggedValue& value = module.logged_[name];
     // Under ddp a value restored with a zero share (load_checkpoint) still
@@ -313,6 +314,7 @@ std::map<std::string, double> Trainer::collect_epoch_metrics(TrainModule& module
     if (!value.on_epoch || (value.count == 0 && !strategy_.distributed())) continue;
     const std::string key = prefix + (value.on_step ? name + "_epoch" : name);
     sums[key] = {value.sum.item<double>(), static_cast<double>(value.count)};
+    if (value.prog_bar) prog_bar.push_back(key);
   }
   module.logged_.clear();
   module.order_.clear();
@@ -327,6 +329,7 @@ std::map<std::string, double> Trainer::collect_epoch_metrics(TrainModule& module
   std::map<std::string, double> epoch_metrics;
   for (const auto& [key, sum_count] : sums) epoch_metrics[key] = sum_count.first / sum_count.second;
   for (const auto& [key, value] : epoch_metrics) callback_metrics_[key] = value;
+  for (const std::string& key : prog_bar) progress_bar_.set_metrics({{key, epoch_metrics[key]}});
   return epoch_metrics;
 }
 
@@ -415,18 +418,6 @@ bool Trainer::agree_to_stop() {
   return should_stop && minimum_done();
 }
 
-void Trainer::print_progress(bool terminal, std::chrono::steady_clock::time_point epoch_start) {
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - epoch_start).count();
-  const double rate = static_cast<double>(batch_in_epoch_) / std::max(seconds, 1e-9);
-  const double eta = static_cast<double>(train_batches_ - batch_in_epoch_) / std::max(rate, 1e-9);
-  std::fprintf(stderr, "%sEpoch %lld: %lld/%lld [%.1f it/s, eta %.0fs]", terminal ? "\r" : "",
-               static_cast<long long>(epoch_), static_cast<long long>(batch_in_epoch_),
-               static_cast<long long>(train_batches_), rate, eta);
-  for (const auto& [key, value] : *pending_progress_) std::fprintf(stderr, " %s=%.4f", key.c_str(), value);
-  std::fprintf(stderr, terminal ? "   " : "\n");
-  std::fflush(stderr);
-}
-
 void Trainer::train_epoch(TrainModule& module, DataLoader& train_loader, DataLoader* val_loader) {
   const int64_t accumulate = manual_ ? 1 : accumulation_for_epoch(epoch_);
   int64_t val_batches = 0;
@@ -452,10 +443,8 @@ void Trainer::train_epoch(TrainModule& module, DataLoader& train_loader, DataLoa
     val_every = std::max<int64_t>(
         1, static_cast<int64_t>(options_.val_check_interval.value() * static_cast<double>(train_batches_)));
   }
-  const bool show_progress = options_.enable_progress_bar && is_global_zero();
-  const bool terminal = show_progress && ::isatty(STDERR_FILENO);
   const int64_t log_every = options_.log_every_n_steps;
-  const auto epoch_start = std::chrono::steady_clock::now();
+  progress_bar_.start_epoch(epoch_, train_batches_, batch_in_epoch_);
   // A run resumed from a checkpoint written after the epoch's last batch only finishes the epoch.
   if (batch_in_epoch_ == 0 || batch_in_epoch_ < train_batches_) {
     call_callbacks("on_train_epoch_start", [&](Callback& c) { c.on_train_epoch_start(*this, module); });
@@ -539,11 +528,7 @@ void Trainer::train_epoch(TrainModule& module, DataLoader& train_loader, DataLoa
     validation_pending_ = validation_due;  // a checkpoint written by these hooks records it
     call_callbacks("on_train_batch_end", [&](Callback& c) { c.on_train_batch_end(*this, module, batch_idx); });
     validation_pending_ = false;
-    if (show_progress && (terminal || stepped)) {
-      const bool refresh = terminal || batch_in_epoch_ % std::max<int64_t>(1, train_batches_ / 10) == 0 ||
-                           batch_in_epoch_ == train_batches_;
-      if (refresh && pending_progress_) print_progress(terminal, epoch_start);
-    }
+    progress_bar_.batch_end(batch_in_epoch_);
     // As Lightning's _should_check_val_fx: a stop request (max_steps aside) validates first.
     bool stop = agree_to_stop();
     if (validation_due || (stop && validate_this_epoch && stop_reason.rfind("max_steps", 0) != 0)) {
@@ -552,7 +537,7 @@ void Trainer::train_epoch(TrainModule& module, DataLoader& train_loader, DataLoa
     }
     if (stop) break;
   }
-  if (terminal) std::fprintf(stderr, "\n");
+  progress_bar_.end_epoch();
   log_epoch_metrics(module);
   if (batch_in_epoch_ >= train_batches_) {  // not when a limit stopped the epoch midway
     if (!epoch_end_hooks_done_) {  // a checkpoint written by these hooks resumes after them
@@ -621,6 +606,7 @@ void Trainer::fit(TrainModule& module, DataLoader& train_loader, DataLoader* val
     bool& flag;
   } fitting_scope(fitting_);
   setup(module);
+  progress_bar_.reset(options_.enable_progress_bar && is_global_zero());
   manual_ = !module.automatic_optimization;
   if (manual_) {
     bool accumulates = options_.accumulate_grad_batches != 1;
@@ -711,6 +697,7 @@ void Trainer::fit(TrainModule& module, DataLoader& train_loader, DataLoader* val
   if (sanity_batches > 0 && ckpt_path.empty() && options_.fast_dev_run == 0) {
     evaluate(module, *val, "validate", sanity_batches, false);
     callback_metrics_.clear();
+    progress_bar_.clear_metrics();
   }
   should_stop = false;
   // As Lightning's FitLoop.skip: without training batches (limit_train_batches=0) no training hooks or epochs.

@@ -23,6 +23,7 @@
 #include "trainer/checkpoint_io.h"
 #include "trainer/csv_logger.h"
 #include "trainer/profiler.h"
+#include "trainer/progress_bar.h"
 #include "trainer/strategy.h"
 #include "trainer/train_module.h"
 
@@ -150,6 +151,9 @@ class Trainer {
   std::string stop_reason;
   // The latest value of every logged metric (epoch values after an epoch).
   const std::map<std::string, double>& callback_metrics() const { return callback_metrics_; }
+  // The latest values of the metrics logged with prog_bar=true, as the progress bar shows them
+  // (Lightning's progress_bar_metrics): step values at each log_every_n_steps, epoch values at the epoch's end.
+  const std::map<std::string, double>& progress_bar_metrics() const { return progress_bar_.metrics(); }
   // Sets one (LearningRateMonitor's values, as Lightning's callback_metrics.update).
   void set_callback_metric(const std::string& name, double value) { callback_metrics_[name] = value; }
   // Whether fit() is running (Lightning's trainer.state.fn == "fit"): callbacks
@@ -252,7 +256,6 @@ class Trainer {
   void log_step_metrics(TrainModule& module);
   void log_to_loggers(const std::map<std::string, double>& metrics, int64_t step);
   void save_loggers();
-  void print_progress(bool terminal, std::chrono::steady_clock::time_point epoch_start);
   std::map<std::string, double> collect_epoch_metrics(TrainModule& module, const std::string& prefix);
   // The training epoch's values logged so far (collect_epoch_metrics), written to the loggers.
   void log_epoch_metrics(TrainModule& module);
@@ -317,7 +320,7 @@ class Trainer {
   bool log_dir_shared_ = false;
   std::chrono::steady_clock::time_point start_;
   std::optional<std::chrono::seconds> max_time_;
-  std::optional<std::map<std::string, double>> pending_progress_;
+  ProgressBar progress_bar_;
   std::shared_ptr<Profiler> profiler_;
   std::string module_name_;  // the TrainModule's class name, for profiler actions
 };
