@@ -28,6 +28,7 @@
 #include "trainer/lr_finder.h"
 #include "trainer/swa_callback.h"
 #include "trainer/trainer.h"
+#include "trainer/weight_averaging.h"
 
 namespace kiln::examples {
 
@@ -155,6 +156,7 @@ inline int fashion_main(int argc, char** argv, const FashionDefaults& defaults) 
   recipe.weight_decay = defaults.weight_decay;
   recipe.label_smoothing = defaults.label_smoothing;
   bool swa = false, find_lr = false, find_batch_size = false;
+  double ema_decay = 0;
 
   app.add_option("--model", recipe.model, "Model: cnn (FashionCNN), resnet9, mlp or vit")->capture_default_str();
   add_trainer_flags(app, flags);
@@ -176,7 +178,12 @@ inline int fashion_main(int argc, char** argv, const FashionDefaults& defaults) 
                  "Validation checks without improvement before stopping")
       ->capture_default_str()
       ->check(kNonNegative);
-  app.add_flag("--swa", swa, "Stochastic weight averaging");
+  CLI::Option* swa_flag = app.add_flag("--swa", swa, "Stochastic weight averaging");
+  CLI::Option* ema_option = app.add_option("--ema", ema_decay,
+                 "Exponential moving average of the weights with this decay (e.g. 0.999), updated after every "
+                 "optimizer step; validation, test and --export-weights use the averaged weights")
+      ->check(CLI::Range(0.0, 1.0))
+      ->excludes(swa_flag);
   app.add_flag("--find-lr", find_lr, "Run the learning-rate finder first");
   app.add_flag("--find-batch-size", find_batch_size, "Run the batch-size finder first");
   app.add_flag("--checkpoint-activations", recipe.checkpoint_activations,
@@ -276,6 +283,11 @@ inline int fashion_main(int argc, char** argv, const FashionDefaults& defaults) 
       averaging.swa_lrs = {recipe.lr / 10};
       averaging.annealing_epochs = 1;
       with_callbacks.callbacks.push_back(std::make_shared<StochasticWeightAveraging>(averaging));
+    }
+    if (ema_option->count() > 0) {
+      EMAWeightAveragingOptions ema;
+      ema.decay = ema_decay;
+      with_callbacks.callbacks.push_back(std::make_shared<EMAWeightAveraging>(ema));
     }
     Trainer run(with_callbacks);
 

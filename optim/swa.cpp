@@ -49,13 +49,6 @@ void check_same_names(const nn::NamedTensors& averages, const nn::NamedTensors& 
   }
 }
 
-// avg += (param - avg) / divisor for all tensors of one device, one kernel per param dtype.
-void running_mean_update(const std::vector<Tensor>& averages, const std::vector<Tensor>& params, double divisor) {
-  kernels::AverageConfig config;
-  config.divide = true;
-  config.divisor = divisor;
-  detail::average_update(params, averages, config);
-}
 
 // Calls fn on the root and every descendant BatchNorm that tracks running
 // statistics (a walk over named_children(), so the root need not be owned by
@@ -69,6 +62,11 @@ void for_each_batch_norm(nn::Module& module, const std::function<void(nn::BatchN
 // ---------------------------------------------------------------- AveragedModel
 AveragedModel::AveragedModel(const nn::Module& model, AveragedModelOptions options)
     : options_(std::move(options)), device_(Device::cpu()) {
+  if (options_.ema_decay) {
+    KILN_CHECK(*options_.ema_decay >= 0 && *options_.ema_decay <= 1, "AveragedModel: ema_decay must be in [0, 1], got ",
+               *options_.ema_decay);
+    KILN_CHECK(!options_.avg_fn, "AveragedModel: give either avg_fn or ema_decay, not both");
+  }
   const nn::NamedTensors params = model.named_parameters();
   const nn::NamedTensors buffers = model.named_buffers();
   if (!params.empty()) device_ = params.front().second.device();
@@ -96,7 +94,16 @@ void AveragedModel::average(const nn::NamedTensors& averages, const nn::NamedTen
       fused_params.push_back(value.detach().to(device_).contiguous());
     }
   }
-  running_mean_update(fused_averages, fused_params, static_cast<double>(n_averaged_ + 1));
+  // One kernel per param dtype for all tensors: the running mean
+  // avg += (param - avg) / (n + 1), or the EMA avg = lerp(avg, param, 1 - decay).
+  kernels::AverageConfig config;
+  if (options_.ema_decay) {
+    config.weight = 1.0 - *options_.ema_decay;
+  } else {
+    config.divide = true;
+    config.divisor = static_cast<double>(n_averaged_ + 1);
+  }
+  detail::average_update(fused_params, fused_averages, config);
 }
 
 void AveragedModel::update_parameters(const nn::Module& model) {

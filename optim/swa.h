@@ -33,11 +33,16 @@ struct AveragedModelOptions {
   std::optional<Device> device;  // where the averages live; default: the model's device
   AvgFn avg_fn;                  // empty: the equal-weight running mean (one fused kernel per dtype)
   bool use_buffers = false;      // average floating buffers too; else they are copied from the model
+  // Set (and avg_fn empty): the exponential moving average avg = lerp(avg, current,
+  // 1 - ema_decay) (torch's get_ema_multi_avg_fn) in one fused kernel per dtype,
+  // instead of the running mean; in [0, 1]. The first update copies, as every avg_fn's.
+  std::optional<double> ema_decay;
 };
 
 class AveragedModel {
  public:
-  // Copies the model's parameters and buffers (n_averaged() is 0).
+  // Copies the model's parameters and buffers (n_averaged() is 0). Throws
+  // kiln::Error for an ema_decay outside [0, 1] or together with avg_fn.
   explicit AveragedModel(const nn::Module& model, AveragedModelOptions options = {});
 
   // Averages the model's current parameters in (the first call copies them).
