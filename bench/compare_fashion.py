@@ -50,7 +50,7 @@ def main():
 
     common = ["--model", args.model, "--epochs", str(args.epochs), "--batch-size", str(args.batch_size),
               "--limit-train-batches", str(args.limit_train_batches), "--accelerator", args.accelerator,
-              "--precision", args.precision, "--augment" if args.augment else "--no-augment"]
+              "--precision", args.precision] + ([] if args.augment else ["--no-augment"])
     env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="2")
     # PyTorch eager, and with --torch-compile the same under torch.compile.
     peers = {"eager": []} | ({"torch.compile": ["--compile"]} if args.torch_compile else {})

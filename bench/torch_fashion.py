@@ -5,10 +5,14 @@ Trains the same network with the same recipe as bench/bench_fashion.cpp:
 FashionCNN (or the ResNet-9-style net) with PyTorch's default initialization,
 AdamW (lr 3e-3, weight decay 5e-4) with OneCycle (pct_start 0.25) over the
 epochs' steps, batch 128 with drop_last, a fresh shuffle every epoch,
-augmentation RandomCrop(28, padding=2) + RandomHorizontalFlip (--no-augment:
-none) + Normalize (mean/std fitted on the training images), fp32. Prints one JSON line:
-samples/s of the training loop (data included, the first warm-up steps
-excluded) and the test accuracy after the epochs.
+augmentation RandomCrop(28, padding=2) + RandomHorizontalFlip (--augment flip:
+the flip only; none or --no-augment: neither) + Normalize (mean/std fitted on
+the training images), fp32. --label-smoothing, --pct-start and --tta (the test
+logits averaged with the mirror image's) are train_fashion's flags. Prints one
+JSON line: samples/s of the training loop (data included, the first warm-up
+steps excluded) and the test accuracy after the epochs; --eval-every-epoch
+first prints one line per epoch with its test accuracy, as train_fashion
+validates on the test split after every epoch (bench/time_to_accuracy.py).
 
 The fair CPU peer (issue 9): Debian's python3-torch with OpenBLAS
 (libopenblas0-pthread), OPENBLAS_NUM_THREADS=1 and 2 torch threads; the harness
@@ -80,16 +84,18 @@ def resnet9():
         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(512, 10))
 
 
-def augment(images, generator, mean, std, padding=2):
-    """RandomCrop(28, padding) with zero fill, horizontal flip with p=0.5, Normalize."""
+def augment(images, generator, mean, std, mode, padding=2):
+    """RandomCrop(28, padding) with zero fill (mode crop+flip), horizontal flip with p=0.5, Normalize."""
     n, _, h, w = images.shape
-    padded = F.pad(images, (padding, padding, padding, padding))
     device = images.device
-    oy = torch.randint(0, 2 * padding + 1, (n,), generator=generator).to(device)
-    ox = torch.randint(0, 2 * padding + 1, (n,), generator=generator).to(device)
-    rows = (oy[:, None] + torch.arange(h, device=device))[:, :, None]
-    cols = (ox[:, None] + torch.arange(w, device=device))[:, None, :]
-    cropped = padded[torch.arange(n, device=device)[:, None, None], 0, rows, cols].unsqueeze(1)
+    cropped = images
+    if mode == "crop+flip":
+        padded = F.pad(images, (padding, padding, padding, padding))
+        oy = torch.randint(0, 2 * padding + 1, (n,), generator=generator).to(device)
+        ox = torch.randint(0, 2 * padding + 1, (n,), generator=generator).to(device)
+        rows = (oy[:, None] + torch.arange(h, device=device))[:, :, None]
+        cols = (ox[:, None] + torch.arange(w, device=device))[:, None, :]
+        cropped = padded[torch.arange(n, device=device)[:, None, None], 0, rows, cols].unsqueeze(1)
     flip = (torch.rand(n, generator=generator) < 0.5).to(device)
     cropped = torch.where(flip[:, None, None, None], cropped.flip(3), cropped)
     return (cropped - mean) / std
@@ -134,8 +140,14 @@ def main():
     parser.add_argument("--precision", default="32-true", choices=["32-true", "16-mixed", "bf16-mixed"],
                         help="mixed: torch.autocast (+ GradScaler for 16-mixed)")
     parser.add_argument("--compile", action="store_true", help="torch.compile the model")
-    parser.add_argument("--augment", action=argparse.BooleanOptionalAction, default=True,
-                        help="RandomCrop(28, padding=2) + RandomHorizontalFlip before Normalize")
+    parser.add_argument("--augment", default="crop+flip", choices=["crop+flip", "flip", "none"],
+                        help="before Normalize: RandomCrop(28, padding=2) + RandomHorizontalFlip, the flip, or none")
+    parser.add_argument("--no-augment", dest="augment", action="store_const", const="none")
+    parser.add_argument("--label-smoothing", type=float, default=0.0)
+    parser.add_argument("--pct-start", type=float, default=0.25, help="OneCycle's share of warm-up steps")
+    parser.add_argument("--tta", action="store_true", help="test logits averaged with the mirror image's")
+    parser.add_argument("--eval-every-epoch", action="store_true",
+                        help="test after every epoch, one JSON line each (as train_fashion validates)")
     args = parser.parse_args()
     device = torch.device("cuda" if args.accelerator == "gpu" else "cpu")
     amp_dtype = {"16-mixed": torch.float16, "bf16-mixed": torch.bfloat16}.get(args.precision)
@@ -156,7 +168,21 @@ def main():
         batches = min(batches, args.limit_train_batches)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
     schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=args.lr, total_steps=batches * args.epochs,
-                                                   pct_start=0.25)
+                                                   pct_start=args.pct_start)
+
+    def test_accuracy():
+        model.eval()
+        correct = 0
+        with torch.no_grad():
+            for i in range(0, len(test_x), 1000):
+                inputs = (test_x[i:i + 1000] - mean) / std
+                logits = model(inputs)
+                if args.tta:
+                    logits = (logits + model(inputs.flip(3))) * 0.5
+                correct += (logits.argmax(1) == test_y[i:i + 1000]).sum().item()
+        model.train()
+        return correct / len(test_x)
+
     timed_samples, timed_seconds = 0, 0.0
     for epoch in range(args.epochs):
         model.train()
@@ -168,9 +194,10 @@ def main():
                     torch.cuda.synchronize()
                 start = time.perf_counter()
             index = order[step * args.batch_size:(step + 1) * args.batch_size].to(device)
-            inputs = augment(train_x[index], generator, mean, std) if args.augment else (train_x[index] - mean) / std
+            inputs = (augment(train_x[index], generator, mean, std, args.augment) if args.augment != "none"
+                      else (train_x[index] - mean) / std)
             with torch.autocast(device.type, dtype=amp_dtype or torch.bfloat16, enabled=amp_dtype is not None):
-                loss = F.cross_entropy(step_model(inputs), train_y[index])
+                loss = F.cross_entropy(step_model(inputs), train_y[index], label_smoothing=args.label_smoothing)
             optimizer.zero_grad(set_to_none=True)
             scaler.scale(loss).backward()
             scaler.step(optimizer)
@@ -182,21 +209,19 @@ def main():
             if device.type == "cuda":
                 torch.cuda.synchronize()
             timed_seconds += time.perf_counter() - start
+        if args.eval_every_epoch:
+            print(json.dumps({"epoch": epoch, "test_acc": test_accuracy()}), flush=True)
 
-    model.eval()
-    correct = 0
-    with torch.no_grad():
-        for i in range(0, len(test_x), 1000):
-            logits = model((test_x[i:i + 1000] - mean) / std)
-            correct += (logits.argmax(1) == test_y[i:i + 1000]).sum().item()
+    test_acc = test_accuracy()
     print(json.dumps({
         "framework": f"pytorch {torch.__version__}", "model": args.model, "batch_size": args.batch_size,
         "epochs": args.epochs, "steps": batches * args.epochs,
         "samples_per_s": timed_samples / max(timed_seconds, 1e-9),
-        "test_acc": correct / len(test_x), "final_loss": loss.item(),
+        "test_acc": test_acc, "final_loss": loss.item(),
         "threads": torch.get_num_threads(), "openblas_threads": os.environ.get("OPENBLAS_NUM_THREADS", ""),
         "blas": blas_backend(),
-        "device": str(device), "precision": args.precision, "compile": args.compile, "augment": args.augment}))
+        "device": str(device), "precision": args.precision, "compile": args.compile, "augment": args.augment,
+        "label_smoothing": args.label_smoothing, "pct_start": args.pct_start, "tta": args.tta}))
 
 
 if __name__ == "__main__":

@@ -67,6 +67,8 @@ TEST_CASE("train_fashion refuses bad flags with a one-line reason and touches no
   check_refused("--max-epochs -5", "max_epochs must be >= 0, -1 for no limit, or None");
   check_refused("--max-epochs ten", "expected a number of epochs (-1: no limit) or None, got 'ten'");
   check_refused("--max-steps -3", "max_steps must be >= 0, or -1");
+  check_refused("--augment rotate", "--augment");
+  check_refused("--pct-start 1.5", "--pct-start");
   // Refused before training, not after it.
   check_refused("--export-weights /nonexistent/folder/weights.safetensors",
                 "folder '/nonexistent/folder' does not exist");
@@ -145,5 +147,45 @@ TEST_CASE("train_fashion's first training step starts within one second of launc
   CHECK(loading >= 0);
   CHECK(since_launch >= loading);
   CHECK(since_launch - loading < 1.0);
+  fs::remove_all(root);
+}
+
+TEST_CASE("train_fashion: every validation is reported with the progress bar off, and --no-tta evaluates plainly") {
+  // Training is the same with and without test-time augmentation (deterministic,
+  // same seed); only the evaluation averages in the mirror image, so the test
+  // loss must differ.
+  auto run_with = [](const std::string& flags) {
+    const fs::path root = fresh_root("recipe");
+    Run run = run_train_fashion("--max-epochs 2 --limit-train-batches 3 --limit-val-batches 2 --num-workers 0 "
+                                "--deterministic --seed 7 --enable-progress-bar false " + flags +
+                                " --default-root-dir " + root.string());
+    INFO(run.output);
+    CHECK(run.exit_code == 0);
+    fs::remove_all(root);
+    return run.output;
+  };
+  const std::string with_tta = run_with("");
+  // One line per validation (the sanity check is not one), in order.
+  const size_t first = with_tta.find("train_fashion: epoch 0 val_acc ");
+  const size_t second = with_tta.find("train_fashion: epoch 1 val_acc ");
+  CHECK(first != std::string::npos);
+  CHECK(second != std::string::npos);
+  CHECK(first < second);
+  CHECK(with_tta.find("epoch 2 val_acc") == std::string::npos);
+  CHECK(with_tta.find("s after launch") != std::string::npos);
+  auto test_line = [](const std::string& output) {
+    const size_t at = output.find("test_acc ");
+    REQUIRE(at != std::string::npos);
+    return output.substr(at, output.find("  (", output.find("test_loss", at)) - at);
+  };
+  const std::string plain = run_with("--no-tta");
+  CHECK(test_line(plain) != test_line(with_tta));
+  CHECK(test_line(run_with("--no-tta")) == test_line(plain));  // the difference is not noise
+  // With the bar on, no report lines (the bar shows val_acc).
+  const fs::path root = fresh_root("recipe_bar");
+  Run run = run_train_fashion("--max-epochs 1 --limit-train-batches 2 --limit-val-batches 1 --num-workers 0 "
+                              "--default-root-dir " + root.string());
+  CHECK(run.exit_code == 0);
+  CHECK(run.output.find("val_acc 0.") == std::string::npos);
   fs::remove_all(root);
 }
