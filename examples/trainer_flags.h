@@ -149,7 +149,9 @@ inline void add_fit_flags(CLI::App& app, TrainerFlags& flags) {
   app.add_option("--gradient-clip-algorithm", flags.trainer.gradient_clip_algorithm, "norm or value")
       ->capture_default_str()
       ->check(CLI::IsMember({"norm", "value"}));
-  app.add_option("--precision", flags.trainer.precision, "32-true, 64-true, bf16-true, bf16-mixed, 16-mixed")
+  app.add_option("--precision", flags.trainer.precision,
+                 "32-true, 64-true, bf16-true (bf16 weights and optimizer state), bf16-true-fp32-master, bf16-mixed, "
+                 "16-mixed")
       ->capture_default_str();
   add_batches_or_fraction_flag(app, "--val-check-interval", flags.trainer.val_check_interval,
                                "Validate every N batches (4) or every fraction of an epoch (0.25)");

@@ -15,8 +15,10 @@
 // - An optimizer kernel does nothing when *found_inf != 0 (a skipped step).
 // - Params and grads share one dtype per call (f32, f64, f16, bf16). Optimizer
 //   state is in the compute type: float, or double for f64 params. A 16-bit
-//   param keeps an fp32 master copy: the kernel updates the master and writes
-//   the rounded param.
+//   param either keeps an fp32 master copy (the kernel updates the master and
+//   writes the rounded param) or, with a null master, keeps its state in its
+//   own 16-bit type (bf16-true): the update is computed in float and rounded
+//   into the param and the state.
 #pragma once
 
 #include <cstdint>
@@ -37,7 +39,9 @@ struct OptimTensor {
   void* param = nullptr;    // (numel) param dtype
   void* grad = nullptr;     // (numel) param dtype
   float* master = nullptr;  // (numel) fp32 master weights of a 16-bit param; null otherwise
-  void* state[3] = {};      // (numel) each, compute type: exp_avg / momentum buffer, exp_avg_sq, max_exp_avg_sq
+  // (numel) each: exp_avg / momentum buffer, exp_avg_sq, max_exp_avg_sq; in the
+  // compute type, or in the param's type for a 16-bit param without a master.
+  void* state[3] = {};
   int64_t* step = nullptr;  // (0-d) steps this param has taken, including the current one
   int64_t numel = 0;
 };

@@ -164,9 +164,12 @@ Optimizer::ParamState& Optimizer::ensure_state(int64_t index) {
   NoGradGuard no_grad;
   const Tensor& p = params_[index];
   s.step = zeros({}, {.dtype = DType::i64, .device = device_});
-  if (is_16bit(p.dtype())) s.master = p.detach().to(DType::f32);
+  // Without masters a 16-bit param's state is in its own dtype (the kernels
+  // tell the two layouts apart by the master pointer).
+  const bool narrow = is_16bit(p.dtype()) && !master_weights_;
+  if (is_16bit(p.dtype()) && master_weights_) s.master = p.detach().to(DType::f32);
   for (size_t k = 0; k < buffer_names(group_of_[index]).size(); ++k) {
-    s.buffers.push_back(zeros(p.shape(), {.dtype = state_dtype(p.dtype()), .device = device_}));
+    s.buffers.push_back(zeros(p.shape(), {.dtype = narrow ? p.dtype() : state_dtype(p.dtype()), .device = device_}));
   }
   return s;
 }
@@ -269,6 +272,14 @@ Tensor Optimizer::state(int64_t index, const std::string& key) const {
     if (names[k] == key) return k < s.buffers.size() ? s.buffers[k] : Tensor();
   }
   return Tensor();
+}
+
+void Optimizer::set_master_weights(bool enabled) {
+  for (const ParamState& s : state_) {
+    KILN_CHECK(!s.step.defined() || enabled == master_weights_, name(), ".set_master_weights(", enabled,
+               "): the optimizer already holds state (set it before the first step or load_state_dict)");
+  }
+  master_weights_ = enabled;
 }
 
 void Optimizer::sync_master_weights() {

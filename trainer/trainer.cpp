@@ -116,7 +116,9 @@ Trainer::Trainer(TrainerOptions options)
     param_dtype_ = DType::f32;
   } else if (o.precision == "64-true" || o.precision == "64") {
     param_dtype_ = DType::f64;
-  } else if (o.precision == "bf16-true") {
+  } else if (o.precision == "bf16-true" || o.precision == "bf16-true-fp32-master") {
+    // bf16-true: bf16 parameters and optimizer state (apply_precision); the
+    // other keeps fp32 master weights and state in the optimizers.
     param_dtype_ = DType::bf16;
   } else if (o.precision == "16-mixed" || o.precision == "16") {
     KILN_CHECK(device_.is_cuda(), "Trainer: precision \"", o.precision, "\" needs a GPU (fp16 on the CPU is slow "
@@ -129,7 +131,7 @@ Trainer::Trainer(TrainerOptions options)
     autocast_dtype_ = DType::bf16;  // bfloat16 has float32's range: no loss scaling (as Lightning)
   } else {
     KILN_THROW("Trainer: unknown precision '", o.precision,
-               "' (expected 32-true, 64-true, bf16-true, 16-mixed or bf16-mixed)");
+               "' (expected 32-true, 64-true, bf16-true, bf16-true-fp32-master, 16-mixed or bf16-mixed)");
   }
   if (!o.max_time.empty()) max_time_ = parse_max_time(o.max_time);
   profiler_ = o.profiler_instance ? o.profiler_instance : make_profiler(o.profiler, device_);
@@ -246,7 +248,10 @@ Batch Trainer::to_device(const Batch& batch) const {
   Batch moved;
   const DType input_dtype = is_floating(batch.input.dtype()) ? param_dtype_ : batch.input.dtype();
   moved.input = batch.input.to(device_, input_dtype, /*non_blocking=*/true);
-  moved.target = batch.target.to(device_, is_floating(batch.target.dtype()) ? batch.target.dtype() : DType::i64,
+  // As Lightning's precision plugins (convert_input): every floating tensor
+  // of the batch takes the parameters' dtype (a float32 regression target
+  // meets bfloat16 outputs under "bf16-true").
+  moved.target = batch.target.to(device_, is_floating(batch.target.dtype()) ? param_dtype_ : DType::i64,
                                  /*non_blocking=*/true);
   return moved;
 }
@@ -275,6 +280,7 @@ void Trainer::configure_optimizers(TrainModule& module) {
                "\"step\" or \"epoch\", got '", config.interval, "' (optimizer ", i, ")");
     KILN_CHECK(config.scheduler == nullptr || &config.scheduler->optimizer() == config.optimizer.get(),
                "configure_optimizers: the schedule of optimizer ", i, " drives another optimizer");
+    apply_precision(*config.optimizer);
   }
   KILN_CHECK(manual_ || optimizers_.size() == 1, "configure_optimizers returned ", optimizers_.size(),
              " optimizers: training with several optimizers is only supported with manual optimization (as in "

@@ -44,9 +44,12 @@ struct TrainerOptions {
   double gradient_clip_val = 0;  // 0: no clipping
   std::string gradient_clip_algorithm = "norm";  // "norm" or "value"
   // "32-true", "64-true", "bf16-true", "bf16-mixed" (or "bf16"; CPU and GPU)
-  // and "16-mixed" (or "16"; GPU only). The mixed precisions keep float32
-  // parameters and run the steps under autocast (core/autocast.h);
-  // "16-mixed" adds a GradScaler.
+  // and "16-mixed" (or "16"; GPU only). "bf16-true" is Lightning's: bfloat16
+  // parameters, gradients and optimizer state, no float32 master copy;
+  // "bf16-true-fp32-master" keeps float32 master weights and optimizer state
+  // for the bfloat16 parameters (more memory; small updates are not lost to
+  // rounding). The mixed precisions keep float32 parameters and run the steps
+  // under autocast (core/autocast.h); "16-mixed" adds a GradScaler.
   std::string precision = "32-true";
   // Integers are numbers of batches, floating-point values fractions of an
   // epoch, as Lightning's int/float (batches_or_fraction.h): 1 validates
@@ -207,6 +210,11 @@ class Trainer {
   // The profiler (PassThroughProfiler when none was asked for); its scopes
   // are NVTX ranges in every case.
   Profiler& profiler() { return *profiler_; }
+  // Gives `optimizer` the precision's state layout: under "bf16-true" no
+  // float32 master weights and bfloat16 state (Optimizer::set_master_weights).
+  // fit applies it to configure_optimizers' optimizers (a callback that makes
+  // its own optimizer may too). Throws kiln::Error when the optimizer already holds state.
+  void apply_precision(optim::Optimizer& optimizer) const;
   // The loss scaler of precision "16-mixed" (null for every other precision),
   // as Lightning's trainer.precision_plugin.scaler.
   optim::GradScaler* scaler() { return scaler_.get(); }

@@ -19,6 +19,12 @@ std::optional<AutocastGuard> Trainer::autocast_region() const {
   return std::optional<AutocastGuard>(std::in_place, device_.type, *autocast_dtype_);
 }
 
+void Trainer::apply_precision(optim::Optimizer& optimizer) const {
+  // Lightning's bf16-true: the optimizer state in bfloat16 too, no float32 copy
+  // (torch's optimizers keep the state in the parameters' dtype).
+  if (options_.precision == "bf16-true") optimizer.set_master_weights(false);
+}
+
 void Trainer::unscale_gradients(optim::Optimizer& optimizer) {
   if (!scaler_ || std::find(unscaled_.begin(), unscaled_.end(), &optimizer) != unscaled_.end()) return;
   scaler_->unscale_(optimizer);

@@ -78,6 +78,23 @@ void dispatch_param(DType dtype, const char* op, Fn&& fn) {
 bool skipped(const float* found_inf) { return found_inf != nullptr && *found_inf != 0.0f; }
 double grad_scale_of(const OptimScalars& s) { return s.grad_scale != nullptr ? *s.grad_scale : 1.0; }
 
+// The type a param's optimizer state is kept in: the compute type, except for
+// a 16-bit param without an fp32 master (bf16-true), whose state is in its own type.
+template <typename T, bool kMaster>
+using state_t = std::conditional_t<is_16bit<T> && !kMaster, T, compute_t<T>>;
+
+// fn.template operator()<S>() with S the state type of `x` (see state_t).
+template <typename T, typename Fn>
+void with_state_type(const OptimTensor& x, Fn&& fn) {
+  if constexpr (is_16bit<T>) {
+    if (x.master == nullptr) {
+      fn.template operator()<T>();
+      return;
+    }
+  }
+  fn.template operator()<compute_t<T>>();
+}
+
 // The param value the update starts from: the fp32 master when there is one.
 template <typename C, typename T>
 inline C load_param(const T* param, const float* master, int64_t i) {
@@ -95,13 +112,14 @@ void sgd_loop(const OptimTensor& x, int64_t begin, int64_t length, const SgdScal
   using C = compute_t<T>;
   T* __restrict p = static_cast<T*>(x.param) + begin;
   const T* __restrict g = static_cast<const T*>(x.grad) + begin;
+  using S = state_t<T, kMaster>;
   float* __restrict master = kMaster ? x.master + begin : nullptr;
-  C* __restrict buf = kMomentum ? static_cast<C*>(x.state[0]) + begin : nullptr;
+  S* __restrict buf = kMomentum ? static_cast<S*>(x.state[0]) + begin : nullptr;
   for (int64_t i = 0; i < length; ++i) {
     C value = kMaster ? static_cast<C>(master[i]) : load<C>(p, i);
-    C b = kMomentum ? buf[i] : C(0);
+    C b = kMomentum ? load<C>(buf, i) : C(0);
     sgd_element(value, load<C>(g, i), kMomentum ? &b : nullptr, s);
-    if constexpr (kMomentum) buf[i] = b;
+    if constexpr (kMomentum) store(buf, i, b);
     if constexpr (kMaster) master[i] = static_cast<float>(value);
     store(p, i, value);
   }
@@ -135,18 +153,19 @@ void adam_loop(const OptimTensor& x, int64_t begin, int64_t length, const AdamSc
   using C = compute_t<T>;
   T* __restrict p = static_cast<T*>(x.param) + begin;
   const T* __restrict g = static_cast<const T*>(x.grad) + begin;
+  using S = state_t<T, kMaster>;
   float* __restrict master = kMaster ? x.master + begin : nullptr;
-  C* __restrict m = static_cast<C*>(x.state[0]) + begin;
-  C* __restrict v = static_cast<C*>(x.state[1]) + begin;
-  C* __restrict vmax = kAmsgrad ? static_cast<C*>(x.state[2]) + begin : nullptr;
+  S* __restrict m = static_cast<S*>(x.state[0]) + begin;
+  S* __restrict v = static_cast<S*>(x.state[1]) + begin;
+  S* __restrict vmax = kAmsgrad ? static_cast<S*>(x.state[2]) + begin : nullptr;
   for (int64_t i = 0; i < length; ++i) {
     C value = kMaster ? static_cast<C>(master[i]) : load<C>(p, i);
-    C mi = m[i], vi = v[i];
-    C vmax_i = kAmsgrad ? vmax[i] : C(0);
+    C mi = load<C>(m, i), vi = load<C>(v, i);
+    C vmax_i = kAmsgrad ? load<C>(vmax, i) : C(0);
     adam_element(value, load<C>(g, i), mi, vi, kAmsgrad ? &vmax_i : nullptr, s);
-    m[i] = mi;
-    v[i] = vi;
-    if constexpr (kAmsgrad) vmax[i] = vmax_i;
+    store(m, i, mi);
+    store(v, i, vi);
+    if constexpr (kAmsgrad) store(vmax, i, vmax_i);
     if constexpr (kMaster) master[i] = static_cast<float>(value);
     store(p, i, value);
   }
@@ -199,15 +218,22 @@ void lamb_impl(const OptimTensor* tensors, int64_t count, const OptimScalars& sc
     const T* p = static_cast<const T*>(x.param) + begin;
     const float* master = x.master != nullptr ? x.master + begin : nullptr;
     const T* g = static_cast<const T*>(x.grad) + begin;
-    C* m = static_cast<C*>(x.state[0]) + begin;
-    C* v = static_cast<C*>(x.state[1]) + begin;
     double param_sq = 0, update_sq = 0;
-    for (int64_t i = 0; i < length; ++i) {
-      const C value = load_param<C>(p, master, i);
-      const C u = lamb_moments(value, load<C>(g, i), m[i], v[i], s);
-      param_sq += static_cast<double>(value) * static_cast<double>(value);
-      update_sq += static_cast<double>(u) * static_cast<double>(u);
-    }
+    with_state_type<T>(x, [&]<typename S>() {
+      S* m = static_cast<S*>(x.state[0]) + begin;
+      S* v = static_cast<S*>(x.state[1]) + begin;
+      for (int64_t i = 0; i < length; ++i) {
+        const C value = load_param<C>(p, master, i);
+        C mi = load<C>(m, i), vi = load<C>(v, i);
+        C u = lamb_moments(value, load<C>(g, i), mi, vi, s);
+        store(m, i, mi);
+        store(v, i, vi);
+        // 16-bit state: the norm is of the update stage 2 makes from the stored (rounded) moments.
+        if constexpr (!std::is_same_v<S, C>) u = lamb_direction(value, load<C>(m, i), load<C>(v, i), s);
+        param_sq += static_cast<double>(value) * static_cast<double>(value);
+        update_sq += static_cast<double>(u) * static_cast<double>(u);
+      }
+    });
     partials[2 * global] = param_sq;
     partials[2 * global + 1] = update_sq;
   });
@@ -218,13 +244,15 @@ void lamb_impl(const OptimTensor* tensors, int64_t count, const OptimScalars& sc
     const C step = static_cast<C>(lr * lamb_trust_ratio(sums[2 * t], sums[2 * t + 1]));
     T* p = static_cast<T*>(x.param) + begin;
     float* master = x.master != nullptr ? x.master + begin : nullptr;
-    const C* m = static_cast<const C*>(x.state[0]) + begin;
-    const C* v = static_cast<const C*>(x.state[1]) + begin;
-    for (int64_t i = 0; i < length; ++i) {
-      C value = load_param<C>(p, master, i);
-      value -= step * lamb_direction(value, m[i], v[i], s);
-      store_param(p, master, i, value);
-    }
+    with_state_type<T>(x, [&]<typename S>() {
+      const S* m = static_cast<const S*>(x.state[0]) + begin;
+      const S* v = static_cast<const S*>(x.state[1]) + begin;
+      for (int64_t i = 0; i < length; ++i) {
+        C value = load_param<C>(p, master, i);
+        value -= step * lamb_direction(value, load<C>(m, i), load<C>(v, i), s);
+        store_param(p, master, i, value);
+      }
+    });
   });
 }
 
@@ -266,12 +294,16 @@ void lars_impl(const OptimTensor* tensors, int64_t count, const OptimScalars& sc
     T* p = static_cast<T*>(x.param) + begin;
     float* master = x.master != nullptr ? x.master + begin : nullptr;
     const T* g = static_cast<const T*>(x.grad) + begin;
-    C* buf = x.state[0] != nullptr ? static_cast<C*>(x.state[0]) + begin : nullptr;
-    for (int64_t i = 0; i < length; ++i) {
-      C value = load_param<C>(p, master, i);
-      lars_element(value, load<C>(g, i), buf != nullptr ? buf + i : nullptr, s);
-      store_param(p, master, i, value);
-    }
+    with_state_type<T>(x, [&]<typename S>() {
+      S* buf = x.state[0] != nullptr ? static_cast<S*>(x.state[0]) + begin : nullptr;
+      for (int64_t i = 0; i < length; ++i) {
+        C value = load_param<C>(p, master, i);
+        C b = buf != nullptr ? load<C>(buf, i) : C(0);
+        lars_element(value, load<C>(g, i), buf != nullptr ? &b : nullptr, s);
+        if (buf != nullptr) store(buf, i, b);
+        store_param(p, master, i, value);
+      }
+    });
   });
 }
 }  // namespace

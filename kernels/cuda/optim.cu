@@ -59,29 +59,55 @@ __device__ inline void store_param(T* __restrict__ p, float* __restrict__ master
   p[i] = from_compute<T>(value);
 }
 
+// One optimizer state buffer of a param (null when unused): in the compute
+// type, except for a 16-bit param without an fp32 master (bf16-true), whose
+// state is in its own type (`narrow`; the same for every element of a block).
+template <typename T>
+struct StatePointer {
+  using C = device_compute_t<T>;
+  void* data;
+  bool narrow;
+  __device__ bool present() const { return data != nullptr; }
+  __device__ C get(int64_t i) const {
+    if (narrow) return static_cast<C>(to_compute(static_cast<const T*>(data)[i]));
+    return static_cast<const C*>(data)[i];
+  }
+  __device__ void set(int64_t i, C value) const {
+    if (narrow) {
+      static_cast<T*>(data)[i] = from_compute<T>(value);
+    } else {
+      static_cast<C*>(data)[i] = value;
+    }
+  }
+};
+
 template <typename T>
 struct OptimPointers {
   T* __restrict__ p;
   const T* __restrict__ g;
   float* __restrict__ master;
-  device_compute_t<T>* __restrict__ s0;
-  device_compute_t<T>* __restrict__ s1;
-  device_compute_t<T>* __restrict__ s2;
+  StatePointer<T> s0, s1, s2;
 };
 template <typename U>
 __device__ inline U* offset_or_null(void* base, int64_t begin) {
   return base == nullptr ? nullptr : static_cast<U*>(base) + begin;
 }
 template <typename T>
-__device__ inline OptimPointers<T> optim_pointers(const OptimMeta& meta, int slot, int64_t begin) {
+__device__ inline StatePointer<T> state_pointer(void* base, bool narrow, int64_t begin) {
   using C = device_compute_t<T>;
+  return {narrow ? static_cast<void*>(offset_or_null<T>(base, begin)) : static_cast<void*>(offset_or_null<C>(base, begin)),
+          narrow};
+}
+template <typename T>
+__device__ inline OptimPointers<T> optim_pointers(const OptimMeta& meta, int slot, int64_t begin) {
   OptimPointers<T> x;
   x.p = offset_or_null<T>(meta.addresses[0][slot], begin);
   x.g = offset_or_null<T>(meta.addresses[1][slot], begin);
   x.master = offset_or_null<float>(meta.addresses[2][slot], begin);
-  x.s0 = offset_or_null<C>(meta.addresses[3][slot], begin);
-  x.s1 = offset_or_null<C>(meta.addresses[4][slot], begin);
-  x.s2 = offset_or_null<C>(meta.addresses[5][slot], begin);
+  const bool narrow = sizeof(T) == 2 && x.master == nullptr;
+  x.s0 = state_pointer<T>(meta.addresses[3][slot], narrow, begin);
+  x.s1 = state_pointer<T>(meta.addresses[4][slot], narrow, begin);
+  x.s2 = state_pointer<T>(meta.addresses[5][slot], narrow, begin);
   return x;
 }
 
@@ -149,7 +175,9 @@ __global__ void __launch_bounds__(kThreads)
   const OptimPointers<T> x = optim_pointers<T>(meta, c.slot, c.begin);
   for (int64_t i = threadIdx.x; i < c.length; i += blockDim.x) {
     C value = load_param<T, C>(x.p, x.master, i);
-    sgd_element(value, static_cast<C>(to_compute(x.g[i])), x.s0 != nullptr ? x.s0 + i : nullptr, s);
+    C buffer = x.s0.present() ? x.s0.get(i) : C(0);
+    sgd_element(value, static_cast<C>(to_compute(x.g[i])), x.s0.present() ? &buffer : nullptr, s);
+    if (x.s0.present()) x.s0.set(i, buffer);
     store_param<T, C>(x.p, x.master, i, value);
   }
 }
@@ -167,12 +195,12 @@ __global__ void __launch_bounds__(kThreads)
   const bool amsgrad = config.amsgrad;
   for (int64_t i = threadIdx.x; i < c.length; i += blockDim.x) {
     C value = load_param<T, C>(x.p, x.master, i);
-    C m = x.s0[i], v = x.s1[i];
-    C vmax = amsgrad ? x.s2[i] : C(0);
+    C m = x.s0.get(i), v = x.s1.get(i);
+    C vmax = amsgrad ? x.s2.get(i) : C(0);
     adam_element(value, static_cast<C>(to_compute(x.g[i])), m, v, amsgrad ? &vmax : nullptr, s);
-    x.s0[i] = m;
-    x.s1[i] = v;
-    if (amsgrad) x.s2[i] = vmax;
+    x.s0.set(i, m);
+    x.s1.set(i, v);
+    if (amsgrad) x.s2.set(i, vmax);
     store_param<T, C>(x.p, x.master, i, value);
   }
 }
@@ -214,10 +242,12 @@ __global__ void __launch_bounds__(kThreads)
   double param_sq = 0.0, update_sq = 0.0;
   for (int64_t i = threadIdx.x; i < c.length; i += blockDim.x) {
     const C value = load_param<T, C>(x.p, x.master, i);
-    C m = x.s0[i], v = x.s1[i];
-    const C u = lamb_moments(value, static_cast<C>(to_compute(x.g[i])), m, v, s);
-    x.s0[i] = m;
-    x.s1[i] = v;
+    C m = x.s0.get(i), v = x.s1.get(i);
+    C u = lamb_moments(value, static_cast<C>(to_compute(x.g[i])), m, v, s);
+    x.s0.set(i, m);
+    x.s1.set(i, v);
+    // 16-bit state: the norm is of the update stage 2 makes from the stored (rounded) moments.
+    if (x.s0.narrow) u = lamb_direction(value, x.s0.get(i), x.s1.get(i), s);
     param_sq += static_cast<double>(value) * static_cast<double>(value);
     update_sq += static_cast<double>(u) * static_cast<double>(u);
   }
@@ -244,7 +274,7 @@ __global__ void __launch_bounds__(kThreads)
   const OptimPointers<T> x = optim_pointers<T>(meta, c.slot, c.begin);
   for (int64_t i = threadIdx.x; i < c.length; i += blockDim.x) {
     C value = load_param<T, C>(x.p, x.master, i);
-    value -= step * lamb_direction(value, x.s0[i], x.s1[i], s);
+    value -= step * lamb_direction(value, x.s0.get(i), x.s1.get(i), s);
     store_param<T, C>(x.p, x.master, i, value);
   }
 }
@@ -294,7 +324,9 @@ __global__ void __launch_bounds__(kThreads)
   const OptimPointers<T> x = optim_pointers<T>(meta, c.slot, c.begin);
   for (int64_t i = threadIdx.x; i < c.length; i += blockDim.x) {
     C value = load_param<T, C>(x.p, x.master, i);
-    lars_element(value, static_cast<C>(to_compute(x.g[i])), x.s0 != nullptr ? x.s0 + i : nullptr, s);
+    C buffer = x.s0.present() ? x.s0.get(i) : C(0);
+    lars_element(value, static_cast<C>(to_compute(x.g[i])), x.s0.present() ? &buffer : nullptr, s);
+    if (x.s0.present()) x.s0.set(i, buffer);
     store_param<T, C>(x.p, x.master, i, value);
   }
 }
