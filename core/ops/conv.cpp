@@ -166,7 +166,10 @@ Tensor conv2d(const Tensor& x_in, const Tensor& weight, const Tensor& bias, Size
   const Shape out_shape{p.batch, p.out_channels, p.out_h, p.out_w};
 
   const bool on_cuda = x_in.is_cuda();
-  const bool channels_last = on_cuda && (is_channels_last(x_in) || is_channels_last(weight));
+  // float64 stays NCHW, as in PyTorch (cudnn_conv_suggest_memory_format):
+  // cuDNN has no NHWC backward-data algorithm for doubles (seen on an H200, cuDNN 9).
+  const bool channels_last =
+      on_cuda && x_in.dtype() != DType::f64 && (is_channels_last(x_in) || is_channels_last(weight));
   Tensor x, w, b;
   {
     NoGradGuard no_grad;  // layout copies for the kernels are not part of the graph

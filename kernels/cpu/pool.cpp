@@ -4,6 +4,7 @@
 #include <cmath>
 #include <limits>
 #include <type_traits>
+#include <vector>
 
 #include "kernels/pool.h"
 
@@ -161,18 +162,30 @@ void average_backward(const Pool2dParams& p, const Spans& spans, const T* dy, T*
   for (int64_t plane = 0; plane < p.planes; ++plane) {
     T* dst = dx + plane * H * W;
     const T* g = dy + plane * OH * OW;
-    std::fill(dst, dst + H * W, static_cast<T>(A(0)));
+    // 16-bit: sum the overlapping windows' shares in float and round once (as
+    // the CUDA kernel does); rounding after every share loses the small sums
+    // of shares that cancel.
+    std::vector<A> sums;
+    A* acc = nullptr;
+    if constexpr (std::is_same_v<T, A>) {
+      acc = dst;
+    } else {
+      sums.resize(static_cast<size_t>(H * W));
+      acc = sums.data();
+    }
+    std::fill(acc, acc + H * W, A(0));
     for (int64_t oh = 0; oh < OH; ++oh) {
       const AverageSpan wh = spans.rows(oh);
       for (int64_t ow = 0; ow < OW; ++ow) {
         const AverageSpan ww = spans.cols(ow);
         const A share = static_cast<A>(g[oh * OW + ow]) / static_cast<A>(wh.divisor * ww.divisor);
         for (int64_t ih = wh.start; ih < wh.end; ++ih) {
-          for (int64_t iw = ww.start; iw < ww.end; ++iw) {
-            dst[ih * W + iw] = static_cast<T>(static_cast<A>(dst[ih * W + iw]) + share);
-          }
+          for (int64_t iw = ww.start; iw < ww.end; ++iw) acc[ih * W + iw] += share;
         }
       }
+    }
+    if constexpr (!std::is_same_v<T, A>) {
+      for (int64_t i = 0; i < H * W; ++i) dst[i] = static_cast<T>(acc[i]);
     }
   }
 }
