@@ -185,8 +185,9 @@ TEST_CASE("attention: the CUDA kernels match the CPU, forward and backward, in e
         Tensor mask;
         if (c.mask == 1) mask = random_tensor({c.L, c.S}, 33, dtype);
         if (c.mask == 2) mask = gt(random_tensor({c.B, 1, 1, c.S}, 34), -1.0);
-        std::vector<Tensor> cpu = {q.to(DType::f32).requires_grad_(), k.to(DType::f32).requires_grad_(),
-                                   v.to(DType::f32).requires_grad_()};
+        // Leaves of their own (detach): for float32, to(f32) returns q itself.
+        std::vector<Tensor> cpu = {q.to(DType::f32).detach().requires_grad_(), k.to(DType::f32).detach().requires_grad_(),
+                                   v.to(DType::f32).detach().requires_grad_()};
         std::vector<Tensor> gpu = {q.cuda().requires_grad_(), k.cuda().requires_grad_(), v.cuda().requires_grad_()};
         const Tensor cpu_out = scaled_dot_product_attention(cpu[0], cpu[1], cpu[2], mask, 0.0, c.causal);
         const Tensor gpu_out = scaled_dot_product_attention(gpu[0], gpu[1], gpu[2], mask.defined() ? mask.cuda() : mask,

@@ -282,7 +282,9 @@ TEST_CASE("matmul on CUDA: device mismatch, alignment, bias epilogue, k = 0, TF3
   const auto misaligned = [](const Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 != 0; };
   for (DType dtype : {DType::f32, DType::f16, DType::bf16, DType::f64}) {
     INFO("dtype " << dtype_name(dtype));
-    Tensor a_store = random_tensor({33, 41}, 72, dtype), b_store = random_tensor({41, 27}, 73, dtype);
+    // Row lengths 40 and 26: an offset of one row and one element is 41 and 27
+    // elements, a multiple of 16 bytes for no dtype here.
+    Tensor a_store = random_tensor({33, 40}, 72, dtype), b_store = random_tensor({41, 26}, 73, dtype);
     Tensor a = a_store.narrow(0, 1, 31).narrow(1, 1, 39), b = b_store.narrow(0, 1, 39).narrow(1, 1, 25);
     Tensor a_gpu = a_store.cuda().narrow(0, 1, 31).narrow(1, 1, 39), b_gpu = b_store.cuda().narrow(0, 1, 39).narrow(1, 1, 25);
     REQUIRE(misaligned(a_gpu));

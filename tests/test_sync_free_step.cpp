@@ -38,7 +38,7 @@ struct MixedPrecisionSetup {
     schedule_options.total_steps = 100;
     schedule = std::make_unique<optim::OneCycleLR>(*adamw, schedule_options);
     inputs = randn({16, 1, 8, 8}, {.device = device});
-    labels = randint(0, 10, {16}, {.device = device});
+    labels = randint(0, 10, {16}, {.dtype = DType::i64, .device = device});
   }
 
   // One training step as the Trainer runs it with precision "16-mixed" and gradient clipping.
@@ -75,7 +75,8 @@ Counts counts() { return {cuda::sync_counters(), cuda_allocator(0).stats().devic
 void check_sync_free(const Counts& before, const Counts& after) {
   CHECK(after.sync.device_to_host_copies == before.sync.device_to_host_copies);
   CHECK(after.sync.synchronizations == before.sync.synchronizations);
-  CHECK(after.device_mallocs == before.device_mallocs);
+  // With caching off (KILN_NO_CUDA_MEMORY_CACHING, the sanitizer runs) every tensor is a cudaMalloc.
+  if (cuda_allocator(0).caching()) CHECK(after.device_mallocs == before.device_mallocs);
 }
 
 }  // namespace
@@ -84,10 +85,15 @@ TEST_CASE("a mixed-precision training step on the GPU neither copies to the host
   KILN_REQUIRE_GPU();
   manual_seed(21);
   MixedPrecisionSetup setup(Device::cuda(0));
-  // Warm-up: optimizer state, scaler and schedule tensors, allocator cache, cuBLAS/cuDNN handles.
-  setup.step(setup.inputs);
-  setup.step(setup.inputs);
-  cuda::device_synchronize(0);
+  // Warm-up: optimizer state, scaler and schedule tensors, allocator cache,
+  // cuBLAS/cuDNN handles. On an H200 the third step still took 6 new blocks
+  // after two warm-ups (79 -> 85 cudaMallocs): the counts are reported here so
+  // that the next GPU run shows where the cache settles.
+  for (int warm_up = 0; warm_up < 3; ++warm_up) {
+    setup.step(setup.inputs);
+    cuda::device_synchronize(0);
+    MESSAGE("cudaMalloc calls after warm-up step " << warm_up + 1 << ": " << counts().device_mallocs);
+  }
 
   const Counts before = counts();
   setup.step(setup.inputs);
@@ -95,8 +101,8 @@ TEST_CASE("a mixed-precision training step on the GPU neither copies to the host
   check_sync_free(before, after);
   CHECK(setup.logits.dtype() == DType::f16);  // the step really ran in mixed precision
   CHECK(setup.model.parameters()[0].dtype() == DType::f32);
-  CHECK(setup.adamw->step_state().step.item<int64_t>() == 3);
-  CHECK(setup.schedule->last_epoch().item<int64_t>() == 3);
+  CHECK(setup.adamw->step_state().step.item<int64_t>() == 4);
+  CHECK(setup.schedule->last_epoch().item<int64_t>() == 4);
   CHECK(setup.scaler.get_scale() == 1024.0);
 
   // A step whose gradients hold inf/NaN: skipped on the device, still sync-free.
@@ -109,8 +115,8 @@ TEST_CASE("a mixed-precision training step on the GPU neither copies to the host
   setup.step(poisoned);
   const Counts after_skip = counts();
   check_sync_free(before_skip, after_skip);
-  CHECK(setup.adamw->step_state().step.item<int64_t>() == 3);
-  CHECK(setup.schedule->last_epoch().item<int64_t>() == 3);
+  CHECK(setup.adamw->step_state().step.item<int64_t>() == 4);
+  CHECK(setup.schedule->last_epoch().item<int64_t>() == 4);
   CHECK(setup.scaler.get_scale() == 512.0);  // backoff 0.5
   const std::vector<Tensor> params = setup.model.parameters();
   for (size_t i = 0; i < params.size(); ++i) {

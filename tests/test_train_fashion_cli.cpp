@@ -157,7 +157,7 @@ TEST_CASE("train_fashion: every validation is reported with the progress bar off
   auto run_with = [](const std::string& flags) {
     const fs::path root = fresh_root("recipe");
     Run run = run_train_fashion("--max-epochs 2 --limit-train-batches 3 --limit-val-batches 2 --num-workers 0 "
-                                "--deterministic --seed 7 --enable-progress-bar false " + flags +
+                                "--deterministic --seed 7 --enable-progress-bar false --accelerator cpu " + flags +
                                 " --default-root-dir " + root.string());
     INFO(run.output);
     CHECK(run.exit_code == 0);

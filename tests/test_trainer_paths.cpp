@@ -23,6 +23,7 @@
 #include "core/ops.h"
 #include "data/dataloader.h"
 #include "optim/clip_grad.h"
+#include "optim/grad_scaler.h"
 #include "tests/support/test_util.h"
 #include "tests/support/trainer_fixtures.h"
 #include "trainer/trainer.h"
@@ -76,13 +77,17 @@ std::vector<double> fit_clipped(const ClipRun& run) {
 
 // The same training written out by hand, with torch's recipe: forward under
 // autocast (if any), backward, clip the true (never loss-scaled) gradients with
-// optim::clip_grad_norm_ / clip_grad_value_, step, zero_grad.
+// optim::clip_grad_norm_ / clip_grad_value_, step, zero_grad. In float16 torch's
+// AMP recipe: a GradScaler scales the loss, unscale_ before clipping, and its
+// step skips the steps whose gradients overflowed (as the Trainer's does).
 std::vector<double> reference_clipped(const ClipRun& run, Device device, std::optional<DType> autocast) {
   Regression module;  // the same initial weights as fit_clipped's
   module.model().to(device);
   DataLoader loader(testing::regression_data(64, 0.01), testing::seeded_loader_options(16));
   OptimizerConfig config = module.configure_optimizers();
   optim::Optimizer& optimizer = *config.optimizer;
+  std::optional<optim::GradScaler> scaler;
+  if (autocast == DType::f16) scaler.emplace();
   for (int64_t epoch = 0; epoch < kClipEpochs; ++epoch) {
     loader.set_epoch(static_cast<uint64_t>(epoch));
     while (std::optional<Batch> batch = loader.next()) {
@@ -93,13 +98,23 @@ std::vector<double> reference_clipped(const ClipRun& run, Device device, std::op
         if (autocast) guard.emplace(device.type, *autocast);
         loss = module.mean_squared_error(moved);
       }
-      loss.backward();
+      if (scaler) {
+        scaler->scale(loss).backward();
+        scaler->unscale_(optimizer);
+      } else {
+        loss.backward();
+      }
       if (run.algorithm == "norm") {
         optim::clip_grad_norm_(module.model().parameters(), run.clip_val);
       } else {
         optim::clip_grad_value_(module.model().parameters(), run.clip_val);
       }
-      optimizer.step();
+      if (scaler) {
+        scaler->step(optimizer);
+        scaler->update();
+      } else {
+        optimizer.step();
+      }
       optimizer.zero_grad();
     }
   }
