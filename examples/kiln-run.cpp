@@ -5,15 +5,18 @@
 //
 // Each worker gets torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK,
 // LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT,
-// TORCHELASTIC_RESTART_COUNT, TORCHELASTIC_MAX_RESTARTS). The launcher of node
+// TORCHELASTIC_RESTART_COUNT, TORCHELASTIC_MAX_RESTARTS) and KILN_RUN_START_TIME,
+// when this launcher started (seconds since the Unix epoch: a restarted Trainer
+// resumes only from checkpoints written since, trainer.h). The launcher of node
 // 0 hosts the rendezvous store at MASTER_ADDR:MASTER_PORT for the whole run
 // (TORCHELASTIC_USE_AGENT_STORE=True tells the workers to connect to it; keys
 // are kept apart per restart round), so no other service is needed; with one
 // node, --master-port 0 picks a free port. Worker output is prefixed with
 // "[rank R] ". SIGINT/SIGTERM/SIGHUP are forwarded to every worker. When a
 // worker fails, the others are stopped (SIGTERM, then SIGKILL after 5 s);
-// with --max-restarts K the whole group is started again up to K times (the
-// program resumes from its own checkpoint). Exit status: 0 when every worker
+// with --max-restarts K the whole group is started again up to K times (a
+// Trainer resumes from its last checkpoint by itself; another program from its
+// own). Exit status: 0 when every worker
 // succeeded; else the failed worker's exit code (128 + signal when killed).
 #include <fcntl.h>
 #include <poll.h>
@@ -60,6 +63,7 @@ struct Options {
   int master_port = 29500;
   int max_restarts = 0;
   std::vector<std::string> command;
+  std::string run_start_time;  // KILN_RUN_START_TIME: the same for every round of the run
 };
 
 // One output stream of a worker, forwarded line by line with a rank prefix.
@@ -150,6 +154,7 @@ pid_t spawn(const Options& o, int local_rank, int restart, int port, Worker& wor
     set("TORCHELASTIC_RESTART_COUNT", std::to_string(restart));
     set("TORCHELASTIC_MAX_RESTARTS", std::to_string(o.max_restarts));
     set("TORCHELASTIC_USE_AGENT_STORE", "True");
+    set("KILN_RUN_START_TIME", o.run_start_time);
     if (!std::getenv("OMP_NUM_THREADS") && o.nproc_per_node > 1) {
       const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
       set("OMP_NUM_THREADS", std::to_string(std::max(1u, cores / static_cast<unsigned>(o.nproc_per_node))));
@@ -282,6 +287,15 @@ int main(int argc, char** argv) {
       ->check(kiln::examples::kNonNegative);
   app.add_option("command", o.command, "the program and its arguments (after --)")->required();
   CLI11_PARSE(app, argc, argv);
+  {
+    const auto since_epoch = std::chrono::system_clock::now().time_since_epoch();
+    const auto seconds = std::chrono::duration_cast<std::chrono::seconds>(since_epoch);
+    char text[48];
+    std::snprintf(text, sizeof(text), "%lld.%09lld", static_cast<long long>(seconds.count()),
+                  static_cast<long long>(std::chrono::duration_cast<std::chrono::nanoseconds>(since_epoch - seconds)
+                                             .count()));
+    o.run_start_time = text;
+  }
   if (o.node_rank >= o.nnodes) {
     say("--node-rank " + std::to_string(o.node_rank) + " must be less than --nnodes " + std::to_string(o.nnodes));
     return 2;

@@ -25,6 +25,7 @@ packages=(
   dataset-fashion-mnist
   python3
   binutils xz-utils  # strip and xz for the GPU kit (scripts/gpu_kit.sh)
+  iproute2  # `ip netns`: the two-node tests (tests/test_distributed_netns.cpp)
 )
 if $with_tests; then
   # --no-install-recommends below keeps python3-torch's closure to what it

@@ -8,6 +8,8 @@ bash scripts/setup.sh --tests
 if [ -d /usr/local/cuda/bin ]; then export PATH="/usr/local/cuda/bin:$PATH"; fi
 cmake -S . -B build -G Ninja ${KILN_CMAKE_ARGS:-}
 cmake --build build -j "$(nproc)"
+# The two-node tests (network namespaces; CI runs as root) must run here, not skip.
+export KILN_REQUIRE_NETNS=1
 # The PyTorch round trip and TensorBoard's own reader must run here, not skip.
 KILN_REQUIRE_PYTHON_CHECKS=1 ctest --test-dir build --output-on-failure -j "$(nproc)"
 # Only a CUDA-enabled build makes a kit.

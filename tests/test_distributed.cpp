@@ -27,69 +27,16 @@
 #include "nn/layers.h"
 #include "nn/loss.h"
 #include "optim/optimizer.h"
+#include "tests/support/ddp_reference.h"
 #include "tests/support/test_util.h"
 #include "tests/test_distributed_util.h"
 
 using namespace kiln;
 using namespace kiln::distributed;
 using namespace kiln::testing::dist;
+using namespace kiln::testing::ddp_reference;
 
 namespace {
-
-// ---------------------------------------------------------------- shared model and data
-
-constexpr int64_t kIn = 5, kHidden = 7, kOut = 3;
-
-// Linear -> [BatchNorm1d | SyncBatchNorm over `sync_group`] -> Tanh -> Linear.
-std::shared_ptr<nn::Sequential> make_model(uint64_t seed, DType dtype, bool batch_norm = false,
-                                           std::shared_ptr<ProcessGroup> sync_group = nullptr) {
-  manual_seed(seed);
-  auto model = std::make_shared<nn::Sequential>();
-  model->push_back(std::make_shared<nn::Linear>(kIn, kHidden));
-  if (sync_group) {
-    model->push_back(std::make_shared<nn::SyncBatchNorm>(kHidden, sync_group, 1e-5, 0.1, true, true, 0));
-  } else if (batch_norm) {
-    model->push_back(std::make_shared<nn::BatchNorm1d>(kHidden));
-  }
-  model->push_back(std::make_shared<nn::Tanh>());
-  model->push_back(std::make_shared<nn::Linear>(kHidden, kOut));
-  model->to(dtype);
-  return model;
-}
-
-// Rows [begin, begin + rows) of step `step`'s global batch: x (rows, kIn), y (rows, kOut).
-std::pair<Tensor, Tensor> batch(int step, int64_t begin, int64_t rows, int64_t total_rows, DType dtype) {
-  std::mt19937_64 rng(1000 + step);
-  std::normal_distribution<double> normal;
-  std::vector<double> x(total_rows * kIn), y(total_rows * kOut);
-  for (auto& v : x) v = normal(rng);
-  for (auto& v : y) v = normal(rng);
-  std::vector<double> xs(x.begin() + begin * kIn, x.begin() + (begin + rows) * kIn);
-  std::vector<double> ys(y.begin() + begin * kOut, y.begin() + (begin + rows) * kOut);
-  return {tensor(xs, {rows, kIn}).to(dtype), tensor(ys, {rows, kOut}).to(dtype)};
-}
-
-std::string param_values(const nn::Module& model) {
-  std::ostringstream out;
-  out.precision(17);
-  for (const Tensor& p : model.parameters())
-    for (double v : p.to(DType::f64).to_vector<double>()) out << v << ' ';
-  for (const auto& [name, b] : model.named_buffers())  // BatchNorm running statistics
-    for (double v : b.to(DType::f64).to_vector<double>()) out << v << ' ';
-  return out.str();
-}
-
-std::vector<double> parse_numbers(const std::string& text) {
-  std::istringstream in(text);
-  std::vector<double> values;
-  std::string word;
-  while (in >> word) {
-    char* end = nullptr;
-    const double v = std::strtod(word.c_str(), &end);
-    if (end != word.c_str() && *end == '\0') values.push_back(v);
-  }
-  return values;
-}
 
 // ---------------------------------------------------------------- worker side
 
@@ -185,10 +132,6 @@ void scenario_collectives(const std::shared_ptr<ProcessGroup>& group) {
   expect_throw([&] { pg.all_gather(zeros({5}), zeros({3})); }, "elements");
   expect_throw([&] { pg.broadcast(zeros({3}), w); }, "root");
   write_result("OK");
-}
-
-std::unique_ptr<optim::SGD> make_sgd(nn::Module& model) {
-  return std::make_unique<optim::SGD>(model.parameters(), optim::SGDOptions{.lr = 0.1, .momentum = 0.9});
 }
 
 // DDP training: each rank takes its rows of the global batch; writes its parameters.
@@ -391,19 +334,6 @@ TEST_CASE("distributed_worker_entry" * doctest::skip()) {
 
 namespace {
 
-struct WorkerRun {
-  std::vector<std::string> results, logs;
-  std::vector<int> statuses;
-  double seconds = 0;
-  std::string describe() const {
-    std::string text;
-    for (size_t r = 0; r < results.size(); ++r)
-      text += "rank " + std::to_string(r) + " status " + std::to_string(statuses[r]) + " result: " +
-              results[r].substr(0, 400) + "\n  log: " + logs[r].substr(0, 2000) + "\n";
-    return text;
-  }
-};
-
 // Runs `world` workers of `scenario`. The parent hosts the store (as kiln-run
 // does) unless rank0_hosts_store.
 WorkerRun run_workers(const std::string& scenario, int world, std::map<std::string, std::string> env,
@@ -439,43 +369,6 @@ WorkerRun run_workers(const std::string& scenario, int world, std::map<std::stri
     run.logs.push_back(read_file(dir.path / ("rank" + std::to_string(r) + ".log")));
   }
   return run;
-}
-
-// Single-process SGD on the concatenated batch (what DDP must reproduce).
-std::vector<double> reference_params(DType dtype, int world, int steps, int micro, bool batch_norm = false) {
-  auto model = make_model(1234, dtype, batch_norm);
-  auto sgd = make_sgd(*model);
-  nn::MSELoss mse;
-  const int64_t total = 2 * micro * world;
-  for (int step = 0; step < steps; ++step) {
-    auto [x, y] = batch(step, 0, total, total, dtype);
-    mse(model->forward(x), y).backward();
-    sgd->step();
-    sgd->zero_grad();
-  }
-  return parse_numbers(param_values(*model));
-}
-
-void check_matches_reference(const WorkerRun& run, DType dtype, int world, int steps, int micro,
-                             int64_t min_buckets, bool batch_norm = false) {
-  const std::vector<double> expected = reference_params(dtype, world, steps, micro, batch_norm);
-  const double rtol = dtype == DType::f64 ? 0 : 1.3e-6, atol = dtype == DType::f64 ? 1e-10 : 1e-5;
-  for (int r = 0; r < world; ++r) {
-    INFO(run.describe());
-    REQUIRE(run.results[r].rfind("buckets ", 0) == 0);
-    std::vector<double> got = parse_numbers(run.results[r]);
-    CHECK(got.front() >= min_buckets);
-    got.erase(got.begin());
-    REQUIRE(got.size() == expected.size());
-    double worst = 0;
-    size_t worst_at = 0;
-    for (size_t i = 0; i < got.size(); ++i) {
-      const double excess = std::abs(got[i] - expected[i]) - (atol + rtol * std::abs(expected[i]));
-      if (i == 0 || excess > worst) worst = excess, worst_at = i;
-    }
-    CHECK_MESSAGE(worst <= 0, "rank ", r, " parameter element ", worst_at, ": ", got[worst_at], " vs ",
-                  expected[worst_at]);
-  }
 }
 
 }  // namespace
@@ -606,6 +499,7 @@ TEST_CASE("Distributed: a killed peer makes the survivors fail within the timeou
     CHECK(ms < 10000 + 3000);
     CHECK(run.results[r].find("step 1") != std::string::npos);
     CHECK(run.results[r].find("Gloo") != std::string::npos);
+    CHECK(run.results[r].find("rank 2 stopped answering") != std::string::npos);  // the survivors tell who
   }
   CHECK(run.seconds < 25);
 }
@@ -618,6 +512,8 @@ TEST_CASE("Distributed: a hung peer turns into a timeout error") {
   CHECK(ms >= 1000);
   CHECK(ms < 1500 + 2500);
   CHECK(run.results[0].find("1500 ms") != std::string::npos);
+  // Rank 1 lives (it sleeps): not named as gone.
+  CHECK(run.results[0].find("alive, but not done with this collective: rank(s) 1") != std::string::npos);
   CHECK(run.results[0].find("second call") == std::string::npos);
 }
 

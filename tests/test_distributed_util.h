@@ -57,9 +57,10 @@ inline int free_port() {
   return ntohs(address.sin_port);
 }
 
-inline std::vector<std::string> worker_command() {
-  return {self_exe(), "--test-case=distributed_worker_entry", "--no-skip=true", "--no-version=true",
-          "--no-intro=true", "--minimal=true"};
+// This test binary running only the skipped test case `entry`.
+inline std::vector<std::string> worker_command(const std::string& entry = "distributed_worker_entry") {
+  return {self_exe(), "--test-case=" + entry, "--no-skip=true", "--no-version=true", "--no-intro=true",
+          "--minimal=true"};
 }
 
 // Forks and execs `argv` with the current environment plus `env`; output to `log`.

@@ -7,11 +7,17 @@
 // found to $KILN_TRAINER_OUT/rank<R>.txt as "key value..." lines (or
 // "ERROR <message>"). References are computed here in one process on the
 // concatenated batches. Workers run with OMP_NUM_THREADS=1 and a 20 s
-// collective timeout, so a rank left waiting fails instead of hanging.
+// collective timeout, so a rank left waiting fails instead of hanging. The
+// cases "under kiln-run" start the workers with kiln-run itself (faults,
+// restarts): its log holds both ranks' output, prefixed "[rank R] ".
 #include <doctest/doctest.h>
 
+#include <atomic>
+#include <cstdio>
 #include <cstdlib>
 #include <sstream>
+#include <stop_token>
+#include <thread>
 
 #include "core/distributed/process_group.h"
 #include "core/generator.h"
@@ -39,12 +45,17 @@ std::shared_ptr<TensorDataset> regression_data(int64_t count, uint64_t seed) {
   return std::make_shared<TensorDataset>(x, y);
 }
 
+// Linear(4, hidden), Tanh, [Linear(hidden, hidden), Tanh,] Linear(hidden, 1).
 struct Mlp : TrainModule {
-  Mlp() {
+  explicit Mlp(int64_t hidden = 8, bool square_layer = false) {
     manual_seed(3);
-    net.push_back(std::make_shared<nn::Linear>(4, 8));
+    net.push_back(std::make_shared<nn::Linear>(4, hidden));
     net.push_back(std::make_shared<nn::Tanh>());
-    net.push_back(std::make_shared<nn::Linear>(8, 1));
+    if (square_layer) {
+      net.push_back(std::make_shared<nn::Linear>(hidden, hidden));
+      net.push_back(std::make_shared<nn::Tanh>());
+    }
+    net.push_back(std::make_shared<nn::Linear>(hidden, 1));
   }
   nn::Module& model() override { return net; }
   Tensor loss(const Batch& batch) {
@@ -128,6 +139,74 @@ struct StopOnRank : Callback {
   int rank;
 };
 
+// Under kiln-run: rank 1 exits at global step `step` of the run's first round
+// (the restarted round trains on), before ModelCheckpoint saves that step.
+struct CrashInFirstRound : Callback {
+  explicit CrashInFirstRound(int64_t step) : step(step) {}
+  std::string name() const override { return "CrashInFirstRound"; }
+  void on_train_batch_end(Trainer& trainer, TrainModule&, int64_t) override {
+    if (trainer.global_rank() != 1 || trainer.global_step() != step) return;
+    if (distributed::read_restart_round().restart_count != 0) return;
+    std::printf("rank 1 crashing at step %lld\n", static_cast<long long>(step));
+    std::fflush(stdout);
+    ::_exit(3);
+  }
+  int64_t step;
+};
+
+// The "torn" scenario's model: a 2048 x 2048 float64 layer makes a 67 MB
+// checkpoint (weights and SGD momentum), long enough to write to be caught.
+constexpr int64_t kWideHidden = 2048;
+
+// Under kiln-run, on rank 1: makes rank 1 fail while rank 0 writes a
+// checkpoint. save_safetensors writes "<path>.tmp.<pid>" and renames it when
+// complete; once a complete last.safetensors exists, this watches for rank 0's
+// next temporary file, stops rank 0 (SIGSTOP) and, when the file is still there
+// with rank 0 stopped (else it lets rank 0 go on and waits for the next one),
+// kills rank 1 (SIGKILL). The launcher then ends rank 0 in the middle of its write.
+struct FailWhileRankZeroWrites : Callback {
+  std::string name() const override { return "FailWhileRankZeroWrites"; }
+  void on_train_start(Trainer& trainer, TrainModule&) override {
+    if (trainer.global_rank() != 1) return;
+    watcher = std::jthread([folder = fs::path(trainer.log_dir()) / "checkpoints", this](std::stop_token stop) {
+      watch(folder, stop);
+    });
+  }
+  void on_train_batch_end(Trainer& trainer, TrainModule&, int64_t) override { step = trainer.global_step(); }
+
+  static bool stopped(pid_t pid) {
+    const std::string stat = read_file("/proc/" + std::to_string(pid) + "/stat");
+    const size_t close = stat.rfind(')');
+    return close != std::string::npos && close + 2 < stat.size() && stat[close + 2] == 'T';
+  }
+  void watch(const fs::path& folder, const std::stop_token& stop) {
+    const std::string temporary_prefix = "last.safetensors.tmp.";
+    const auto deadline = Clock::now() + std::chrono::seconds(60);
+    while (!stop.stop_requested() && Clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      std::error_code ignored;
+      if (!fs::exists(folder / "last.safetensors", ignored)) continue;
+      for (const auto& entry : fs::directory_iterator(folder, ignored)) {
+        const std::string file = entry.path().filename().string();
+        if (file.rfind(temporary_prefix, 0) != 0) continue;
+        const pid_t writer = static_cast<pid_t>(std::stol(file.substr(temporary_prefix.size())));
+        ::kill(writer, SIGSTOP);
+        for (int i = 0; i < 2000 && !stopped(writer); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        if (stopped(writer) && fs::exists(entry.path(), ignored)) {
+          std::printf("rank 1: rank 0 (pid %d) stopped while it writes step %lld's %s (%lld bytes so far); rank 1 "
+                      "fails now\n", static_cast<int>(writer), static_cast<long long>(step.load()), file.c_str(),
+                      static_cast<long long>(fs::file_size(entry.path(), ignored)));
+          std::fflush(stdout);
+          ::raise(SIGKILL);
+        }
+        ::kill(writer, SIGCONT);  // it finished first: the next save
+      }
+    }
+  }
+  std::atomic<int64_t> step{0};
+  std::jthread watcher;  // last member: joined before the others go
+};
+
 TrainerOptions base_options(const std::string& root) {
   TrainerOptions options;
   options.accelerator = "cpu";
@@ -187,6 +266,20 @@ std::string train(const std::string& scenario, const Setting& setting, int world
     options.max_epochs = 5;
     options.callbacks = {std::make_shared<StopOnRank>(1)};
   }
+  if (scenario == "elastic") {
+    // A checkpoint after every step; the restarted round's fit gets no ckpt_path.
+    options.callbacks = {std::make_shared<ModelCheckpoint>(
+        ModelCheckpointOptions{.save_top_k = 0, .save_last = true, .every_n_train_steps = 1})};
+    if (const std::string crash = env_string("KILN_TRAINER_CRASH_AT_STEP"); !crash.empty()) {
+      options.callbacks.push_back(std::make_shared<CrashInFirstRound>(std::stoll(crash)));
+    }
+  }
+  if (scenario == "torn") {
+    options.max_steps = 20;  // ends far later than the fault
+    options.callbacks = {std::make_shared<ModelCheckpoint>(
+                             ModelCheckpointOptions{.save_top_k = 0, .save_last = true, .every_n_train_steps = 1}),
+                         std::make_shared<FailWhileRankZeroWrites>()};
+  }
   auto data = regression_data(setting.samples, 11);
   auto val_data = regression_data(16, 12);
   std::string checkpoint;
@@ -201,7 +294,7 @@ std::string train(const std::string& scenario, const Setting& setting, int world
     DataLoader val(val_data, DataLoaderOptions{.batch_size = 4});
     Trainer(first).fit(module, loader, &val);
   }
-  Mlp module;
+  Mlp module(scenario == "torn" ? kWideHidden : 8, scenario == "torn");
   DataLoader loader(data, loading);
   DataLoader val(val_data, DataLoaderOptions{.batch_size = 4});
   Trainer trainer(options);
@@ -210,7 +303,8 @@ std::string train(const std::string& scenario, const Setting& setting, int world
   out << "params " << numbers(module.net) << "\nglobal_step " << trainer.global_step() << "\nepoch "
       << trainer.current_epoch() << "\nval_loss " << (metrics.count("val_loss") ? metrics.at("val_loss") : -1.0)
       << "\ntrain_loss_epoch " << metrics.at("train_loss_epoch") << "\nhas_logger " << (trainer.logger() != nullptr)
-      << "\nlog_dir " << trainer.log_dir() << "\nstop_reason " << trainer.stop_reason << "\n";
+      << "\nlog_dir " << trainer.log_dir() << "\nstop_reason " << trainer.stop_reason << "\nresumed_from "
+      << trainer.ckpt_path() << "\nrestart " << distributed::read_restart_round().restart_count << "\n";
   return out.str();
 }
 
@@ -288,6 +382,35 @@ Workers run_workers(const std::string& scenario, const Setting& setting, const f
     workers.results.push_back(read_file(dir / ("rank" + std::to_string(r) + ".txt")));
     workers.logs.push_back(read_file(dir / ("rank" + std::to_string(r) + ".log")));
   }
+  return workers;
+}
+
+// Trains `scenario` on 2 processes started by kiln-run with `flags`; the
+// launcher's output (workers prefixed "[rank R] ") goes to dir/launcher.log.
+Workers run_launcher(const std::string& scenario, const Setting& setting, const fs::path& dir,
+                     const std::vector<std::string>& flags, std::map<std::string, std::string> env) {
+  const fs::path launcher = fs::path(self_exe()).parent_path() / "kiln-run";
+  REQUIRE_MESSAGE(fs::exists(launcher), "kiln-run not found next to kiln_tests: build the kiln-run target");
+  std::vector<std::string> argv = {launcher.string(), "--nproc-per-node", "2", "--master-port", "0"};
+  argv.insert(argv.end(), flags.begin(), flags.end());
+  for (const std::string& arg : {std::string("--"), self_exe(), std::string("--test-case=trainer_ddp_worker_entry"),
+                                 std::string("--no-skip=true"), std::string("--no-version=true"),
+                                 std::string("--no-intro=true"), std::string("--minimal=true")}) {
+    argv.push_back(arg);
+  }
+  for (const auto& [key, value] : setting_env(setting)) env[key] = value;
+  env["KILN_TRAINER_SCENARIO"] = scenario;
+  env["KILN_TRAINER_OUT"] = dir.string();
+  env["OMP_NUM_THREADS"] = "1";
+  env["KILN_DIST_TIMEOUT"] = "20";
+  const auto start = Clock::now();
+  const int status = wait_all({spawn(argv, env, dir / "launcher.log")}, 90).at(0);
+  Workers workers;
+  workers.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  // Per rank, as describe() reads them: the launcher's status, and its log (holding both ranks' lines) once.
+  workers.statuses = {status, status};
+  workers.logs = {read_file(dir / "launcher.log"), ""};
+  for (int r = 0; r < 2; ++r) workers.results.push_back(read_file(dir / ("rank" + std::to_string(r) + ".txt")));
   return workers;
 }
 
@@ -416,4 +539,101 @@ TEST_CASE("Trainer ddp: the manual GAN loop with toggle_model(sync_grad) equals 
     CHECK(got.at("sync_errors") == "0");
     CHECK(got.at("global_step") == "8");  // 2 optimizers x 2 steps x 2 epochs
   }
+}
+
+TEST_CASE("Trainer ddp under kiln-run: a worker that crashes once is restarted, the Trainer resumes from the last "
+          "checkpoint by itself, and the weights end bit for bit as an uninterrupted run's") {
+  Setting setting;  // 6 steps of 2 x 4 rows; epoch 0 is 4 steps
+  TempDir uninterrupted_dir;
+  const Workers uninterrupted = run_launcher("elastic", setting, uninterrupted_dir.path, {}, {});
+  INFO("uninterrupted run:\n", uninterrupted.describe());
+  REQUIRE(WIFEXITED(uninterrupted.statuses[0]));
+  REQUIRE(WEXITSTATUS(uninterrupted.statuses[0]) == 0);
+  const auto reference = fields(uninterrupted.results[0]);
+  REQUIRE(reference.count("params") == 1);
+  CHECK(reference.at("global_step") == "6");
+  CHECK(reference.at("resumed_from").empty());
+  CHECK(reference.at("restart") == "0");
+
+  // Rank 1 exits at step 3 (mid-epoch); the last checkpoint is step 2's.
+  TempDir dir;
+  const Workers crashed =
+      run_launcher("elastic", setting, dir.path, {"--max-restarts", "1"}, {{"KILN_TRAINER_CRASH_AT_STEP", "3"}});
+  const std::string& log = crashed.logs.at(0);
+  INFO("restarted run:\n", crashed.describe());
+  CHECK(WIFEXITED(crashed.statuses[0]));
+  CHECK(WEXITSTATUS(crashed.statuses[0]) == 0);
+  CHECK(log.find("[rank 1] rank 1 crashing at step 3") != std::string::npos);
+  CHECK(log.find("restarting all workers (restart 1 of 1)") != std::string::npos);
+  CHECK(log.find("[rank 0] Trainer: restart 1 of the run: resuming from '") != std::string::npos);
+  for (int r = 0; r < 2; ++r) {
+    CAPTURE(r);
+    const auto got = fields(crashed.results[r]);
+    REQUIRE(got.count("params") == 1);
+    CHECK(got.at("params") == reference.at("params"));  // 17 digits: every bit of each double
+    CHECK(got.at("global_step") == "6");
+    CHECK(got.at("restart") == "1");
+    CHECK(got.at("resumed_from") ==
+          (dir.path / "logs" / "lightning_logs" / "version_0" / "checkpoints" / "last.safetensors").string());
+  }
+}
+
+TEST_CASE("Trainer ddp under kiln-run: a restarted round starts afresh when the run wrote no checkpoint, ignoring "
+          "an older run's last.safetensors") {
+  Setting setting;
+  setting.steps = 3;
+  TempDir reference_dir;
+  const Workers reference_run = run_launcher("elastic", setting, reference_dir.path, {}, {});
+  INFO("uninterrupted run:\n", reference_run.describe());
+  const auto reference = fields(reference_run.results[0]);
+  REQUIRE(reference.count("params") == 1);
+  // An older run's checkpoint where the restarted round looks (it loads: were it taken, the run would resume).
+  TempDir dir;
+  const fs::path stale = dir.path / "logs" / "lightning_logs" / "version_0" / "checkpoints" / "last.safetensors";
+  fs::create_directories(stale.parent_path());
+  fs::copy_file(reference_dir.path / "logs" / "lightning_logs" / "version_0" / "checkpoints" / "last.safetensors",
+                stale);
+  fs::last_write_time(stale, fs::file_time_type::clock::now() - std::chrono::hours(1));
+  // Rank 1 exits at step 1, before the first checkpoint is written.
+  const Workers crashed =
+      run_launcher("elastic", setting, dir.path, {"--max-restarts", "1"}, {{"KILN_TRAINER_CRASH_AT_STEP", "1"}});
+  const std::string& log = crashed.logs.at(0);
+  INFO("restarted run:\n", crashed.describe());
+  CHECK(WIFEXITED(crashed.statuses[0]));
+  CHECK(WEXITSTATUS(crashed.statuses[0]) == 0);
+  CHECK(log.find("restarting all workers (restart 1 of 1)") != std::string::npos);
+  CHECK(log.find("no last.safetensors written since the run began") != std::string::npos);
+  for (int r = 0; r < 2; ++r) {
+    CAPTURE(r);
+    const auto got = fields(crashed.results[r]);
+    REQUIRE(got.count("params") == 1);
+    CHECK(got.at("resumed_from").empty());
+    CHECK(got.at("restart") == "1");
+    CHECK(got.at("params") == reference.at("params"));
+  }
+}
+
+TEST_CASE("Trainer ddp under kiln-run: a checkpoint that rank 0 writes while rank 1 fails is complete or absent, "
+          "never torn") {
+  TempDir dir;
+  Setting setting;
+  setting.samples = 160;  // 20 steps in one epoch: the fault comes long before the run could end
+  const Workers run = run_launcher("torn", setting, dir.path, {}, {});
+  const std::string& log = run.logs.at(0);
+  INFO(run.describe());
+  CHECK(WIFEXITED(run.statuses[0]));
+  CHECK(WEXITSTATUS(run.statuses[0]) == 128 + SIGKILL);  // rank 1's end
+  const size_t said = log.find("rank 1: rank 0 (pid ");
+  REQUIRE(said != std::string::npos);
+  const pid_t writer = static_cast<pid_t>(std::stol(log.substr(said + 20)));
+  const int64_t step = std::stoll(log.substr(log.find("writes step ", said) + 12));
+  CHECK(::kill(writer, 0) == -1);  // the launcher ended rank 0, stopped mid-write
+  const fs::path folder = dir.path / "logs" / "lightning_logs" / "version_0" / "checkpoints";
+  // The write was cut: its temporary file is left, never renamed into place.
+  CHECK(fs::exists(folder / ("last.safetensors.tmp." + std::to_string(writer))));
+  // What is in place is the previous step's checkpoint, whole: every part reads and checks.
+  Mlp module(kWideHidden, true);
+  const TrainerCheckpointFile file = read_trainer_checkpoint((folder / "last.safetensors").string(), module.net, 1);
+  CHECK(file.progress.global_step == step - 1);
+  CHECK(file.optimizers.size() == 1);
 }

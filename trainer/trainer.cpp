@@ -643,8 +643,9 @@ void Trainer::fit(TrainModule& module, DataLoader& train_loader, DataLoader* val
   // truncated or mismatched checkpoint fails having touched nothing.
   std::optional<TrainerCheckpointFile> resumed;
   ckpt_path_.clear();
-  if (!ckpt_path.empty()) {
-    resumed = read_trainer_checkpoint(resolve_checkpoint_path(ckpt_path), module.model(), optimizers_.size());
+  const std::string requested = ckpt_path.empty() ? checkpoint_after_restart() : ckpt_path;
+  if (!requested.empty()) {
+    resumed = read_trainer_checkpoint(resolve_checkpoint_path(requested), module.model(), optimizers_.size());
     ckpt_path_ = resumed->path;
   }
   share_log_dir();
@@ -700,7 +701,7 @@ void Trainer::fit(TrainModule& module, DataLoader& train_loader, DataLoader* val
       !val ? 0
            : options_.num_sanity_val_steps < 0 ? val_limit(val->size())
                                                : std::min(options_.num_sanity_val_steps, val_limit(val->size()));
-  if (sanity_batches > 0 && ckpt_path.empty() && options_.fast_dev_run == 0) {
+  if (sanity_batches > 0 && !resumed && options_.fast_dev_run == 0) {
     evaluate(module, *val, "validate", sanity_batches, false);
     callback_metrics_.clear();
     progress_bar_.clear_metrics();

@@ -82,6 +82,13 @@ struct TrainerOptions {
   std::string strategy = "auto";
   std::optional<uint64_t> seed;
   std::string default_root_dir = ".";
+  // When a launcher restarted the workers (kiln-run --max-restarts sets
+  // TORCHELASTIC_RESTART_COUNT > 0), fit() without a ckpt_path resumes from
+  // the newest last.safetensors under default_root_dir/lightning_logs written
+  // since the launcher started the run (KILN_RUN_START_TIME), and starts
+  // afresh, saying so, when there is none (Lightning's resume of a requeued
+  // job). Needs ModelCheckpoint(save_last=true). false: every round starts afresh.
+  bool resume_on_restart = true;
   bool enable_checkpointing = true;  // without a ModelCheckpoint among the callbacks: adds one (Lightning)
   bool enable_progress_bar = true;
   bool logger = true;  // false: no logging at all
@@ -270,6 +277,9 @@ class Trainer {
   // `requested` itself, or for "last" the newest last.safetensors under
   // default_root_dir/lightning_logs (kiln::Error when there is none).
   std::string resolve_checkpoint_path(const std::string& requested) const;
+  // For a fit without ckpt_path: the checkpoint a restarted worker resumes
+  // from (resume_on_restart), or empty. Rank 0 chooses; under ddp a collective.
+  std::string checkpoint_after_restart();
   // Checks every part of `file` the Trainer reads (metrics, callback states),
   // then applies them in Lightning's order; a part that fails to apply (an
   // optimizer state, the loader's) undoes the parts applied before it.

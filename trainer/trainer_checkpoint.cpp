@@ -12,7 +12,10 @@
 #include "trainer/trainer.h"
 
 #include <bit>
+#include <chrono>
+#include <cstdio>
 #include <filesystem>
+#include <optional>
 #include <set>
 
 #include "core/autograd.h"
@@ -147,23 +150,60 @@ void Trainer::save_checkpoint(const std::string& path) {
   strategy_.barrier();  // durable before any rank goes on (and, say, removes an older checkpoint)
 }
 
-std::string Trainer::resolve_checkpoint_path(const std::string& requested) const {
-  std::string path = requested;
-  if (path == "last") {
-    path.clear();
-    const fs::path base = fs::path(options_.default_root_dir) / "lightning_logs";
-    fs::file_time_type newest{};
-    if (fs::exists(base)) {
-      for (const auto& entry : fs::recursive_directory_iterator(base)) {
-        if (entry.path().filename() == "last.safetensors" && (path.empty() || entry.last_write_time() > newest)) {
-          path = entry.path().string();
-          newest = entry.last_write_time();
-        }
-      }
+namespace {
+// The newest last.safetensors under `base` (modified at or after `not_before`
+// when given); empty when there is none.
+std::string newest_last_checkpoint(const fs::path& base,
+                                   std::optional<std::chrono::system_clock::time_point> not_before = {}) {
+  std::string path;
+  fs::file_time_type newest{};
+  if (!fs::exists(base)) return path;
+  for (const auto& entry : fs::recursive_directory_iterator(base)) {
+    if (entry.path().filename() != "last.safetensors") continue;
+    const fs::file_time_type written = entry.last_write_time();
+    if (not_before && fs::file_time_type::clock::to_sys(written) < *not_before) continue;
+    if (path.empty() || written > newest) {
+      path = entry.path().string();
+      newest = written;
     }
-    KILN_CHECK(!path.empty(), "fit(ckpt_path=\"last\"): no last.safetensors under '", base.string(), "'");
   }
   return path;
+}
+}  // namespace
+
+std::string Trainer::resolve_checkpoint_path(const std::string& requested) const {
+  if (requested != "last") return requested;
+  const fs::path base = fs::path(options_.default_root_dir) / "lightning_logs";
+  const std::string path = newest_last_checkpoint(base);
+  KILN_CHECK(!path.empty(), "fit(ckpt_path=\"last\"): no last.safetensors under '", base.string(), "'");
+  return path;
+}
+
+std::string Trainer::checkpoint_after_restart() {
+  if (!options_.resume_on_restart) return "";
+  const distributed::RestartRound round = distributed::read_restart_round();
+  // Every rank of a process group is in the same round (the group's store keys
+  // carry it), so all of them reach the broadcast below or none does.
+  if (round.restart_count == 0) return "";
+  std::string path;
+  if (is_global_zero()) {
+    const fs::path base = fs::path(options_.default_root_dir) / "lightning_logs";
+    if (!round.run_start) {
+      // Without the run's start, a last.safetensors of an older run could pass for this run's.
+      std::fprintf(stderr, "Trainer: restart %d of the run, but the launcher does not set KILN_RUN_START_TIME "
+                   "(kiln-run does): not resuming by itself; pass ckpt_path to fit\n", round.restart_count);
+    } else {
+      path = newest_last_checkpoint(base, round.run_start);
+      if (path.empty()) {
+        std::fprintf(stderr, "Trainer: restart %d of the run: no last.safetensors written since the run began "
+                     "under '%s'; starting afresh\n", round.restart_count, base.string().c_str());
+      } else {
+        std::fprintf(stderr, "Trainer: restart %d of the run: resuming from '%s'\n", round.restart_count,
+                     path.c_str());
+      }
+    }
+  }
+  return strategy_.broadcast_string(path);
 }
 
 void Trainer::load_checkpoint(const TrainerCheckpointFile& file, TrainModule& module, DataLoader& train_loader) {

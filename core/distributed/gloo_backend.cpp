@@ -5,6 +5,16 @@
 // (16-bit floats reduce in float). reduce_scatter is an all_reduce of a copy
 // of the input followed by a copy of this rank's slice: Gloo's own reduce-
 // scatter algorithm has no timeout.
+//
+// When a collective fails (a peer's connection closed, or the timeout passed)
+// the rank closes its connections, so that the ranks waiting on it fail at
+// once instead of after their own timeout, and announces the failure in the
+// store. Every rank runs a monitor thread that answers such an announcement
+// (it looks every 250 ms, on a store connection of its own), even while its
+// collective hangs. The failed rank waits a short grace (failure_grace) for
+// the answers and names in its error the ranks that gave none: those stopped
+// answering (the idea of torch's monitored_barrier; Gloo's own message names
+// an address, not a rank).
 #include <gloo/allgather.h>
 #include <gloo/allreduce.h>
 #include <gloo/barrier.h>
@@ -16,12 +26,14 @@
 #include <pthread.h>
 #include <signal.h>
 
+#include <algorithm>
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <exception>
 #include <functional>
+#include <memory>
 #include <thread>
 
 #include "core/distributed/process_group.h"
@@ -185,13 +197,86 @@ class GlooWork final : public Work {
   std::string error_;
 };
 
+// ---------------------------------------------------------------- failure report
+//
+// Store keys under the group's prefix: "failed" (some rank's collective
+// failed), "failed/<r>" (rank r's failure, its message), "alive/<r>" (rank r
+// saw "failed" and answers: its process lives, even when it is stuck in a
+// collective waiting for a dead peer).
+
+// How long a failed rank waits for the others' answers: long enough for every
+// live rank's monitor (which looks every kMonitorPeriod) to answer, short
+// against the timeout.
+constexpr std::chrono::milliseconds kMonitorPeriod(250);
+std::chrono::milliseconds failure_grace(std::chrono::milliseconds timeout) {
+  return std::min<std::chrono::milliseconds>(std::chrono::seconds(5), timeout / 2);
+}
+
+std::string join_ranks(const std::vector<int>& ranks) {
+  std::string text;
+  for (int r : ranks) text += (text.empty() ? "" : ", ") + std::to_string(r);
+  return text;
+}
+
+// Announces this rank's failure and names the ranks that gave no sign of life
+// (neither failed themselves nor answered) within the grace. Never throws: a
+// store that cannot be reached is said in the text (its host, node 0, may be
+// the one that was lost).
+std::string name_silent_ranks(const std::string& store_host, int store_port, const std::string& prefix, int rank,
+                              int size, std::chrono::milliseconds grace, const std::string& failure) {
+  const auto deadline = std::chrono::steady_clock::now() + grace;
+  try {
+    // A connection of its own: the group's store client waits as long as the group's timeout.
+    TCPStore client(store_host, store_port, false, grace);
+    client.set(prefix + "failed/" + std::to_string(rank), failure);
+    client.set(prefix + "failed", std::string("1"));
+    std::vector<int> waiting, failed, alive;
+    for (int r = 0; r < size; ++r) {
+      if (r != rank) waiting.push_back(r);
+    }
+    for (;;) {
+      std::vector<int> still_waiting;
+      for (int r : waiting) {
+        if (client.check({prefix + "failed/" + std::to_string(r)})) {
+          failed.push_back(r);
+        } else if (client.check({prefix + "alive/" + std::to_string(r)})) {
+          alive.push_back(r);
+        } else {
+          still_waiting.push_back(r);
+        }
+      }
+      waiting = std::move(still_waiting);
+      if (waiting.empty() || std::chrono::steady_clock::now() >= deadline) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    std::sort(failed.begin(), failed.end());
+    std::sort(alive.begin(), alive.end());
+    std::string text = waiting.empty()
+                           ? std::string("no rank is gone")
+                           : std::string(waiting.size() == 1 ? "rank " : "ranks ") + join_ranks(waiting) +
+                                 " stopped answering (no sign of life within " + std::to_string(grace.count()) +
+                                 " ms of this failure)";
+    if (!failed.empty()) text += "; failed too: rank(s) " + join_ranks(failed);
+    if (!alive.empty()) text += "; alive, but not done with this collective: rank(s) " + join_ranks(alive);
+    return text;
+  } catch (const std::exception& e) {
+    return "could not ask the store at " + store_host + ":" + std::to_string(store_port) +
+           " which rank stopped answering (its host, where rank 0 runs, may be the one lost): " + e.what();
+  }
+}
+
 // ---------------------------------------------------------------- backend
 
 class GlooBackend final : public Backend {
  public:
   GlooBackend(TCPStore& store, const std::string& prefix, int rank, int size, std::chrono::milliseconds timeout,
               const std::string& hostname)
-      : rank_(rank), size_(size), timeout_(timeout) {
+      : rank_(rank),
+        size_(size),
+        timeout_(timeout),
+        prefix_(prefix),
+        store_host_(store.is_server() ? std::string("127.0.0.1") : store.host()),
+        store_port_(store.port()) {
     gloo::transport::tcp::attr attr;
     if (const char* iface = std::getenv("GLOO_SOCKET_IFNAME"); iface && *iface && hostname.empty()) {
       attr.iface = iface;
@@ -231,6 +316,7 @@ class GlooBackend final : public Backend {
                  attr.hostname.empty() ? attr.iface : attr.hostname, " failed: ", e.what());
     }
     worker_ = std::thread([this] { run_worker(); });
+    if (size_ > 1) monitor_ = std::thread([this] { run_monitor(); });
   }
 
   ~GlooBackend() override {
@@ -239,7 +325,9 @@ class GlooBackend final : public Backend {
       stopping_ = true;
     }
     queue_cv_.notify_all();
+    monitor_cv_.notify_all();
     worker_.join();
+    if (monitor_.joinable()) monitor_.join();  // wakes within kMonitorPeriod (plus one store call)
   }
 
   WorkHandle all_reduce(const Tensor& tensor, ReduceOp op) override {
@@ -355,6 +443,29 @@ class GlooBackend final : public Backend {
     return work;
   }
 
+  // Answers another rank's failure report ("alive/<rank>"), so that it names
+  // only the ranks that are gone; looks every kMonitorPeriod. Ends then, when
+  // the store is gone (nothing left to answer), or when the backend closes.
+  void run_monitor() {
+    std::unique_ptr<TCPStore> client;
+    const std::chrono::milliseconds store_timeout = failure_grace(timeout_);
+    for (;;) {
+      {
+        std::unique_lock<std::mutex> lock(mutex_);
+        if (monitor_cv_.wait_for(lock, kMonitorPeriod, [&] { return stopping_; })) return;
+      }
+      try {
+        if (!client) client = std::make_unique<TCPStore>(store_host_, store_port_, false, store_timeout);
+        if (client->check({prefix_ + "failed"})) {
+          client->set(prefix_ + "alive/" + std::to_string(rank_), std::string("1"));
+          return;
+        }
+      } catch (const std::exception&) {
+        return;
+      }
+    }
+  }
+
   void run_worker() {
     for (;;) {
       std::shared_ptr<GlooWork> work;
@@ -375,6 +486,19 @@ class GlooBackend final : public Backend {
         if (!error.empty()) {
           error += " (a peer process died, or did not reach this collective within " +
                    std::to_string(timeout_.count()) + " ms)";
+          // Only this thread uses the context. Closing its connections now fails the ranks
+          // waiting on this one at once (dropping the context alone did not always close them).
+          try {
+            context_->closeConnections();
+          } catch (const std::exception&) {  // a connection that cannot close is closed enough
+          }
+          context_.reset();
+          if (size_ > 1) {
+            error += "; " + name_silent_ranks(store_host_, store_port_, prefix_, rank_, size_,
+                                              failure_grace(timeout_), work->description() + ": " + error);
+          }
+          // Set only now: a collective issued meanwhile waits in the queue and then fails with
+          // the whole story (an earlier refusal in submit would lack the silent ranks).
           std::lock_guard<std::mutex> lock(mutex_);
           broken_ = work->description() + ": " + error;
         }
@@ -389,14 +513,19 @@ class GlooBackend final : public Backend {
 
   int rank_, size_;
   std::chrono::milliseconds timeout_;
+  std::string prefix_;  // the group's store keys (failure reports go under it)
+  std::string store_host_;
+  int store_port_;
   std::shared_ptr<gloo::Context> context_;
   std::mutex mutex_;
   std::condition_variable queue_cv_;
+  std::condition_variable monitor_cv_;  // the monitor's sleep, cut short by the destructor
   std::deque<std::shared_ptr<GlooWork>> queue_;
   bool stopping_ = false;
   std::string broken_;
   uint32_t next_tag_ = 0;
   std::thread worker_;
+  std::thread monitor_;
 };
 
 }  // namespace

@@ -180,6 +180,21 @@ std::shared_ptr<ProcessGroup> default_group;
 
 bool launched_distributed() { return env_or_null("WORLD_SIZE") != nullptr; }
 
+RestartRound read_restart_round() {
+  RestartRound round;
+  const int zero = 0;
+  round.restart_count = env_int("TORCHELASTIC_RESTART_COUNT", &zero);
+  if (const char* text = env_or_null("KILN_RUN_START_TIME")) {
+    char* end = nullptr;
+    const double seconds = std::strtod(text, &end);
+    KILN_CHECK(end != text && *end == '\0' && seconds > 0, "distributed: KILN_RUN_START_TIME must be a positive "
+               "number of seconds since the Unix epoch, got '", text, "'");
+    round.run_start = std::chrono::system_clock::time_point(
+        std::chrono::duration_cast<std::chrono::system_clock::duration>(std::chrono::duration<double>(seconds)));
+  }
+  return round;
+}
+
 DistributedEnv read_torchrun_env() {
   DistributedEnv env;
   env.rank = env_int("RANK", nullptr);

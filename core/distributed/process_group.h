@@ -21,6 +21,7 @@
 #include <chrono>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 
 #include "core/distributed/tcp_store.h"
@@ -123,6 +124,16 @@ struct DistributedEnv {
 };
 // Whether the process was started by a launcher (WORLD_SIZE is set).
 bool launched_distributed();
+
+// What a launcher tells the workers it restarted: the restart round
+// (TORCHELASTIC_RESTART_COUNT; 0 when unset) and when the launcher started the
+// run's first round (KILN_RUN_START_TIME, seconds since the Unix epoch, which
+// kiln-run sets; nullopt when unset). Throws kiln::Error naming a malformed one.
+struct RestartRound {
+  int restart_count = 0;
+  std::optional<std::chrono::system_clock::time_point> run_start;
+};
+RestartRound read_restart_round();
 // Reads the variables; throws kiln::Error naming a missing or malformed one.
 DistributedEnv read_torchrun_env();
 
