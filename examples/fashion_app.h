@@ -363,6 +363,9 @@ inline int fashion_main(int argc, char** argv, const FashionDefaults& defaults) 
       std::cerr << program << ": weights written to " << recipe.export_weights << "\n";
     }
     if (run.logger()) std::cerr << program << ": logs in " << run.logger()->log_dir() << "\n";
+    if (const std::string curves = run.training_curves_path(); !curves.empty() && std::filesystem::exists(curves)) {
+      std::cerr << program << ": training curves in " << curves << "\n";
+    }
   } catch (const Error& error) {
     std::cerr << program << ": " << error.message() << "\n";
     return 1;

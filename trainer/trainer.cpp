@@ -613,6 +613,7 @@ void Trainer::fit(TrainModule& module, DataLoader& train_loader, DataLoader* val
   } fitting_scope(fitting_);
   setup(module);
   progress_bar_.reset(options_.enable_progress_bar && is_global_zero());
+  curves_.clear();
   manual_ = !module.automatic_optimization;
   if (manual_) {
     bool accumulates = options_.accumulate_grad_batches != 1;
@@ -741,6 +742,7 @@ void Trainer::fit(TrainModule& module, DataLoader& train_loader, DataLoader* val
     module.on_fit_end();
   }
   save_loggers();
+  write_training_curves();
   profiled.finish(/*report=*/is_global_zero());  // Lightning prints the report when fit ends
   strategy_.release_model();
   strategy_.barrier();  // rank 0's files are complete when fit returns anywhere

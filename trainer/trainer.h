@@ -26,6 +26,7 @@
 #include "trainer/progress_bar.h"
 #include "trainer/strategy.h"
 #include "trainer/train_module.h"
+#include "trainer/training_curves.h"
 
 namespace kiln {
 
@@ -182,6 +183,10 @@ class Trainer {
   // The checkpoint the current fit resumed from (resolved: "last" becomes its
   // path), empty when it started afresh (Lightning's trainer.ckpt_path).
   const std::string& ckpt_path() const { return ckpt_path_; }
+  // <log dir>/training_curves.svg: the run's loss, accuracy and learning-rate
+  // curves (training_curves.h), written when fit ends and with every
+  // checkpoint; empty where this process writes no logs (logging off, fast_dev_run, rank > 0).
+  std::string training_curves_path() const;
   // The first logger (null when logging is off, and on every rank but 0); log_dir() is its folder.
   Logger* logger() { return loggers_.empty() ? nullptr : loggers_.front().get(); }
   const std::vector<std::shared_ptr<Logger>>& loggers() const { return loggers_; }
@@ -271,6 +276,8 @@ class Trainer {
   void log_step_metrics(TrainModule& module);
   void log_to_loggers(const std::map<std::string, double>& metrics, int64_t step);
   void save_loggers();
+  // Writes training_curves_path() (nothing without logs or values).
+  void write_training_curves();
   std::map<std::string, double> collect_epoch_metrics(TrainModule& module, const std::string& prefix);
   // The training epoch's values logged so far (collect_epoch_metrics), written to the loggers.
   void log_epoch_metrics(TrainModule& module);
@@ -339,6 +346,7 @@ class Trainer {
   std::chrono::steady_clock::time_point start_;
   std::optional<std::chrono::seconds> max_time_;
   ProgressBar progress_bar_;
+  TrainingCurves curves_;  // what the loggers got this fit, for training_curves_path()
   std::shared_ptr<Profiler> profiler_;
   std::string module_name_;  // the TrainModule's class name, for profiler actions
 };

@@ -146,6 +146,7 @@ void Trainer::save_checkpoint(const std::string& path) {
     checkpoint.metrics = std::move(metrics);
     for (auto& callback : options_.callbacks) checkpoint.callback_states[callback->name()] = callback->state_dict();
     save_trainer_checkpoint(path, module_->model(), optimizer_slots(), checkpoint, scaler_.get());
+    write_training_curves();  // the picture as of the checkpoint, beside it
   }
   strategy_.barrier();  // durable before any rank goes on (and, say, removes an older checkpoint)
 }

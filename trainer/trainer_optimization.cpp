@@ -84,6 +84,31 @@ void Trainer::manual_optimizer_step(size_t index) {
 
 void Trainer::log_to_loggers(const std::map<std::string, double>& metrics, int64_t step) {
   for (auto& logger : loggers_) logger->log_metrics(metrics, step, epoch_);
+  if (loggers_.empty()) return;
+  curves_.record(metrics, step);
+  // The learning rates for the curves, read only when a row is logged (a host
+  // read of the device values), named as LearningRateMonitor names them.
+  std::map<std::string, double> rates;
+  std::map<std::string, int64_t> seen;
+  for (const OptimizerConfig& config : optimizers_) {
+    const optim::Optimizer& optimizer = *config.optimizer;
+    const int64_t earlier = seen[optimizer.name()]++;
+    const std::string base = "lr-" + optimizer.name() + (earlier > 0 ? "-" + std::to_string(earlier) : "");
+    for (int64_t g = 0; g < optimizer.num_groups(); ++g) {
+      const std::string key = optimizer.num_groups() == 1 ? base : base + "/pg" + std::to_string(g + 1);
+      if (metrics.count(key) == 0) rates[key] = optimizer.lr(g).item<double>();
+    }
+  }
+  curves_.record(rates, step);
+}
+
+std::string Trainer::training_curves_path() const {
+  return loggers_.empty() ? std::string() : log_dir_ + "/training_curves.svg";
+}
+
+void Trainer::write_training_curves() {
+  if (loggers_.empty() || curves_.empty()) return;
+  curves_.write(training_curves_path());
 }
 
 void Trainer::save_loggers() {
