@@ -165,6 +165,10 @@ inline void add_fit_flags(CLI::App& app, TrainerFlags& flags) {
       ->check(kNonNegative);
   app.add_flag("--deterministic", flags.trainer.deterministic, "Deterministic algorithms only");
   app.add_flag("--benchmark", flags.trainer.benchmark, "cuDNN autotuning");
+  app.add_option("--cuda-graph", flags.trainer.cuda_graph,
+                 "true: each optimizer step is one CUDA graph replay after 3 eager steps (GPU only)")
+      ->capture_default_str()
+      ->check(kTrueOrFalse);
 }
 
 // Adds --batch-size, --num-workers and --data-dir (empty: FashionMNIST's

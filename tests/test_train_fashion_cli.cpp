@@ -51,6 +51,8 @@ TEST_CASE("train_fashion refuses bad flags with a one-line reason and touches no
   check_refused("--data-dir /nonexistent/fashion", "apt-get install dataset-fashion-mnist");
   check_refused("--strategy ddp --devices 2", "kiln-run --nproc-per-node 2");
   check_refused("--find-batch-size --accelerator cpu", "needs a GPU");
+  check_refused("--cuda-graph true --accelerator cpu", "cuda_graph=true needs a GPU");
+  check_refused("--cuda-graph maybe", "--cuda-graph");
   check_refused("--model vgg", "unknown model");
   check_refused("--val-check-interval 2.5", "[0.0, 1.0] or an int");
   check_refused("--limit-train-batches quarter", "fraction of an epoch");

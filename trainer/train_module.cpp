@@ -14,6 +14,10 @@ void TrainModule::log(const std::string& name, const Tensor& value, std::optiona
   KILN_CHECK(value.defined() && value.numel() == 1, "log('", name, "'): expected a one-element tensor, got ",
              value.defined() ? shape_str(value.shape()) : std::string("an undefined tensor"));
   KILN_CHECK(batch_size > 0, "log('", name, "'): batch_size must be positive, got ", batch_size);
+  if (log_recording_ != nullptr) {
+    log_recording_->push_back({name, value.detach(), on_step, on_epoch, prog_bar, batch_size});
+    return;
+  }
   const bool training = stage_ == "train";
   const std::string& key = name;
   NoGradGuard no_grad;
@@ -28,6 +32,26 @@ void TrainModule::log(const std::string& name, const Tensor& value, std::optiona
   entry.sum = entry.sum.defined() ? add(entry.sum, weighted) : weighted;
   entry.count += batch_size;
   entry.last = scalar;
+}
+
+LogRecording::LogRecording(TrainModule& module) : module_(module) {
+  KILN_CHECK(module.log_recording_ == nullptr, "LogRecording: the module's log calls are already being recorded");
+  module.log_recording_ = &calls_;
+}
+
+LogRecording::~LogRecording() { stop(); }
+
+void LogRecording::stop() {
+  if (!recording_) return;
+  module_.log_recording_ = nullptr;
+  recording_ = false;
+}
+
+void LogRecording::apply() const {
+  KILN_CHECK(!recording_, "LogRecording::apply: stop the recording first");
+  for (const RecordedLog& call : calls_) {
+    module_.log(call.name, call.value, call.on_step, call.on_epoch, call.prog_bar, call.batch_size);
+  }
 }
 
 OptimizerConfigs::operator OptimizerConfig() && {

@@ -71,6 +71,38 @@ struct LoggedValue {
   bool on_step = false, on_epoch = false, prog_bar = false;
 };
 
+// One TrainModule::log call as made, kept by a LogRecording.
+struct RecordedLog {
+  std::string name;
+  Tensor value;  // as passed (detached): for a CUDA graph, memory that every replay rewrites
+  std::optional<bool> on_step, on_epoch;
+  bool prog_bar = false;
+  int64_t batch_size = 1;
+};
+
+// While alive, the module's log() calls are kept instead of taking effect;
+// apply() makes them take effect, as often as it is called. The Trainer's
+// cuda_graph step records the calls training_step makes during the capture
+// (where the work is recorded, not run) and applies them after every replay,
+// so each step's values are logged as an eager step logs them.
+class LogRecording {
+ public:
+  explicit LogRecording(TrainModule& module);
+  ~LogRecording();
+  LogRecording(const LogRecording&) = delete;
+  LogRecording& operator=(const LogRecording&) = delete;
+  const std::vector<RecordedLog>& calls() const { return calls_; }
+  // Stops recording (the destructor does too); calls stay for apply().
+  void stop();
+  // log(call...) for each call, in order (recording must have stopped).
+  void apply() const;
+
+ private:
+  TrainModule& module_;
+  std::vector<RecordedLog> calls_;
+  bool recording_ = true;
+};
+
 // Lightning's toggle_model context: while alive, the parameters that belong
 // only to the other optimizers have requires_grad false (so backward computes
 // no gradient for them), and with sync_grad false a DDP backward does not
@@ -176,6 +208,7 @@ class TrainModule {
  private:
   friend class Trainer;
   friend class OptimizerHandle;
+  friend class LogRecording;
   Trainer& attached_trainer(const char* what) const;
   void check_optimizer_count(size_t expected) const;
   template <size_t... I>
@@ -189,6 +222,7 @@ class TrainModule {
   std::string stage_ = "train";  // "train", "train_epoch_end", "validate", "test"
   std::map<std::string, LoggedValue> logged_;
   std::vector<std::string> order_;
+  std::vector<RecordedLog>* log_recording_ = nullptr;  // set by a LogRecording
   std::vector<std::pair<Tensor, bool>> toggled_state_;  // toggle_optimizer's saved flags
 };
 

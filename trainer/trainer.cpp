@@ -134,6 +134,9 @@ Trainer::Trainer(TrainerOptions options)
                "' (expected 32-true, 64-true, bf16-true, bf16-true-fp32-master, 16-mixed or bf16-mixed)");
   }
   if (!o.max_time.empty()) max_time_ = parse_max_time(o.max_time);
+  KILN_CHECK(!o.cuda_graph || device_.is_cuda(), "Trainer: cuda_graph=true needs a GPU, and this fit runs on the "
+             "CPU (accelerator \"", o.accelerator, "\"): CUDA graphs record GPU work. Set cuda_graph=false "
+             "(--cuda-graph false) or train on a GPU");
   profiler_ = o.profiler_instance ? o.profiler_instance : make_profiler(o.profiler, device_);
   if (auto* op_level = dynamic_cast<PyTorchProfiler*>(profiler_.get())) op_level->set_device(device_);
 }
@@ -504,23 +507,7 @@ void Trainer::train_epoch(TrainModule& module, DataLoader& train_loader, DataLoa
       ddp->set_require_backward_grad_sync(step_now);
     }
     const int64_t steps_before = global_step_;
-    Tensor loss;
-    {
-      auto step_scope = profiler_->profile(strategy_action("training_step"));
-      const auto autocast = autocast_region();  // backward runs outside it (core/autocast.h)
-      loss = module.training_step(moved, batch_idx);
-    }
-    if (!manual_) {
-      KILN_CHECK(loss.defined() && loss.numel() == 1, "training_step must return a one-element loss tensor");
-      auto backward_scope = profiler_->profile(strategy_action("backward"));
-      // As Lightning: each micro-batch's loss is divided by the accumulation
-      // factor, so k micro-batches of a mean loss equal one batch k times larger.
-      const Tensor micro_batch_loss = accumulate > 1 ? div(loss, static_cast<double>(accumulate)) : loss;
-      (scaler_ ? scaler_->scale(micro_batch_loss) : micro_batch_loss).backward();
-    }
-    ++batch_in_epoch_;
-    ++total_batches_;
-    if (!manual_ && step_now) optimizer_step(module);
+    if (!graphed_step(module, moved, batch_idx)) run_step(module, moved, batch_idx, accumulate, step_now);
     batch_scope.reset();
     is_last_batch_ = false;
     // Every log_every_n_steps optimizer steps (manual optimization may take several per batch).
@@ -567,6 +554,27 @@ void Trainer::train_epoch(TrainModule& module, DataLoader& train_loader, DataLoa
     }
   }
   save_loggers();
+}
+
+void Trainer::run_step(TrainModule& module, const Batch& moved, int64_t batch_idx, int64_t accumulate,
+                       bool step_now) {
+  Tensor loss;
+  {
+    auto step_scope = profiler_->profile(strategy_action("training_step"));
+    const auto autocast = autocast_region();  // backward runs outside it (core/autocast.h)
+    loss = module.training_step(moved, batch_idx);
+  }
+  if (!manual_) {
+    KILN_CHECK(loss.defined() && loss.numel() == 1, "training_step must return a one-element loss tensor");
+    auto backward_scope = profiler_->profile(strategy_action("backward"));
+    // As Lightning: each micro-batch's loss is divided by the accumulation
+    // factor, so k micro-batches of a mean loss equal one batch k times larger.
+    const Tensor micro_batch_loss = accumulate > 1 ? div(loss, static_cast<double>(accumulate)) : loss;
+    (scaler_ ? scaler_->scale(micro_batch_loss) : micro_batch_loss).backward();
+  }
+  ++batch_in_epoch_;
+  ++total_batches_;
+  if (!manual_ && step_now) optimizer_step(module);
 }
 
 DataLoader& Trainer::prepare_loader(DataLoader& loader, bool overfit, std::unique_ptr<DataLoader>& replacement) {
@@ -630,6 +638,7 @@ void Trainer::fit(TrainModule& module, DataLoader& train_loader, DataLoader* val
   // so those may go without a gradient in a step.
   strategy_.wrap_model(module.model(), /*find_unused_parameters=*/manual_);
   configure_optimizers(module);
+  prepare_cuda_graph();
   const bool overfit = options_.overfit_batches.positive();
   DataLoader& train = prepare_loader(train_loader, overfit, fit_train_loader_);
   DataLoader* val = nullptr;
@@ -741,6 +750,7 @@ void Trainer::fit(TrainModule& module, DataLoader& train_loader, DataLoader* val
     auto hook_scope = profiler_->profile(module_action("on_fit_end"));
     module.on_fit_end();
   }
+  graph_step_.reset();  // the graph's memory pool goes with it
   save_loggers();
   write_training_curves();
   profiled.finish(/*report=*/is_global_zero());  // Lightning prints the report when fit ends

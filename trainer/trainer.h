@@ -20,6 +20,7 @@
 #include "optim/grad_scaler.h"
 #include "trainer/batches_or_fraction.h"
 #include "trainer/callbacks.h"
+#include "trainer/cuda_graph_step.h"
 #include "trainer/checkpoint_io.h"
 #include "trainer/csv_logger.h"
 #include "trainer/profiler.h"
@@ -90,6 +91,11 @@ struct TrainerOptions {
   // afresh, saying so, when there is none (Lightning's resume of a requeued
   // job). Needs ModelCheckpoint(save_last=true). false: every round starts afresh.
   bool resume_on_restart = true;
+  // The whole optimizer step as one CUDA graph, replayed for every batch after
+  // kCudaGraphWarmupSteps eager ones (trainer/cuda_graph_step.h); what cannot
+  // be captured falls back to eager steps, saying why. Needs a GPU: refused
+  // on the CPU. Off by default until it has passed on a GPU.
+  bool cuda_graph = false;
   bool enable_checkpointing = true;  // without a ModelCheckpoint among the callbacks: adds one (Lightning)
   bool enable_progress_bar = true;
   bool logger = true;  // false: no logging at all
@@ -276,6 +282,16 @@ class Trainer {
   void log_step_metrics(TrainModule& module);
   void log_to_loggers(const std::map<std::string, double>& metrics, int64_t step);
   void save_loggers();
+  // With cuda_graph: runs the batch's step through the graph (warming up,
+  // capturing or replaying) and returns true, or false when it must run eagerly.
+  bool graphed_step(TrainModule& module, const Batch& moved, int64_t batch_idx);
+  // At the start of fit: graph_step_ when cuda_graph is on and nothing stands
+  // in the way (cuda_graph_obstacle), else null, saying why once.
+  void prepare_cuda_graph();
+  // The step's region as the eager loop runs it: training_step, backward (the
+  // loss scaled and divided by `accumulate`), the batch counters, and the
+  // optimizer step when `step_now`.
+  void run_step(TrainModule& module, const Batch& moved, int64_t batch_idx, int64_t accumulate, bool step_now);
   // Writes training_curves_path() (nothing without logs or values).
   void write_training_curves();
   std::map<std::string, double> collect_epoch_metrics(TrainModule& module, const std::string& prefix);
@@ -346,6 +362,7 @@ class Trainer {
   std::chrono::steady_clock::time_point start_;
   std::optional<std::chrono::seconds> max_time_;
   ProgressBar progress_bar_;
+  std::unique_ptr<CudaGraphStep> graph_step_;  // this fit's, with cuda_graph and nothing in the way
   TrainingCurves curves_;  // what the loggers got this fit, for training_curves_path()
   std::shared_ptr<Profiler> profiler_;
   std::string module_name_;  // the TrainModule's class name, for profiler actions
