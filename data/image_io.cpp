@@ -1,12 +1,8 @@
-// PNG layout (RFC 2083): the 8-byte signature, then chunks of [length (4,
-// big-endian), type (4), data, CRC-32 of type + data]. IHDR holds width,
-// height, bit depth 8, colour type 0 (grayscale); IDAT holds the zlib stream
-// of every row prefixed by its filter byte (0: none); IEND closes the file.
+// PNG files through data/png_encode.h's encoder, written atomically.
 #include "data/image_io.h"
 
 #include <fcntl.h>
 #include <unistd.h>
-#include <zlib.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -16,56 +12,15 @@
 #include <tuple>
 #include <vector>
 
+#include "data/png_encode.h"
 #include "kernels/error.h"
 
 namespace kiln {
 
 namespace {
 
-void append_u32(std::vector<uint8_t>& out, uint32_t value) {
-  for (int shift = 24; shift >= 0; shift -= 8) out.push_back(static_cast<uint8_t>(value >> shift));
-}
-
-void append_chunk(std::vector<uint8_t>& out, const char (&type)[5], const std::vector<uint8_t>& data) {
-  append_u32(out, static_cast<uint32_t>(data.size()));
-  const size_t type_start = out.size();
-  out.insert(out.end(), type, type + 4);
-  out.insert(out.end(), data.begin(), data.end());
-  // The CRC covers the type and the data, not the length.
-  const uLong crc = ::crc32(0L, out.data() + type_start, static_cast<uInt>(out.size() - type_start));
-  append_u32(out, static_cast<uint32_t>(crc));
-}
-
-std::vector<uint8_t> encode_png(int64_t width, int64_t height, const uint8_t* pixels) {
-  std::vector<uint8_t> ihdr;
-  append_u32(ihdr, static_cast<uint32_t>(width));
-  append_u32(ihdr, static_cast<uint32_t>(height));
-  ihdr.insert(ihdr.end(), {8, 0, 0, 0, 0});  // bit depth 8, grayscale, deflate, filter set 0, no interlace
-
-  const size_t row_bytes = static_cast<size_t>(width) + 1;
-  std::vector<uint8_t> rows(row_bytes * static_cast<size_t>(height));
-  for (int64_t y = 0; y < height; ++y) {
-    uint8_t* row = rows.data() + static_cast<size_t>(y) * row_bytes;
-    row[0] = 0;  // filter: none
-    std::memcpy(row + 1, pixels + static_cast<size_t>(y) * static_cast<size_t>(width), static_cast<size_t>(width));
-  }
-  uLongf compressed_size = ::compressBound(static_cast<uLong>(rows.size()));
-  std::vector<uint8_t> idat(compressed_size);
-  const int status = ::compress2(idat.data(), &compressed_size, rows.data(), static_cast<uLong>(rows.size()),
-                                 Z_DEFAULT_COMPRESSION);
-  KILN_CHECK(status == Z_OK, "write_png_grayscale: zlib compress2 failed with status ", status, " for a ", width,
-             "x", height, " image");
-  idat.resize(compressed_size);
-
-  std::vector<uint8_t> png = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1A, '\n'};
-  append_chunk(png, "IHDR", ihdr);
-  append_chunk(png, "IDAT", idat);
-  append_chunk(png, "IEND", {});
-  return png;
-}
-
 // Writes `bytes` to a temporary file beside `path`, then renames it over `path`.
-void write_file_atomically(const std::string& path, const std::vector<uint8_t>& bytes) {
+void write_file_atomically(const std::string& path, const std::string& bytes) {
   const std::string temporary = path + ".tmp." + std::to_string(::getpid());
   const int fd = ::open(temporary.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   KILN_CHECK(fd >= 0, "write_png_grayscale: cannot create '", temporary, "' to write '", path,
@@ -104,7 +59,7 @@ void write_png_grayscale(const std::string& path, int64_t width, int64_t height,
   KILN_CHECK(pixels != nullptr, "write_png_grayscale: pixels of the ", width, "x", height, " image for '", path,
              "' are null");
   KILN_CHECK(!path.empty(), "write_png_grayscale: the path is empty");
-  write_file_atomically(path, encode_png(width, height, pixels));
+  write_file_atomically(path, encode_png(pixels, width, height, /*channels=*/1));
 }
 
 Tensor make_image_grid(const Tensor& images, const ImageGridOptions& options) {

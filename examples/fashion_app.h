@@ -19,6 +19,7 @@
 #include "core/serialization.h"
 #include "data/dataloader.h"
 #include "data/fashion_mnist.h"
+#include "examples/logger_flag.h"
 #include "examples/trainer_flags.h"
 #include "kernels/cuda/runtime.h"
 #include "nn/checkpoint.h"
@@ -27,6 +28,7 @@
 #include "trainer/batch_size_finder.h"
 #include "trainer/lr_finder.h"
 #include "trainer/swa_callback.h"
+#include "trainer/tensorboard_histograms.h"
 #include "trainer/trainer.h"
 #include "trainer/weight_averaging.h"
 
@@ -194,10 +196,18 @@ inline int fashion_main(int argc, char** argv, const FashionDefaults& defaults) 
   recipe.tta = defaults.tta;
   bool swa = false, find_lr = false, find_batch_size = false;
   double ema_decay = 0;
+  std::string logger = "csv";
+  int64_t log_histograms = 0;
 
   app.add_option("--model", recipe.model, "Model: cnn (FashionCNN), resnet9, mlp or vit")->capture_default_str();
   add_trainer_flags(app, flags);
   add_fit_flags(app, flags);
+  add_logger_flag(app, logger);
+  app.add_option("--log-histograms", log_histograms,
+                 "Histograms of the weights and gradients in TensorBoard every N optimizer steps (0: off; needs "
+                 "--logger tensorboard)")
+      ->capture_default_str()
+      ->check(kNonNegative);
   add_data_flags(app, recipe.batch_size, recipe.num_workers, recipe.data_dir);
   app.add_option("--lr", recipe.lr, "Peak learning rate (OneCycle max_lr)")
       ->capture_default_str()
@@ -248,7 +258,11 @@ inline int fashion_main(int argc, char** argv, const FashionDefaults& defaults) 
   const std::string& ckpt_path = flags.ckpt_path;
 
   try {
-    Trainer trainer(flags.options());  // validates precision, accelerator, ...
+    KILN_CHECK(log_histograms == 0 || logger == "tensorboard",
+               "--log-histograms writes TensorBoard histograms: it needs --logger tensorboard");
+    TrainerOptions options = flags.options();
+    apply_logger_flag(logger, options);
+    Trainer trainer(options);  // validates precision, accelerator, ...
     // Nothing runs out of memory on the CPU: the search would only stop at max_val (8192).
     KILN_CHECK(!find_batch_size || trainer.device().is_cuda(),
                "--find-batch-size looks for the largest batch that fits in GPU memory; it needs a GPU");
@@ -338,6 +352,9 @@ inline int fashion_main(int argc, char** argv, const FashionDefaults& defaults) 
       averaging.swa_lrs = {recipe.lr / 10};
       averaging.annealing_epochs = 1;
       with_callbacks.callbacks.push_back(std::make_shared<StochasticWeightAveraging>(averaging));
+    }
+    if (log_histograms > 0) {
+      with_callbacks.callbacks.push_back(std::make_shared<TensorBoardHistograms>(log_histograms));
     }
     if (ema_option->count() > 0) {
       EMAWeightAveragingOptions ema;

@@ -11,7 +11,8 @@
 // defaults (5 epochs of batches of 64, stepping every 2) give recognisable
 // garments in about two minutes on 2 CPU cores. A checkpoint is written at
 // the end of every epoch (--ckpt-path last resumes), and at the end an 8x8
-// grid of generated samples as a PNG.
+// grid of generated samples as a PNG; with --logger tensorboard the grid also
+// goes to TensorBoard as the image "samples" at every epoch's end.
 #include <CLI/CLI.hpp>
 
 #include <chrono>
@@ -25,10 +26,12 @@
 #include "data/dataloader.h"
 #include "data/fashion_mnist.h"
 #include "data/image_io.h"
+#include "examples/logger_flag.h"
 #include "examples/trainer_flags.h"
 #include "nn/conv.h"
 #include "nn/layers.h"
 #include "nn/loss.h"
+#include "trainer/tensorboard_logger.h"
 #include "trainer/trainer.h"
 
 using namespace kiln;
@@ -189,6 +192,43 @@ class SimpleGAN : public TrainModule {
   nn::BCEWithLogitsLoss criterion_;
 };
 
+// The samples grid as train_gan writes it: 8 x 8 images, tanh's [-1, 1] shown as [0, 1].
+ImageGridOptions samples_grid() {
+  ImageGridOptions grid;
+  grid.nrow = kGridSide;
+  grid.normalize = true;
+  grid.value_range = std::make_pair(-1.0, 1.0);
+  return grid;
+}
+
+// With a TensorBoardLogger, the generator's 8x8 grid as the image "samples" at
+// each training epoch's end. The noise is one fixed batch (the DCGAN
+// tutorial's fixed_noise), so the epochs' images compare; the generator runs
+// in eval mode, as for the final samples, and goes back to training mode.
+class SamplesToTensorBoard : public Callback {
+ public:
+  // `fixed_noise` (64, latent_dim), on any device.
+  explicit SamplesToTensorBoard(Tensor fixed_noise) : fixed_noise_(std::move(fixed_noise)) {}
+  std::string name() const override { return "SamplesToTensorBoard"; }
+  void on_train_epoch_end(Trainer& trainer, TrainModule& module) override {
+    TensorBoardLogger* logger = find_tensorboard_logger(trainer);
+    if (logger == nullptr) return;
+    auto& gan = static_cast<SimpleGAN&>(module);  // train_gan fits nothing else
+    Tensor samples;
+    {
+      NoGradGuard no_grad;
+      gan.generator->eval();
+      samples = gan.generator->forward(fixed_noise_.to(trainer.device()))
+                    .view({kGridSide * kGridSide, 1, kImageSide, kImageSide});
+      gan.generator->train();
+    }
+    logger->log_image("samples", make_image_grid(samples, samples_grid()), trainer.global_step());  // (1, H, W)
+  }
+
+ private:
+  Tensor fixed_noise_;
+};
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -200,6 +240,7 @@ int main(int argc, char** argv) {
   flags.trainer.log_every_n_steps = 50;
   GanRecipe recipe;
   flags.seed = recipe.seed;
+  std::string logger = "csv";
 
   const examples::TrainerFlagHandles trainer_flags = examples::add_trainer_flags(app, flags);
   // In train_gan's words: a second device means kiln-run, and with two
@@ -209,6 +250,7 @@ int main(int argc, char** argv) {
   trainer_flags.num_nodes->check(examples::kPositive);
   trainer_flags.log_every_n_steps->description(
       "Log step metrics every N optimizer steps (each optimizer's step counts)");
+  examples::add_logger_flag(app, logger);
   examples::add_data_flags(app, recipe.batch_size, recipe.num_workers, recipe.data_dir);
   app.add_option("--accumulate", recipe.accumulate,
                  "Accumulate gradients over this many batches before each optimizer step (done in training_step: "
@@ -243,7 +285,11 @@ int main(int argc, char** argv) {
     ModelCheckpointOptions checkpointing;
     checkpointing.save_last = true;
     TrainerOptions trainer_options = flags.options();
-    trainer_options.callbacks = {std::make_shared<ModelCheckpoint>(checkpointing)};
+    examples::apply_logger_flag(logger, trainer_options);
+    // Drawn before manual_seed below resets the generators, so that it changes nothing training draws.
+    const Tensor fixed_noise = randn({kGridSide * kGridSide, recipe.latent_dim});  // (64, latent_dim)
+    trainer_options.callbacks = {std::make_shared<ModelCheckpoint>(checkpointing),
+                                 std::make_shared<SamplesToTensorBoard>(fixed_noise)};
     Trainer trainer(trainer_options);  // validates the accelerator, ...
     MnistOptions data_options;
     data_options.root = recipe.data_dir;
@@ -279,13 +325,7 @@ int main(int argc, char** argv) {
       samples = gan.sample_G(kGridSide * kGridSide, trainer.device());  // (64, 1, 28, 28)
     }
     // Every rank holds the same generator after DDP's synchronized steps; rank 0 writes.
-    if (trainer.is_global_zero()) {
-      ImageGridOptions grid;
-      grid.nrow = kGridSide;
-      grid.normalize = true;
-      grid.value_range = std::make_pair(-1.0, 1.0);
-      save_image(samples, recipe.output, grid);
-    }
+    if (trainer.is_global_zero()) save_image(samples, recipe.output, samples_grid());
 
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - launch).count();
     std::printf("g_loss %.4f  d_loss %.4f  (%lld optimizer steps, %.1f s)\n",

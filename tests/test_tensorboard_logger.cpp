@@ -1,7 +1,9 @@
-// TensorBoardLogger: the event file is read back by a reader written here from
-// the format's specification (TFRecord framing with both CRCs, protobuf Event
-// and Summary messages), and, where Python's tensorboard module is installed,
-// by TensorBoard's own EventAccumulator through scripts/check_tensorboard.py.
+// TensorBoardLogger: the event file is read back by a reader written from the
+// format's specification (tests/support/tensorboard_reader.h: TFRecord framing
+// with both CRCs, protobuf Event and Summary messages), and, where Python's
+// tensorboard module is installed, by TensorBoard's own EventAccumulator
+// through scripts/check_tensorboard.py. Images and histograms:
+// test_tensorboard_summaries.cpp.
 #include <doctest/doctest.h>
 
 #include <unistd.h>
@@ -17,6 +19,7 @@
 #include <vector>
 
 #include "tests/support/python_checks.h"
+#include "tests/support/tensorboard_reader.h"
 #include "tests/support/test_util.h"
 #include "trainer/tensorboard_logger.h"
 
@@ -37,143 +40,13 @@ struct TempDir {
   }
 };
 
-// ---------------------------------------------------------------- a reader from the specification
-
-// CRC-32C bit by bit (no table), so that it shares no code with the writer's.
-uint32_t crc32c_bitwise(const std::string& bytes) {
-  uint32_t crc = 0xFFFFFFFFu;
-  for (unsigned char byte : bytes) {
-    crc ^= byte;
-    for (int bit = 0; bit < 8; ++bit) crc = (crc >> 1) ^ (0x82F63B78u & (0u - (crc & 1u)));
-  }
-  return ~crc;
-}
-
-uint32_t masked(uint32_t crc) { return ((crc >> 15) | (crc << 17)) + 0xa282ead8u; }
-
-uint64_t read_le(const std::string& bytes, size_t offset, int count) {
-  uint64_t value = 0;
-  for (int i = 0; i < count; ++i) value |= uint64_t{static_cast<unsigned char>(bytes[offset + i])} << (8 * i);
-  return value;
-}
-
-// The records of a TFRecord file; every CRC is checked. `whole_bytes` is the
-// length of the prefix made of whole records.
-std::vector<std::string> read_records(const std::string& file, size_t* whole_bytes = nullptr) {
-  std::ifstream in(file, std::ios::binary);
-  REQUIRE(in.is_open());
-  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  std::vector<std::string> records;
-  size_t offset = 0;
-  while (offset + 12 <= bytes.size()) {
-    const std::string length_bytes = bytes.substr(offset, 8);
-    const uint64_t length = read_le(bytes, offset, 8);
-    REQUIRE(read_le(bytes, offset + 8, 4) == masked(crc32c_bitwise(length_bytes)));
-    if (offset + 12 + length + 4 > bytes.size()) break;  // a truncated last record
-    const std::string data = bytes.substr(offset + 12, length);
-    REQUIRE(read_le(bytes, offset + 12 + length, 4) == masked(crc32c_bitwise(data)));
-    records.push_back(data);
-    offset += 12 + length + 4;
-  }
-  if (whole_bytes != nullptr) *whole_bytes = offset;
-  return records;
-}
-
-// One protobuf field: its number and either a varint/fixed value or bytes.
-struct Field {
-  uint32_t number;
-  uint64_t bits = 0;
-  std::string bytes;
-};
-
-std::vector<Field> parse_message(const std::string& message) {
-  std::vector<Field> fields;
-  size_t offset = 0;
-  auto varint = [&] {
-    uint64_t value = 0;
-    for (int shift = 0;; shift += 7) {
-      REQUIRE(offset < message.size());
-      const auto byte = static_cast<unsigned char>(message[offset++]);
-      value |= uint64_t{byte & 0x7Fu} << shift;
-      if ((byte & 0x80) == 0) return value;
-    }
-  };
-  while (offset < message.size()) {
-    const uint64_t key = varint();
-    Field field{static_cast<uint32_t>(key >> 3)};
-    switch (key & 7) {
-      case 0: field.bits = varint(); break;
-      case 1: field.bits = read_le(message, offset, 8), offset += 8; break;
-      case 5: field.bits = read_le(message, offset, 4), offset += 4; break;
-      case 2: {
-        const uint64_t length = varint();
-        REQUIRE(offset + length <= message.size());
-        field.bytes = message.substr(offset, length);
-        offset += length;
-        break;
-      }
-      default: FAIL("unexpected protobuf wire type " << (key & 7));
-    }
-    REQUIRE(offset <= message.size());
-    fields.push_back(field);
-  }
-  return fields;
-}
-
-double as_double(uint64_t bits) {
-  double value;
-  std::memcpy(&value, &bits, sizeof value);
-  return value;
-}
-
-float as_float(uint64_t bits) {
-  const auto narrow = static_cast<uint32_t>(bits);
-  float value;
-  std::memcpy(&value, &narrow, sizeof value);
-  return value;
-}
-
-struct Event {
-  double wall_time = 0;
-  int64_t step = 0;
-  std::string file_version;
-  std::map<std::string, float> scalars;
-  std::vector<std::string> other_values;  // Summary.Values that are not simple_value scalars
-};
-
-Event parse_event(const std::string& record) {
-  Event event;
-  for (const Field& field : parse_message(record)) {
-    if (field.number == 1) event.wall_time = as_double(field.bits);
-    if (field.number == 2) event.step = static_cast<int64_t>(field.bits);
-    if (field.number == 3) event.file_version = field.bytes;
-    if (field.number != 5) continue;
-    for (const Field& value : parse_message(field.bytes)) {
-      REQUIRE(value.number == 1);
-      std::string tag;
-      std::optional<float> scalar;
-      for (const Field& part : parse_message(value.bytes)) {
-        if (part.number == 1) tag = part.bytes;
-        if (part.number == 2) scalar = as_float(part.bits);
-      }
-      if (scalar) {
-        event.scalars[tag] = *scalar;
-      } else {
-        event.other_values.push_back(value.bytes);
-      }
-    }
-  }
-  return event;
-}
-
-std::string only_event_file(const fs::path& folder) {
-  std::vector<std::string> files;
-  for (const auto& entry : fs::directory_iterator(folder)) {
-    if (entry.path().filename().string().rfind("events.out.tfevents.", 0) == 0) files.push_back(entry.path().string());
-  }
-  REQUIRE(files.size() == 1);
-  return files.front();
-}
+using kiln::testing::crc32c_bitwise;
+using kiln::testing::Event;
+using kiln::testing::Field;
+using kiln::testing::only_event_file;
+using kiln::testing::parse_event;
+using kiln::testing::parse_message;
+using kiln::testing::read_records;
 
 std::string read_text(const fs::path& path) {
   std::ifstream in(path);
@@ -214,6 +87,25 @@ TEST_CASE("TensorBoardLogger uses Lightning's layout and version numbering") {
   CHECK(shared.event_file() != first.event_file());
   kiln::TensorBoardLogger named(root.path.string(), "my_experiment");
   CHECK(fs::path(named.log_dir()) == root.path / "my_experiment" / "version_0");
+}
+
+TEST_CASE("TensorBoardLogger makes its folder and event file at first use, as Lightning's") {
+  TempDir root;
+  { kiln::TensorBoardLogger unused(root.path.string()); }
+  CHECK(fs::is_empty(root.path));  // a program that fails before it logs leaves nothing
+  kiln::TensorBoardLogger first(root.path.string()), second(root.path.string());
+  CHECK(fs::is_empty(root.path));
+  second.log_metrics({{"loss", 1.0}}, 1, 0);  // the first one used claims version_0
+  second.save();
+  CHECK(second.version() == 0);
+  CHECK(first.version() == 1);
+  CHECK(fs::is_directory(root.path / "lightning_logs" / "version_1"));
+  const std::vector<Event> events = kiln::testing::read_events(second.event_file());
+  REQUIRE(events.size() == 2);
+  CHECK(events[0].file_version == "brain.Event:2");
+  CHECK(events[1].scalars.at("loss") == 1.0f);
+  CHECK(kiln::testing::error_of([&] { kiln::TensorBoardLogger refused(root.path.string(), "x", -1); })
+            .find("version must be >= 0, got -1") != std::string::npos);
 }
 
 TEST_CASE("TensorBoardLogger writes framed Event records that read back exactly") {
@@ -306,7 +198,7 @@ TEST_CASE("TensorBoardLogger writes hparams.yaml and an hparams-plugin summary")
   }
   REQUIRE(values.size() == 4);
   CHECK(values["lr"].number == 2);
-  CHECK(as_double(values["lr"].bits) == 0.001);
+  CHECK(kiln::testing::as_double(values["lr"].bits) == 0.001);
   CHECK(values["optimizer"].number == 3);
   CHECK(values["optimizer"].bytes == "adam");
   CHECK(values["nesterov"].number == 4);

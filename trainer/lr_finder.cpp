@@ -4,7 +4,9 @@
 #include <limits>
 
 #include "trainer/finder_support.h"
+#include "trainer/plot_raster.h"
 #include "trainer/plot_svg.h"
+#include "trainer/tensorboard_logger.h"
 #include "trainer/trainer.h"
 
 namespace kiln {
@@ -59,6 +61,28 @@ LRFinder sweep(TrainModule& module, optim::Optimizer& optimizer, DataLoader& loa
   }
   snapshot.restore();
   return result;
+}
+
+// Loss against lr, the suggestion marked when `suggest` (what plot() draws).
+LinePlot loss_curve(const LRFinder& result, bool suggest) {
+  LinePlot figure;
+  figure.x = result.lrs;
+  figure.y = result.losses;
+  figure.log_x = result.options().mode == "exponential";
+  figure.title = "Learning rate finder";
+  figure.x_label = "Learning rate";
+  figure.y_label = "Loss";
+  if (suggest) figure.marker = result.suggestion_index();
+  return figure;
+}
+
+// With a TensorBoardLogger, the plot also goes to TensorBoard as the image
+// "lr_finder" (Lightning users call lr_finder.plot() and add the figure).
+void log_plot_to_tensorboard(const Trainer& trainer, const LRFinder& result) {
+  TensorBoardLogger* logger = find_tensorboard_logger(trainer);
+  if (logger == nullptr || result.lrs.empty()) return;
+  const RgbImage image = rasterize_line_plot(loss_curve(result, /*suggest=*/true));
+  logger->log_image("lr_finder", image.width, image.height, 3, image.pixels.data(), trainer.global_step());
 }
 
 void apply_suggestion(const LRFinder& result, optim::Optimizer* optimizer, const LRFinderOptions& options) {
@@ -126,15 +150,7 @@ std::optional<double> LRFinder::suggestion(int64_t skip_begin, int64_t skip_end)
 }
 
 void LRFinder::plot(const std::string& path, bool suggest) const {
-  LinePlot figure;
-  figure.x = lrs;
-  figure.y = losses;
-  figure.log_x = options_.mode == "exponential";
-  figure.title = "Learning rate finder";
-  figure.x_label = "Learning rate";
-  figure.y_label = "Loss";
-  if (suggest) figure.marker = suggestion_index();
-  write_svg_line_plot(path, figure);
+  write_svg_line_plot(path, loss_curve(*this, suggest));
 }
 
 LRFinder lr_find(Trainer& trainer, TrainModule& module, DataLoader& train_loader, const LRFinderOptions& options) {
@@ -146,6 +162,7 @@ LRFinder lr_find(Trainer& trainer, TrainModule& module, DataLoader& train_loader
   KILN_CHECK(config.optimizer != nullptr, "lr_find: configure_optimizers returned no optimizer");
   LRFinder result = sweep(module, *config.optimizer, train_loader, detail::limited_train_batches(trainer, train_loader),
                           detail::step_settings(trainer), options);
+  log_plot_to_tensorboard(trainer, result);
   apply_suggestion(result, nullptr, options);
   return result;
 }
@@ -161,6 +178,7 @@ void LearningRateFinder::on_fit_start(Trainer& trainer, TrainModule& module) {
   KILN_CHECK(loader != nullptr, "LearningRateFinder: the trainer has no training loader");
   optim::Optimizer& optimizer = trainer.optimizer();
   result_ = sweep(module, optimizer, *loader, trainer.num_training_batches(), detail::step_settings(trainer), options_);
+  log_plot_to_tensorboard(trainer, *result_);
   apply_suggestion(*result_, &optimizer, options_);
 }
 
