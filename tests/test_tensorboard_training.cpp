@@ -25,6 +25,7 @@
 #include "tests/support/python_checks.h"
 #include "tests/support/run_binary.h"
 #include "tests/support/tensorboard_reader.h"
+#include "tests/support/captured_stderr.h"
 #include "tests/support/test_util.h"
 #include "tests/support/trainer_fixtures.h"
 #include "trainer/lr_finder.h"
@@ -88,37 +89,7 @@ std::vector<std::pair<int64_t, testing::ImageSummary>> images_of(const std::vect
   return images;
 }
 
-// Sends this process's stderr to a file while alive; text() ends the capture.
-class CapturedStderr {
- public:
-  explicit CapturedStderr(fs::path path) : path_(std::move(path)) {
-    std::fflush(stderr);
-    saved_ = ::dup(STDERR_FILENO);
-    const int file = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-    REQUIRE(file >= 0);
-    ::dup2(file, STDERR_FILENO);
-    ::close(file);
-  }
-  ~CapturedStderr() { finish(); }
-  CapturedStderr(const CapturedStderr&) = delete;
-  CapturedStderr& operator=(const CapturedStderr&) = delete;
-  std::string text() {
-    finish();
-    std::ifstream in(path_);
-    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  }
-
- private:
-  void finish() {
-    if (saved_ < 0) return;
-    std::fflush(stderr);
-    ::dup2(saved_, STDERR_FILENO);
-    ::close(saved_);
-    saved_ = -1;
-  }
-  fs::path path_;
-  int saved_ = -1;
-};
+using testing::CapturedStderr;
 
 size_t count_of(const std::string& text, const std::string& word) {
   size_t count = 0;

@@ -34,21 +34,7 @@ using testing::Regression;
 
 namespace {
 
-// The trained Linear(4, 1)'s weight and bias, in float64 on the host.
-std::vector<double> parameters_of(nn::Module& model) {
-  std::vector<double> values;
-  for (const Tensor& p : model.parameters()) {
-    for (double v : p.detach().to(Device::cpu(), DType::f64).contiguous().to_vector<double>()) values.push_back(v);
-  }
-  return values;
-}
-
-double max_difference(const std::vector<double>& a, const std::vector<double>& b) {
-  REQUIRE(a.size() == b.size());
-  double worst = 0;
-  for (size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::abs(a[i] - b[i]));
-  return worst;
-}
+using testing::max_difference;
 
 struct ClipRun {
   std::string precision = "32-true";
@@ -72,7 +58,7 @@ std::vector<double> fit_clipped(const ClipRun& run) {
   Regression module;
   DataLoader loader(testing::regression_data(64, 0.01), testing::seeded_loader_options(16));
   Trainer(options).fit(module, loader);
-  return parameters_of(module.model());
+  return testing::parameter_values(module.model());
 }
 
 // The same training written out by hand, with torch's recipe: forward under
@@ -118,7 +104,7 @@ std::vector<double> reference_clipped(const ClipRun& run, Device device, std::op
       optimizer.zero_grad();
     }
   }
-  return parameters_of(module.model());
+  return testing::parameter_values(module.model());
 }
 
 // fit with clipping equals the hand-written loop, and differs from fit

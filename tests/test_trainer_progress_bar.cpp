@@ -16,6 +16,7 @@
 
 #include "core/ops.h"
 #include "tests/support/run_binary.h"
+#include "tests/support/captured_stderr.h"
 #include "tests/support/test_util.h"
 #include "tests/support/trainer_fixtures.h"
 #include "trainer/trainer.h"
@@ -25,43 +26,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// Sends this process's stderr (file descriptor 2) to a file while alive;
-// text() is what was written, once the capture ended.
-class CapturedStderr {
- public:
-  explicit CapturedStderr(fs::path path) : path_(std::move(path)) {
-    std::fflush(stderr);
-    saved_ = ::dup(STDERR_FILENO);
-    const int file = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-    REQUIRE(file >= 0);
-    ::dup2(file, STDERR_FILENO);
-    ::close(file);
-  }
-  ~CapturedStderr() { finish(); }
-  CapturedStderr(const CapturedStderr&) = delete;
-  CapturedStderr& operator=(const CapturedStderr&) = delete;
-  std::string text() {
-    finish();
-    FILE* file = std::fopen(path_.c_str(), "r");
-    REQUIRE(file != nullptr);
-    std::string text;
-    char buffer[4096];
-    while (size_t count = std::fread(buffer, 1, sizeof buffer, file)) text.append(buffer, count);
-    std::fclose(file);
-    return text;
-  }
-
- private:
-  void finish() {
-    if (saved_ < 0) return;
-    std::fflush(stderr);
-    ::dup2(saved_, STDERR_FILENO);
-    ::close(saved_);
-    saved_ = -1;
-  }
-  fs::path path_;
-  int saved_ = -1;
-};
+using testing::CapturedStderr;
 
 // Logs train_loss (prog_bar), train_mae (not), val_loss (prog_bar) and
 // val_mae (not), and keeps every training loss to compare with the bar.

@@ -25,26 +25,13 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::vector<double> parameters_of(nn::Module& model) {
-  std::vector<double> values;
-  for (const Tensor& p : model.parameters()) {
-    for (double v : p.detach().to(Device::cpu(), DType::f64).contiguous().to_vector<double>()) values.push_back(v);
-  }
-  return values;
-}
-
-double max_difference(const std::vector<double>& a, const std::vector<double>& b) {
-  REQUIRE(a.size() == b.size());
-  double worst = 0;
-  for (size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::abs(a[i] - b[i]));
-  return worst;
-}
+using testing::max_difference;
 
 // The weights after every optimizer step (global_step -> weights).
 struct TrajectoryRecorder : Callback {
   std::string name() const override { return "TrajectoryRecorder"; }
   void on_train_batch_end(Trainer& trainer, TrainModule& module, int64_t) override {
-    after_step[trainer.global_step()] = parameters_of(module.model());
+    after_step[trainer.global_step()] = testing::parameter_values(module.model());
   }
   std::map<int64_t, std::vector<double>> after_step;
 };
@@ -52,7 +39,7 @@ struct TrajectoryRecorder : Callback {
 // Notes the weights its first validation batch sees, by global step.
 struct ValidationWeights : testing::Regression {
   void validation_step(const Batch& batch, int64_t batch_idx) override {
-    if (batch_idx == 0) seen[trainer()->global_step()] = parameters_of(model());
+    if (batch_idx == 0) seen[trainer()->global_step()] = testing::parameter_values(model());
     testing::Regression::validation_step(batch, batch_idx);
   }
   std::map<int64_t, std::vector<double>> seen;
@@ -78,7 +65,7 @@ Run fit(const fs::path& root, std::shared_ptr<Callback> averaging, std::vector<s
   DataLoader loader(testing::regression_data(64, 0.01), testing::seeded_loader_options(16));  // 4 batches
   DataLoader val(testing::regression_data(32, 0.01), testing::seeded_loader_options(16));
   Trainer(options).fit(module, loader, &val, ckpt_path);
-  return {parameters_of(module.model()), recorder->after_step, module.seen};
+  return {testing::parameter_values(module.model()), recorder->after_step, module.seen};
 }
 
 // avg = the weights after step `first`, then lerp(avg, weights, 1 - decay) after each later update step.
@@ -171,7 +158,7 @@ TEST_CASE("EMAWeightAveraging on a GPU equals the CPU run [gpu]") {
     testing::Regression module;
     DataLoader loader(testing::regression_data(64, 0.01), testing::seeded_loader_options(16));
     Trainer(options).fit(module, loader);
-    return parameters_of(module.model());
+    return testing::parameter_values(module.model());
   };
   CHECK(max_difference(run_on("gpu"), run_on("cpu")) < 1e-5);
 }

@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "kernels/error.h"
+#include "trainer/plot_frame.h"
 
 namespace kiln {
 
@@ -106,33 +107,6 @@ class Canvas {
   RgbImage image_;
 };
 
-struct Range {
-  double lo = 0, hi = 1;
-};
-
-// The data's range with matplotlib's 5% margins; a single value gets a unit-wide range.
-Range padded_range(const std::vector<double>& values) {
-  const auto [lo, hi] = std::minmax_element(values.begin(), values.end());
-  if (*hi - *lo <= 0) {
-    const double half = std::max(std::abs(*lo) * 0.05, 0.5);
-    return {*lo - half, *hi + half};
-  }
-  const double pad = (*hi - *lo) * 0.05;
-  return {*lo - pad, *hi + pad};
-}
-
-// About five ticks at 1, 2 or 5 times a power of ten.
-std::vector<double> linear_ticks(const Range& range) {
-  const double raw = (range.hi - range.lo) / 5.0;
-  const double magnitude = std::pow(10.0, std::floor(std::log10(raw)));
-  const double normalized = raw / magnitude;
-  const double step = (normalized < 1.5 ? 1 : normalized < 3 ? 2 : normalized < 7 ? 5 : 10) * magnitude;
-  std::vector<double> ticks;
-  for (double tick = std::ceil(range.lo / step) * step; tick <= range.hi + 1e-9 * step; tick += step) {
-    ticks.push_back(std::abs(tick) < 1e-12 * step ? 0.0 : tick);
-  }
-  return ticks;
-}
 
 std::string format(const char* pattern, double value) {
   char buffer[32];
@@ -143,42 +117,17 @@ std::string format(const char* pattern, double value) {
 }  // namespace
 
 RgbImage rasterize_line_plot(const LinePlot& plot) {
-  KILN_CHECK(plot.x.size() == plot.y.size(), "rasterize_line_plot: ", plot.x.size(), " x values but ",
-             plot.y.size(), " y values");
-  KILN_CHECK(!plot.marker || *plot.marker < plot.x.size(), "rasterize_line_plot: marker index ",
-             plot.marker.value_or(0), " is outside the ", plot.x.size(), " points");
-  auto plottable = [&](size_t i) {
-    return std::isfinite(plot.x[i]) && std::isfinite(plot.y[i]) && (!plot.log_x || plot.x[i] > 0);
-  };
-  auto axis_x = [&](double x) { return plot.log_x ? std::log10(x) : x; };
-  std::vector<double> xs, ys;
-  for (size_t i = 0; i < plot.x.size(); ++i) {
-    if (!plottable(i)) continue;
-    xs.push_back(axis_x(plot.x[i]));
-    ys.push_back(plot.y[i]);
-  }
-  const Range x_range = xs.empty() ? Range{} : padded_range(xs);
-  const Range y_range = ys.empty() ? Range{} : padded_range(ys);
-  auto to_px = [&](double axis_value) {
-    return kLeft + (axis_value - x_range.lo) / (x_range.hi - x_range.lo) * (kRight - kLeft);
-  };
-  auto to_py = [&](double y) { return kBottom - (y - y_range.lo) / (y_range.hi - y_range.lo) * (kBottom - kTop); };
+  const plot::LinePlotFrame frame(plot, "rasterize_line_plot", kLeft, kRight, kTop, kBottom);
+  auto to_px = [&](double axis_value) { return frame.axis_px(axis_value); };
+  auto to_py = [&](double y) { return frame.value_py(y); };
 
   Canvas canvas;
-  // Ticks: decades on a log axis (1e-8, 1e-7, ...), else 1/2/5 steps.
-  std::vector<double> x_ticks;
-  if (plot.log_x) {
-    for (double decade = std::ceil(x_range.lo); decade <= std::floor(x_range.hi); decade += 1) {
-      x_ticks.push_back(decade);
-    }
-  }
-  if (x_ticks.empty()) x_ticks = linear_ticks(x_range);
-  for (double tick : x_ticks) {
+  for (double tick : frame.x_ticks()) {
     canvas.line(to_px(tick), kTop, to_px(tick), kBottom, kGrid);
     const std::string label = plot.log_x ? format("1e%.0f", tick) : format("%g", tick);
     canvas.text(label, to_px(tick) - static_cast<double>(Canvas::text_width(label)) / 2, kBottom + 8);
   }
-  for (double tick : linear_ticks(y_range)) {
+  for (double tick : frame.y_ticks()) {
     canvas.line(kLeft, to_py(tick), kRight, to_py(tick), kGrid);
     const std::string label = format("%.4g", tick);
     canvas.text(label, kLeft - 6 - static_cast<double>(Canvas::text_width(label)), to_py(tick) - 5);
@@ -189,12 +138,11 @@ RgbImage rasterize_line_plot(const LinePlot& plot) {
   canvas.line(kRight, kTop, kRight, kBottom, kBlack);
   // The curve: consecutive plottable points joined; a point that is not plottable breaks it.
   for (size_t i = 1; i < plot.x.size(); ++i) {
-    if (!plottable(i - 1) || !plottable(i)) continue;
-    canvas.line(to_px(axis_x(plot.x[i - 1])), to_py(plot.y[i - 1]), to_px(axis_x(plot.x[i])), to_py(plot.y[i]),
-                kCurve, 2);
+    if (!frame.drawn(i - 1) || !frame.drawn(i)) continue;
+    canvas.line(frame.px(i - 1), frame.py(i - 1), frame.px(i), frame.py(i), kCurve, 2);
   }
-  if (plot.marker && plottable(*plot.marker)) {
-    canvas.disc(to_px(axis_x(plot.x[*plot.marker])), to_py(plot.y[*plot.marker]), 5, kMarker);
+  if (plot.marker && frame.drawn(*plot.marker)) {
+    canvas.disc(frame.px(*plot.marker), frame.py(*plot.marker), 5, kMarker);
   }
   return canvas.take();
 }

@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "kernels/error.h"
+#include "trainer/plot_frame.h"
 
 namespace kiln {
 
@@ -46,64 +47,18 @@ std::string format(const char* pattern, double value) {
   return buffer;
 }
 
-struct Range {
-  double lo = 0, hi = 1;
-};
-
-// Data range padded as matplotlib's default 5% margins; a single value gets a unit-wide range.
-Range padded_range(const std::vector<double>& values, double margin) {
-  Range range{values.front(), values.front()};
-  for (double v : values) {
-    range.lo = std::min(range.lo, v);
-    range.hi = std::max(range.hi, v);
-  }
-  if (range.hi - range.lo <= 0) {
-    const double half = std::max(std::abs(range.lo) * 0.05, 0.5);
-    return {range.lo - half, range.hi + half};
-  }
-  const double pad = (range.hi - range.lo) * margin;
-  return {range.lo - pad, range.hi + pad};
-}
-
-// About five ticks at 1, 2 or 5 times a power of ten.
-std::vector<double> linear_ticks(const Range& range) {
-  const double raw = (range.hi - range.lo) / 5.0;
-  const double magnitude = std::pow(10.0, std::floor(std::log10(raw)));
-  const double normalized = raw / magnitude;
-  const double step = (normalized < 1.5 ? 1 : normalized < 3 ? 2 : normalized < 7 ? 5 : 10) * magnitude;
-  std::vector<double> ticks;
-  for (double tick = std::ceil(range.lo / step) * step; tick <= range.hi + 1e-9 * step; tick += step) {
-    ticks.push_back(std::abs(tick) < 1e-12 * step ? 0.0 : tick);
-  }
-  return ticks;
-}
+using plot::axis_ticks;
+using plot::linear_ticks;
+using plot::padded_range;
+using plot::Range;
 
 }  // namespace
 
 void write_svg_line_plot(const std::string& path, const LinePlot& plot) {
-  KILN_CHECK(plot.x.size() == plot.y.size(), "write_svg_line_plot: ", plot.x.size(), " x values but ", plot.y.size(),
-             " y values");
-  KILN_CHECK(!plot.marker || *plot.marker < plot.x.size(), "write_svg_line_plot: marker index ",
-             plot.marker.value_or(0), " is outside the ", plot.x.size(), " points");
-  auto plottable = [&](size_t i) {
-    return std::isfinite(plot.x[i]) && std::isfinite(plot.y[i]) && (!plot.log_x || plot.x[i] > 0);
-  };
-  auto axis_x = [&](double x) { return plot.log_x ? std::log10(x) : x; };
-  std::vector<double> xs, ys;
-  for (size_t i = 0; i < plot.x.size(); ++i) {
-    if (!plottable(i)) continue;
-    xs.push_back(axis_x(plot.x[i]));
-    ys.push_back(plot.y[i]);
-  }
-  const Range x_range = xs.empty() ? Range{} : padded_range(xs, 0.05);
-  const Range y_range = ys.empty() ? Range{} : padded_range(ys, 0.05);
-  auto to_px = [&](double axis_value) {
-    return kLeft + (axis_value - x_range.lo) / (x_range.hi - x_range.lo) * (kRight - kLeft);
-  };
-  auto to_py = [&](double y) { return kBottom - (y - y_range.lo) / (y_range.hi - y_range.lo) * (kBottom - kTop); };
-  auto point = [&](size_t i) {
-    return format("%.2f", to_px(axis_x(plot.x[i]))) + "," + format("%.2f", to_py(plot.y[i]));
-  };
+  const plot::LinePlotFrame frame(plot, "write_svg_line_plot", kLeft, kRight, kTop, kBottom);
+  auto to_px = [&](double axis_value) { return frame.axis_px(axis_value); };
+  auto to_py = [&](double y) { return frame.value_py(y); };
+  auto point = [&](size_t i) { return format("%.2f", frame.px(i)) + "," + format("%.2f", frame.py(i)); };
 
   std::ostringstream svg;
   svg << "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
@@ -114,21 +69,13 @@ void write_svg_line_plot(const std::string& path, const LinePlot& plot) {
     svg << "<text x=\"" << (kLeft + kRight) / 2 << "\" y=\"24\" text-anchor=\"middle\" font-size=\"14\">"
         << escape_xml(plot.title) << "</text>\n";
   }
-  // Ticks: decades on a log axis (1e-8, 1e-7, ...), else 1/2/5 steps.
-  std::vector<double> x_ticks;
-  if (plot.log_x) {
-    for (double decade = std::ceil(x_range.lo); decade <= std::floor(x_range.hi); decade += 1)
-      x_ticks.push_back(decade);
-    if (x_ticks.empty()) x_ticks = linear_ticks(x_range);
-  } else {
-    x_ticks = linear_ticks(x_range);
-  }
+  const std::vector<double>& x_ticks = frame.x_ticks();
   svg << "<g stroke=\"#dddddd\" stroke-width=\"1\">\n";
   for (double tick : x_ticks) {
     svg << "<line x1=\"" << format("%.2f", to_px(tick)) << "\" y1=\"" << kTop << "\" x2=\""
         << format("%.2f", to_px(tick)) << "\" y2=\"" << kBottom << "\"/>\n";
   }
-  for (double tick : linear_ticks(y_range)) {
+  for (double tick : frame.y_ticks()) {
     svg << "<line x1=\"" << kLeft << "\" y1=\"" << format("%.2f", to_py(tick)) << "\" x2=\"" << kRight << "\" y2=\""
         << format("%.2f", to_py(tick)) << "\"/>\n";
   }
@@ -138,7 +85,7 @@ void write_svg_line_plot(const std::string& path, const LinePlot& plot) {
     svg << "<text x=\"" << format("%.2f", to_px(tick)) << "\" y=\"" << kBottom + 18 << "\">" << label << "</text>\n";
   }
   svg << "</g>\n<g text-anchor=\"end\">\n";
-  for (double tick : linear_ticks(y_range)) {
+  for (double tick : frame.y_ticks()) {
     svg << "<text x=\"" << kLeft - 6 << "\" y=\"" << format("%.2f", to_py(tick) + 4) << "\">" << format("%g", tick)
         << "</text>\n";
   }
@@ -157,16 +104,16 @@ void write_svg_line_plot(const std::string& path, const LinePlot& plot) {
     run.clear();
   };
   for (size_t i = 0; i < plot.x.size(); ++i) {
-    if (!plottable(i)) {
+    if (!frame.drawn(i)) {
       flush();
       continue;
     }
     run += (run.empty() ? "" : " ") + point(i);
   }
   flush();
-  if (plot.marker && plottable(*plot.marker)) {
+  if (plot.marker && frame.drawn(*plot.marker)) {
     const size_t i = *plot.marker;
-    svg << "<circle cx=\"" << format("%.2f", to_px(axis_x(plot.x[i]))) << "\" cy=\"" << format("%.2f", to_py(plot.y[i]))
+    svg << "<circle cx=\"" << format("%.2f", frame.px(i)) << "\" cy=\"" << format("%.2f", frame.py(i))
         << "\" r=\"5\" fill=\"red\"/>\n";
   }
   svg << "</svg>\n";
@@ -213,14 +160,10 @@ void draw_panel(std::ostringstream& svg, const PlotPanel& panel, double top) {
         << "\" text-anchor=\"middle\" fill=\"#7f7f7f\">no data</text>\n";
     return;
   }
-  const Range x_range = padded_range(xs, 0.05), y_range = padded_range(ys, 0.05);
+  const Range x_range = padded_range(xs), y_range = padded_range(ys);
   auto to_px = [&](double x) { return kPanelLeft + (x - x_range.lo) / (x_range.hi - x_range.lo) * (kPanelRight - kPanelLeft); };
   auto to_py = [&](double y) { return y1 - (y - y_range.lo) / (y_range.hi - y_range.lo) * (y1 - y0); };
-  std::vector<double> y_ticks;
-  if (panel.log_y) {
-    for (double decade = std::ceil(y_range.lo); decade <= std::floor(y_range.hi); decade += 1) y_ticks.push_back(decade);
-  }
-  if (y_ticks.empty()) y_ticks = linear_ticks(y_range);
+  const std::vector<double> y_ticks = axis_ticks(y_range, panel.log_y);
   svg << "<g stroke=\"#dddddd\" stroke-width=\"1\">\n";
   for (double tick : linear_ticks(x_range)) {
     svg << "<line x1=\"" << format("%.2f", to_px(tick)) << "\" y1=\"" << y0 << "\" x2=\"" << format("%.2f", to_px(tick))

@@ -1,6 +1,10 @@
 #include "tests/support/trainer_fixtures.h"
 
+#include <doctest/doctest.h>
 #include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
 
 #include "core/generator.h"
 #include "core/ops.h"
@@ -83,6 +87,21 @@ OptimizerConfigs Regression::configure_optimizers() {
   if (options.make_scheduler) config.scheduler = options.make_scheduler(*config.optimizer);
   config.interval = options.interval;
   return config;
+}
+
+std::vector<double> parameter_values(nn::Module& model) {
+  std::vector<double> values;
+  for (const Tensor& p : model.parameters()) {
+    for (double v : p.detach().to(Device::cpu(), DType::f64).contiguous().to_vector<double>()) values.push_back(v);
+  }
+  return values;
+}
+
+double max_difference(const std::vector<double>& a, const std::vector<double>& b) {
+  REQUIRE(a.size() == b.size());
+  double worst = 0;
+  for (size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::abs(a[i] - b[i]));
+  return worst;
 }
 
 }  // namespace kiln::testing

@@ -26,6 +26,11 @@ std::filesystem::path fresh_folder(const std::string& prefix, const std::string&
 // drawn after manual_seed(11), so every call gives the same data.
 std::shared_ptr<TensorDataset> regression_data(int64_t count, double noise);
 
+// Every parameter of `model` in order, as float64 on the host.
+std::vector<double> parameter_values(nn::Module& model);
+// The largest |a[i] - b[i]| (a and b must have the same length).
+double max_difference(const std::vector<double>& a, const std::vector<double>& b);
+
 // A CPU trainer writing under `root` (by default the Trainer's own default),
 // without progress bar or sanity validation, in deterministic mode (so runs can
 // be compared bit for bit).
