@@ -9,6 +9,7 @@
 #include <Eigen/Core>
 #include <unsupported/Eigen/SpecialFunctions>
 
+#include "kernels/cpu/dense_block.h"
 #include "kernels/cpu/elementwise_loop.h"
 #include "kernels/elementwise.h"
 #include "kernels/elementwise_math.h"
@@ -28,40 +29,47 @@ bool has_dense_f32_path(BinaryOp op) {
   }
 }
 
-// out = op(a, b) over n dense float32 elements (op has a dense path); a is
-// the gradient, b the saved input or output, as in elementwise_math.h.
-void binary_dense_f32(BinaryOp op, float* out, const float* a, const float* b, int64_t n) {
-  constexpr int64_t kBlock = int64_t{1} << 14;
+// o = op(dout, x) in float32 (op has a dense path); dout is the gradient, x
+// the saved input or output, as in elementwise_math.h.
+void apply_binary_f32(BinaryOp op, const Eigen::Map<const Eigen::ArrayXf>& dout,
+                      const Eigen::Map<const Eigen::ArrayXf>& x, Eigen::Map<Eigen::ArrayXf>& o) {
+  // Eigen's packet exp returns 2.9e-39 below -88.38 where the true value is
+  // subnormal or 0: flushed to 0, as in the forwards.
+  const auto exp_of = [](const auto& v) { return (v < -88.0f).select(0.0f, v.exp()); };
+  switch (op) {
+    case BinaryOp::gelu_backward:
+      o = dout * (0.5f * (1.0f + (x * 0.70710678118654752440f).erf()) +
+                  x * (0.39894228040143267794f * exp_of(-0.5f * x * x)));
+      break;
+    case BinaryOp::gelu_tanh_backward: {
+      const Eigen::ArrayXf t = (0.79788456080286535588f * (x + 0.044715f * x.cube())).tanh();
+      o = dout * (0.5f * (1.0f + t) +
+                  0.5f * x * (1.0f - t.square()) * (0.79788456080286535588f * (1.0f + 3.0f * 0.044715f * x.square())));
+      break;
+    }
+    case BinaryOp::silu_backward: {
+      const Eigen::ArrayXf s = 1.0f / (1.0f + exp_of(-x));
+      o = dout * s * (1.0f + x * (1.0f - s));
+      break;
+    }
+    case BinaryOp::tanh_backward: o = dout * (1.0f - x.square()); break;      // x is the output
+    case BinaryOp::sigmoid_backward: o = dout * x * (1.0f - x); break;  // x is the output
+    default: break;
+  }
+}
+
+// out = op(a, b) over n dense elements of T (float, Half or BFloat16), in
+// blocks; 16-bit blocks are widened to float and rounded once (elementwise.cpp).
+template <typename T>
+void binary_dense(BinaryOp op, T* out, const T* a, const T* b, int64_t n) {
+  constexpr int64_t kBlock = cpu::kDenseBlock;
   const int64_t blocks = (n + kBlock - 1) / kBlock;
 #pragma omp parallel for if (n > cpu::kParallelGrain) schedule(static)
   for (int64_t block = 0; block < blocks; ++block) {
     const int64_t begin = block * kBlock;
-    const Eigen::Index length = static_cast<Eigen::Index>(std::min(kBlock, n - begin));
-    const Eigen::Map<const Eigen::ArrayXf> dout(a + begin, length), x(b + begin, length);
-    Eigen::Map<Eigen::ArrayXf> o(out + begin, length);
-    // Eigen's packet exp returns 2.9e-39 below -88.38 where the true value is
-    // subnormal or 0: flushed to 0, as in the forwards.
-    const auto exp_of = [](const auto& v) { return (v < -88.0f).select(0.0f, v.exp()); };
-    switch (op) {
-      case BinaryOp::gelu_backward:
-        o = dout * (0.5f * (1.0f + (x * 0.70710678118654752440f).erf()) +
-                    x * (0.39894228040143267794f * exp_of(-0.5f * x * x)));
-        break;
-      case BinaryOp::gelu_tanh_backward: {
-        const Eigen::ArrayXf t = (0.79788456080286535588f * (x + 0.044715f * x.cube())).tanh();
-        o = dout * (0.5f * (1.0f + t) +
-                    0.5f * x * (1.0f - t.square()) * (0.79788456080286535588f * (1.0f + 3.0f * 0.044715f * x.square())));
-        break;
-      }
-      case BinaryOp::silu_backward: {
-        const Eigen::ArrayXf s = 1.0f / (1.0f + exp_of(-x));
-        o = dout * s * (1.0f + x * (1.0f - s));
-        break;
-      }
-      case BinaryOp::tanh_backward: o = dout * (1.0f - x.square()); break;      // x is the output
-      case BinaryOp::sigmoid_backward: o = dout * x * (1.0f - x); break;  // x is the output
-      default: break;
-    }
+    const int64_t length = std::min(kBlock, n - begin);
+    cpu::DenseBlock<T, 2> dense(out + begin, {a + begin, b + begin}, length);
+    apply_binary_f32(op, dense.input(0), dense.input(1), dense.output());
   }
 }
 
@@ -70,13 +78,16 @@ void binary_dense_f32(BinaryOp op, float* out, const float* a, const float* b, i
 void binary_cpu(BinaryOp op, const IterShape& shape, const Operand& out, const Operand& a, const Operand& b,
                 double s0, double s1) {
   math::check_operands(binary_op_name(op), is_predicate(op), out, a, &b);
-  if (a.dtype == DType::f32 && has_dense_f32_path(op)) {
+  if ((a.dtype == DType::f32 || a.dtype == DType::bf16 || a.dtype == DType::f16) && b.dtype == a.dtype &&
+      out.dtype == a.dtype && has_dense_f32_path(op)) {
     IterShape dense_shape = shape;
     Operand dense[3] = {out, a, b};
     coalesce(dense_shape, dense, 3);
     if (all_contiguous(dense_shape, dense, 3)) {
-      binary_dense_f32(op, static_cast<float*>(dense[0].data), static_cast<const float*>(dense[1].data),
-                       static_cast<const float*>(dense[2].data), dense_shape.numel());
+      cpu::dispatch_dense_float(a.dtype, [&]<typename T>() {
+        binary_dense<T>(op, static_cast<T*>(dense[0].data), static_cast<const T*>(dense[1].data),
+                        static_cast<const T*>(dense[2].data), dense_shape.numel());
+      });
       return;
     }
   }
