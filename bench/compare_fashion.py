@@ -42,6 +42,9 @@ def main():
     parser.add_argument("--precision", default="32-true", choices=["32-true", "bf16-mixed", "16-mixed"])
     parser.add_argument("--torch-compile", action="store_true",
                         help="also run the PyTorch model under torch.compile (a third row)")
+    parser.add_argument("--cuda-graph", action="store_true",
+                        help="GPU: also time kiln with the step replayed as one CUDA graph (bench_fashion "
+                             "--cuda-graph); the speed-ups are then the graph's")
     parser.add_argument("--augment", action=argparse.BooleanOptionalAction, default=True,
                         help="random crop + flip on both sides (--no-augment: normalization only)")
     parser.add_argument("--kiln", default=os.path.join(ROOT, "build", "bin", "bench_fashion"))
@@ -54,10 +57,12 @@ def main():
     env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="2")
     # PyTorch eager, and with --torch-compile the same under torch.compile.
     peers = {"eager": []} | ({"torch.compile": ["--compile"]} if args.torch_compile else {})
-    kiln_runs, peer_runs = [], {name: [] for name in peers}
+    kiln_runs, graph_runs, peer_runs = [], [], {name: [] for name in peers}
     for round_index in range(args.rounds):
         seeded = common + ["--seed", str(42 + round_index)]
         kiln_runs.append(run([args.kiln] + seeded, env))
+        if args.cuda_graph:
+            graph_runs.append(run([args.kiln, "--cuda-graph"] + seeded, env))
         for name, flags in peers.items():
             peer_runs[name].append(run([args.python, os.path.join(ROOT, "bench", "torch_fashion.py"), "--threads",
                                         "2"] + seeded + flags, env))
@@ -77,7 +82,13 @@ def main():
 
     print("| framework | samples/s (median) | kiln's speed-up over it | test acc, mean (range) |")
     print("|---|---|---|---|")
-    print(f"| kiln | {kiln_rate:,.0f} | — | {accuracy(kiln_runs)} |")
+    if graph_runs:
+        graph_rate = statistics.median(r["samples_per_s"] for r in graph_runs)
+        print(f"| kiln, CUDA graph | {graph_rate:,.0f} | — | {accuracy(graph_runs)} |")
+        print(f"| kiln eager | {kiln_rate:,.0f} | {graph_rate / kiln_rate:.2f}x | {accuracy(kiln_runs)} |")
+        kiln_rate = graph_rate  # the peers' speed-ups below are the graph's
+    else:
+        print(f"| kiln | {kiln_rate:,.0f} | — | {accuracy(kiln_runs)} |")
     for name, runs in peer_runs.items():
         rate = statistics.median(r["samples_per_s"] for r in runs)
         setting = (f"{runs[0]['blas']} BLAS, OPENBLAS_NUM_THREADS=1, 2 torch threads" if args.accelerator == "cpu"

@@ -332,7 +332,7 @@ step_compare() {
   [ "$with_compile" -eq 1 ] && cap=200  # torch.compile from cold
   run_bounded "$out" "$cap" env KILN_COMMIT="$commit" "$torch_python" "$kit/bench/compare_fashion.py" \
     --model cnn --batch-size 64 --precision 16-mixed --limit-train-batches 600 "${common[@]}" || rc=$?
-  local rc2=0 rc3=0 rc4=0
+  local rc2=0 rc3=0 rc4=0 rc5=0
   run_bounded "$out" "$cap" env KILN_COMMIT="$commit" "$torch_python" "$kit/bench/compare_fashion.py" \
     --model resnet9 --batch-size 512 --precision bf16-mixed --limit-train-batches 60 "${common[@]}" || rc2=$?
   # GPT-2 124M's training step, batch 16 x 1024 in bf16-mixed, and attention against torch's SDPA.
@@ -340,10 +340,13 @@ step_compare() {
     --model gpt2-124m --batch-size 16 --steps 10 --rounds 1 --accelerator gpu --precision bf16-mixed \
     --python "$torch_python" --kiln "$bins/bench_transformer" "${compile[@]}" || rc3=$?
   run_bounded "$out" 60 "$torch_python" "$kit/bench/torch_attention.py" --dtype bf16 || rc4=$?
-  if [ "$rc" -eq 0 ] && [ "$rc2" -eq 0 ] && [ "$rc3" -eq 0 ] && [ "$rc4" -eq 0 ]; then
+  # Issue 22's headline: FashionCNN 16-mixed with the step as one CUDA graph, kiln eager and torch eager.
+  run_bounded "$out" "$cap" env KILN_COMMIT="$commit" "$torch_python" "$kit/bench/compare_fashion.py" \
+    --model cnn --batch-size 64 --precision 16-mixed --limit-train-batches 600 --cuda-graph "${common[@]}" || rc5=$?
+  if [ "$rc" -eq 0 ] && [ "$rc2" -eq 0 ] && [ "$rc3" -eq 0 ] && [ "$rc4" -eq 0 ] && [ "$rc5" -eq 0 ]; then
     verdict compare ok "FashionCNN 16-mixed, ResNet-9 bf16-mixed, GPT-2 124M bf16-mixed and SDPA against torch eager${compile:+ and torch.compile}"
   else
-    verdict compare FAILED "FashionCNN exit $rc, ResNet-9 exit $rc2, GPT-2 exit $rc3, SDPA exit $rc4 (see compare.md)"
+    verdict compare FAILED "FashionCNN exit $rc, ResNet-9 exit $rc2, GPT-2 exit $rc3, SDPA exit $rc4, FashionCNN with a CUDA graph exit $rc5 (see compare.md)"
   fi
 }
 
