@@ -55,25 +55,12 @@ void write_result(const std::string& text) {
   fs::rename(path + ".tmp", path);
 }
 
-#define WORKER_EXPECT(cond, ...) KILN_CHECK(cond, "worker check failed: " #cond " ", ##__VA_ARGS__)
-
 void expect_values(const Tensor& t, const std::vector<double>& expected, const std::string& what) {
   const auto got = t.to(DType::f64).to_vector<double>();
   WORKER_EXPECT(got.size() == expected.size(), what, ": ", got.size(), " values");
   for (size_t i = 0; i < got.size(); ++i)
     WORKER_EXPECT(std::abs(got[i] - expected[i]) <= 1e-6 * (1 + std::abs(expected[i])), what, "[", i, "] = ", got[i],
                   ", expected ", expected[i]);
-}
-
-void expect_throw(const std::function<void()>& fn, const std::string& words) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    WORKER_EXPECT(std::string(e.what()).find(words) != std::string::npos, "message '", e.what(), "' lacks '", words,
-                  "'");
-    return;
-  }
-  KILN_THROW("worker check failed: expected an error containing '", words, "'");
 }
 
 void scenario_collectives(const std::shared_ptr<ProcessGroup>& group) {

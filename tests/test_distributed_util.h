@@ -1,5 +1,7 @@
-// Process helpers for the distributed tests (test_distributed*.cpp): spawn
-// this test binary or kiln-run with extra environment, wait with a deadline.
+// Process helpers for the distributed tests (test_distributed*.cpp,
+// test_trainer_ddp.cpp, test_zero.cpp): spawn this test binary or kiln-run
+// with extra environment, wait with a deadline, read the workers' result
+// files, and the checks a worker makes.
 #pragma once
 
 #include <fcntl.h>
@@ -10,13 +12,17 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
+
+#include "kernels/error.h"
 
 namespace kiln::testing::dist {
 
@@ -117,6 +123,45 @@ inline std::vector<int> wait_all(const std::vector<pid_t>& pids, double deadline
     ::waitpid(pids[i], nullptr, 0);
   }
   return statuses;
+}
+
+// The numbers among the whitespace-separated words of `text`, in order
+// (other words are skipped).
+inline std::vector<double> parse_numbers(const std::string& text) {
+  std::istringstream in(text);
+  std::vector<double> values;
+  for (std::string word; in >> word;) {
+    char* end = nullptr;
+    const double v = std::strtod(word.c_str(), &end);
+    if (end != word.c_str() && *end == '\0') values.push_back(v);
+  }
+  return values;
+}
+
+// "key value..." lines -> key -> rest of the line.
+inline std::map<std::string, std::string> fields(const std::string& text) {
+  std::map<std::string, std::string> out;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) {
+    const size_t space = line.find(' ');
+    out[line.substr(0, space)] = space == std::string::npos ? "" : line.substr(space + 1);
+  }
+  return out;
+}
+
+// A worker's check: a failure throws (the worker exits non-zero with the message).
+#define WORKER_EXPECT(cond, ...) KILN_CHECK(cond, "worker check failed: " #cond " ", ##__VA_ARGS__)
+
+// In a worker: `fn` throws kiln::Error with `words` in its message.
+inline void expect_throw(const std::function<void()>& fn, const std::string& words) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    WORKER_EXPECT(std::string(e.what()).find(words) != std::string::npos, "message '", e.what(), "' lacks '", words,
+                  "'");
+    return;
+  }
+  KILN_THROW("worker check failed: expected an error containing '", words, "'");
 }
 
 }  // namespace kiln::testing::dist

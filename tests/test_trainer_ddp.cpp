@@ -324,24 +324,6 @@ std::map<std::string, std::string> setting_env(const Setting& setting) {
           {"KILN_TRAINER_SAMPLES", std::to_string(setting.samples)}};
 }
 
-// "key value..." lines -> key -> rest of the line.
-std::map<std::string, std::string> fields(const std::string& text) {
-  std::map<std::string, std::string> out;
-  std::istringstream in(text);
-  for (std::string line; std::getline(in, line);) {
-    const size_t space = line.find(' ');
-    out[line.substr(0, space)] = space == std::string::npos ? "" : line.substr(space + 1);
-  }
-  return out;
-}
-
-std::vector<double> parse_numbers(const std::string& text) {
-  std::istringstream in(text);
-  std::vector<double> values;
-  for (double v; in >> v;) values.push_back(v);
-  return values;
-}
-
 struct Workers {
   std::vector<std::string> results, logs;
   std::vector<int> statuses;

@@ -13,6 +13,7 @@
 #include "nn/conv.h"
 #include "nn/ddp.h"
 #include "nn/loss.h"
+#include "tests/test_distributed_util.h"
 
 namespace kiln::testing::ddp_reference {
 
@@ -53,18 +54,6 @@ std::string param_values(const nn::Module& model) {
   return out.str();
 }
 
-std::vector<double> parse_numbers(const std::string& text) {
-  std::istringstream in(text);
-  std::vector<double> values;
-  std::string word;
-  while (in >> word) {
-    char* end = nullptr;
-    const double v = std::strtod(word.c_str(), &end);
-    if (end != word.c_str() && *end == '\0') values.push_back(v);
-  }
-  return values;
-}
-
 std::unique_ptr<optim::SGD> make_sgd(nn::Module& model) {
   return std::make_unique<optim::SGD>(model.parameters(), optim::SGDOptions{.lr = 0.1, .momentum = 0.9});
 }
@@ -88,7 +77,7 @@ std::vector<double> reference_params(DType dtype, int world, int steps, int micr
     sgd->step();
     sgd->zero_grad();
   }
-  return parse_numbers(param_values(*model));
+  return dist::parse_numbers(param_values(*model));
 }
 
 void check_matches_reference(const WorkerRun& run, DType dtype, int world, int steps, int micro,
@@ -98,7 +87,7 @@ void check_matches_reference(const WorkerRun& run, DType dtype, int world, int s
   for (int r = 0; r < world; ++r) {
     INFO(run.describe());
     REQUIRE(run.results[r].rfind("buckets ", 0) == 0);
-    std::vector<double> got = parse_numbers(run.results[r]);
+    std::vector<double> got = dist::parse_numbers(run.results[r]);
     CHECK(got.front() >= min_buckets);
     got.erase(got.begin());
     REQUIRE(got.size() == expected.size());

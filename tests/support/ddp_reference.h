@@ -24,8 +24,6 @@ std::shared_ptr<nn::Sequential> make_model(uint64_t seed, DType dtype, bool batc
 std::pair<Tensor, Tensor> batch(int step, int64_t begin, int64_t rows, int64_t total_rows, DType dtype);
 // Every parameter and buffer value, 17 digits (every bit of a double).
 std::string param_values(const nn::Module& model);
-// The numbers among the words of `text`.
-std::vector<double> parse_numbers(const std::string& text);
 std::unique_ptr<optim::SGD> make_sgd(nn::Module& model);
 
 // What each worker of a run left: its result file, its log and its exit status.
