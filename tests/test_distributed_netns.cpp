@@ -298,6 +298,17 @@ bool wait_for_training(const fs::path& dir, double seconds) {
   return false;
 }
 
+// Starts both nodes on the "until_failure" scenario (collective timeout 30 s)
+// and returns their launchers once both are training (the fault tests' start).
+std::pair<pid_t, pid_t> start_training_nodes(TwoHosts& hosts, const fs::path& dir) {
+  const pid_t a = start_node(hosts, 0, "until_failure", dir, "30");
+  const pid_t b = start_node(hosts, 1, "until_failure", dir, "30");
+  const bool training = wait_for_training(dir, 30);
+  INFO(read_file(dir / "node_a.log").substr(0, 3000), "\n", read_file(dir / "node_b.log").substr(0, 3000));
+  REQUIRE(training);
+  return {a, b};
+}
+
 bool exited_with_failure(int status) { return status >= 0 && WIFEXITED(status) && WEXITSTATUS(status) != 0; }
 
 // Node A's workers failed within `max_ms` of their step's start, naming ranks
@@ -358,11 +369,7 @@ TEST_CASE("Two nodes in network namespaces: a node lost to SIGKILL makes the oth
   TwoHosts hosts;
   if (!require_hosts(hosts)) return;
   TempDir dir;
-  const pid_t a = start_node(hosts, 0, "until_failure", dir.path, "30");
-  const pid_t b = start_node(hosts, 1, "until_failure", dir.path, "30");
-  const bool training = wait_for_training(dir.path, 30);
-  INFO(read_file(dir.path / "node_a.log").substr(0, 3000), "\n", read_file(dir.path / "node_b.log").substr(0, 3000));
-  REQUIRE(training);
+  const auto [a, b] = start_training_nodes(hosts, dir.path);
   const auto fault = Clock::now();
   hosts.kill_all(1);  // node B: its launcher and both workers
   const std::vector<int> statuses = wait_all({a, b}, 60);
@@ -371,7 +378,6 @@ TEST_CASE("Two nodes in network namespaces: a node lost to SIGKILL makes the oth
   INFO(run.describe());
   CHECK(exited_with_failure(statuses[0]));
   CHECK(seconds < 30);  // a closed connection fails at once: the 5 s naming grace, not the 30 s timeout
-  fs::copy_file(dir.path / "node_a.log", "/tmp/netns_last_a.log", fs::copy_options::overwrite_existing);  // DBG
   check_survivors(run, 30000);
   CHECK(run.logs[0].find("worker rank") != std::string::npos);  // the launcher saw its worker fail
   CHECK(hosts.processes_in(0).empty());
@@ -383,11 +389,7 @@ TEST_CASE("Two nodes in network namespaces: a node whose link goes down makes th
   TwoHosts hosts;
   if (!require_hosts(hosts)) return;
   TempDir dir;
-  const pid_t a = start_node(hosts, 0, "until_failure", dir.path, "30");
-  const pid_t b = start_node(hosts, 1, "until_failure", dir.path, "30");
-  const bool training = wait_for_training(dir.path, 30);
-  INFO(read_file(dir.path / "node_a.log").substr(0, 3000), "\n", read_file(dir.path / "node_b.log").substr(0, 3000));
-  REQUIRE(training);
+  const auto [a, b] = start_training_nodes(hosts, dir.path);
   const auto fault = Clock::now();
   REQUIRE(hosts.set_link(1, false));  // no FIN, no RST: only the timeout can tell
   const std::vector<int> statuses = wait_all({a, b}, 60);
