@@ -1,10 +1,7 @@
 #include "tests/support/python_checks.h"
 
 #include <doctest/doctest.h>
-#include <sys/wait.h>
 
-#include <array>
-#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <vector>
@@ -44,15 +41,5 @@ std::string require_python(const std::string& imports, const char* env_var, cons
   return "";
 }
 
-BinaryRun run_shell(const std::string& command) {
-  BinaryRun run;
-  FILE* pipe = ::popen((command + " 2>&1").c_str(), "r");
-  REQUIRE(pipe != nullptr);
-  std::array<char, 4096> buffer;
-  while (size_t count = std::fread(buffer.data(), 1, buffer.size(), pipe)) run.output.append(buffer.data(), count);
-  const int status = ::pclose(pipe);
-  run.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return run;
-}
 
 }  // namespace kiln::testing

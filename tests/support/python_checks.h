@@ -25,7 +25,4 @@ bool python_checks_required();
 // and returns "" (the caller then returns).
 std::string require_python(const std::string& imports, const char* env_var, const std::string& what);
 
-// Runs `command` through the shell, stderr merged into stdout.
-BinaryRun run_shell(const std::string& command);
-
 }  // namespace kiln::testing

@@ -17,9 +17,8 @@ std::string built_binary(const std::string& name) {
   return binary.string();
 }
 
-BinaryRun run_built_binary(const std::string& name, const std::string& arguments, const std::string& prefix) {
-  const std::string command = "OMP_WAIT_POLICY=passive " + prefix + built_binary(name) + " " + arguments + " 2>&1";
-  FILE* pipe = ::popen(command.c_str(), "r");
+BinaryRun run_shell(const std::string& command) {
+  FILE* pipe = ::popen((command + " 2>&1").c_str(), "r");
   REQUIRE(pipe != nullptr);
   BinaryRun run;
   std::array<char, 4096> buffer;
@@ -27,6 +26,10 @@ BinaryRun run_built_binary(const std::string& name, const std::string& arguments
   const int status = ::pclose(pipe);
   run.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   return run;
+}
+
+BinaryRun run_built_binary(const std::string& name, const std::string& arguments, const std::string& prefix) {
+  return run_shell("OMP_WAIT_POLICY=passive " + prefix + built_binary(name) + " " + arguments);
 }
 
 }  // namespace kiln::testing

@@ -16,6 +16,9 @@ struct BinaryRun {
 // when it is not built.
 std::string built_binary(const std::string& name);
 
+// Runs `command` through the shell, stderr merged into stdout.
+BinaryRun run_shell(const std::string& command);
+
 // Runs `prefix` + the built `name` + `arguments` with OMP_WAIT_POLICY=passive
 // (OpenMP threads spinning between kernels would fight the test files CTest
 // runs beside this one for the same cores). `prefix` may hold a launcher
