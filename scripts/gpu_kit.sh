@@ -400,9 +400,9 @@ step_sanitizer() {
     log="$logs/${tool}_$name.log"
     rc=0
     # Caching off so that the sanitizer sees the end of each tensor; CUDA graphs
-    # need the caching allocator's pools, so their file keeps it on.
+    # need the caching allocator's pools, so a file with graph cases keeps it on.
     local no_caching=1
-    [ "$name" = test_cuda_graph ] && no_caching=0
+    grep "^$name	" "$kit/gpu_cases.tsv" | grep -qi 'graph' && no_caching=0
     KILN_NO_CUDA_MEMORY_CACHING=$no_caching run_bounded "$log" 240 "$sanitizer" --tool "$tool" --error-exitcode 86 \
       --report-api-errors no --print-limit 50 "$bins/kiln_tests" "--source-file=*/$name.cpp" \
       '--test-case=*[gpu]*' '--test-case-exclude=*[alone]*' --no-version || rc=$?
