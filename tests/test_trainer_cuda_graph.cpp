@@ -4,11 +4,14 @@
 // the eager one.
 #include <doctest/doctest.h>
 
+#include <bit>
 #include <cmath>
+#include <cstdint>
 #include <limits>
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -52,11 +55,186 @@ TEST_CASE("cuda_graph_obstacle: each condition that keeps a fit's steps out of a
   CHECK(obstacle([](CudaGraphConditions& c) { c.on_gpu = false; }).find("CPU") != std::string::npos);
   CHECK(obstacle([](CudaGraphConditions& c) { c.manual_optimization = true; }).find("manual optimization") !=
         std::string::npos);
-  CHECK(obstacle([](CudaGraphConditions& c) { c.accumulate_grad_batches = 4; })
-            .find("accumulate_grad_batches 4") != std::string::npos);
   CHECK(obstacle([](CudaGraphConditions& c) { c.distributed = true; }).find("distributed") != std::string::npos);
   CHECK(obstacle([](CudaGraphConditions& c) { c.profiler = true; }).find("profiler") != std::string::npos);
   CHECK(obstacle([](CudaGraphConditions& c) { c.anomaly_mode = true; }).find("anomaly") != std::string::npos);
+  // Gradient accumulation is no obstacle any more (two graphs): no reason names it.
+  for (const std::string& reason :
+       {obstacle([](CudaGraphConditions& c) { c.on_gpu = false; }),
+        obstacle([](CudaGraphConditions& c) { c.manual_optimization = true; }),
+        obstacle([](CudaGraphConditions& c) { c.distributed = true; }),
+        obstacle([](CudaGraphConditions& c) { c.profiler = true; }),
+        obstacle([](CudaGraphConditions& c) { c.anomaly_mode = true; })}) {
+    CAPTURE(reason);
+    CHECK(reason.find("accumulat") == std::string::npos);
+  }
+}
+
+TEST_CASE("micro_batch_kind: graph B for the batch the eager loop steps at, graph A for the others") {
+  // k = 1: every batch steps.
+  for (int64_t i = 0; i < 5; ++i) CHECK(micro_batch_kind(i, 1, false) == MicroBatchKind::step);
+  // k = 3 over an epoch of 11 batches: windows [0 1 2] [3 4 5] [6 7 8] [9 10],
+  // the last cut short by the epoch's end; the kind is train_epoch's step_now.
+  const int64_t k = 3, batches = 11;
+  std::string kinds;
+  for (int64_t i = 0; i < batches; ++i) {
+    const bool last = i + 1 == batches;
+    const MicroBatchKind kind = micro_batch_kind(i, k, last);
+    kinds += kind == MicroBatchKind::step ? 'B' : 'A';
+    const bool step_now = (i + 1) % k == 0 || last;  // as Trainer::train_epoch
+    CHECK((kind == MicroBatchKind::step) == step_now);
+  }
+  CHECK(kinds == "AABAABAABAB");
+  // A short window's last batch replays graph B: it runs exactly as a k-th micro-batch does.
+  CHECK(micro_batch_kind(9, 3, true) == MicroBatchKind::step);
+  CHECK(micro_batch_kind(9, 3, false) == MicroBatchKind::accumulate);
+}
+
+namespace {
+Batch cpu_batch(int64_t size, float value = 1.0f) {
+  return Batch{full({size, 4}, value), zeros({size}, {.dtype = DType::i64})};
+}
+using Action = CudaGraphDecision::Action;
+}  // namespace
+
+TEST_CASE("CudaGraphStep::decide: the warm-up counts optimizer steps, then each kind is captured on its own batch") {
+  CudaGraphStep graph(0);  // no CUDA until a graph is asked for
+  const int64_t k = 3;
+  // A fit resumed mid-window: the warm-up counts steps (window ends), not micro-batches.
+  std::vector<int64_t> indices = {1, 2, 3, 4, 5, 6, 7};  // steps at 2 and 5; 7 accumulates
+  for (int64_t i : indices) {
+    CAPTURE(i);
+    CHECK(graph.decide(micro_batch_kind(i, k, false), k, cpu_batch(16, static_cast<float>(i))).action ==
+          Action::warm_up);
+    CHECK(graph.accumulation() == 0);
+    CHECK_FALSE(graph.keeps_gradients());
+    CHECK(graph.window_open() == (micro_batch_kind(i, k, false) == MicroBatchKind::accumulate));
+  }
+  CHECK_FALSE(graph.static_batch().input.defined());
+  // Batch 8 ends the third window: still eager, and it fixes the factor, keeps the
+  // gradients from its own zero_grad on, and copies itself as the static batch.
+  const Batch eighth = cpu_batch(16, 8.0f);
+  CHECK(graph.decide(micro_batch_kind(8, k, false), k, eighth).action == Action::warm_up);
+  CHECK_FALSE(graph.window_open());
+  CHECK(graph.accumulation() == 3);
+  CHECK(graph.keeps_gradients());
+  REQUIRE(graph.static_batch().input.defined());
+  CHECK_FALSE(graph.static_batch().input.same(eighth.input));  // a copy, not the batch's memory
+  KILN_CHECK_CLOSE(graph.static_batch().input, eighth.input, 0, 0);
+  KILN_CHECK_CLOSE(graph.static_batch().target, eighth.target, 0, 0);
+  // Then: a capture for each kind (nothing is captured on the CPU, so each asks again).
+  CHECK(graph.decide(micro_batch_kind(9, k, false), k, cpu_batch(16)).action == Action::capture);
+  CHECK(graph.window_open());
+  CHECK_FALSE(graph.captured(MicroBatchKind::accumulate));
+  CHECK(graph.decide(micro_batch_kind(10, k, true), k, cpu_batch(16)).action == Action::capture);
+  CHECK_FALSE(graph.window_open());
+  // Without accumulation: three steps of warm-up, and the gradients go back to None at each step.
+  CudaGraphStep plain(0);
+  for (int64_t i = 0; i < kCudaGraphWarmupSteps; ++i) {
+    CHECK(plain.decide(micro_batch_kind(i, 1, false), 1, cpu_batch(8)).action == Action::warm_up);
+  }
+  CHECK(plain.accumulation() == 1);
+  CHECK_FALSE(plain.keeps_gradients());
+  CHECK(plain.decide(micro_batch_kind(3, 1, false), 1, cpu_batch(8)).action == Action::capture);
+}
+
+TEST_CASE("CudaGraphStep::decide: another batch shape or accumulation factor runs eagerly, said once per reason") {
+  CudaGraphStep graph(0);
+  const int64_t k = 2;
+  for (int64_t i = 0; i < 2 * kCudaGraphWarmupSteps; ++i) {
+    REQUIRE(graph.decide(micro_batch_kind(i, k, false), k, cpu_batch(16)).action == Action::warm_up);
+  }
+  REQUIRE(graph.keeps_gradients());
+  // A last, smaller batch.
+  const CudaGraphDecision smaller = graph.decide(MicroBatchKind::step, k, cpu_batch(8));
+  CHECK(smaller.action == Action::eager);
+  CHECK(smaller.cause == EagerCause::batch_mismatch);
+  CHECK(smaller.reason.find("shape [8, 4]") != std::string::npos);
+  CHECK(smaller.reason.find("[16, 4]") != std::string::npos);
+  Batch other_dtype = cpu_batch(16);
+  other_dtype.input = other_dtype.input.to(DType::f64);
+  CHECK(graph.decide(MicroBatchKind::accumulate, k, other_dtype).cause == EagerCause::batch_mismatch);
+  Batch no_target = cpu_batch(16);
+  no_target.target = Tensor();
+  CHECK(graph.decide(MicroBatchKind::accumulate, k, no_target).cause == EagerCause::batch_mismatch);
+  // A later epoch of another factor (accumulation_schedule): the graphs divide by 2.
+  const CudaGraphDecision changed = graph.decide(MicroBatchKind::accumulate, 4, cpu_batch(16));
+  CHECK(changed.action == Action::eager);
+  CHECK(changed.cause == EagerCause::accumulation_changed);
+  CHECK(changed.reason.find("accumulates 4") != std::string::npos);
+  CHECK(changed.reason.find("captured for 2") != std::string::npos);
+  CHECK(graph.decide(MicroBatchKind::step, 1, cpu_batch(16)).cause == EagerCause::accumulation_changed);
+  // The gradients stay kept through eager batches (they add into them as the graphs do).
+  CHECK(graph.keeps_gradients());
+  // Said once per reason.
+  CHECK(graph.note_eager_batch(smaller, /*say=*/false));
+  CHECK_FALSE(graph.note_eager_batch(smaller, false));
+  CHECK(graph.note_eager_batch(changed, false));
+  CHECK_FALSE(graph.note_eager_batch(changed, false));
+  // A fitting batch after all that still goes to its graph.
+  CHECK(graph.decide(MicroBatchKind::accumulate, k, cpu_batch(16, 3.0f)).action == Action::capture);
+  // Given up: eager from then on, and the gradients go back to None at the next step.
+  graph.give_up("test", false);
+  CHECK(graph.given_up());
+  CHECK_FALSE(graph.keeps_gradients());
+  CHECK_FALSE(graph.static_batch().input.defined());
+}
+
+TEST_CASE("CudaGraphStep::clear_gradients: kept gradients hold -0.0, so a first micro-batch adds to the eager bits") {
+  // A gradient with -0.0 in it: d(sum(p * c))/dp = c.
+  const Tensor c = tensor<float>({-0.0f, 0.0f, 1.5f, -2.0f}, {4});
+  const auto backward_into = [&](const Tensor& p) { sum(mul(p, c)).backward(); };
+  Tensor eager = zeros({4}, {.requires_grad = true});
+  backward_into(eager);  // None before: .grad is the incoming gradient itself
+  Tensor kept = zeros({4}, {.requires_grad = true});
+  backward_into(kept);
+  {
+    NoGradGuard no_grad;
+    kept.grad().fill_(7.0);  // a previous window's values
+  }
+  CudaGraphStep::clear_gradients({kept, Tensor(zeros({4}))});
+  const std::vector<float> cleared = kept.grad().to_vector<float>();
+  for (float value : cleared) {
+    CHECK(value == 0.0f);
+    CHECK(std::signbit(value));
+  }
+  backward_into(kept);  // adds into the kept tensor
+  const std::vector<float> expected = eager.grad().to_vector<float>(), got = kept.grad().to_vector<float>();
+  for (size_t i = 0; i < expected.size(); ++i) {
+    CAPTURE(i);
+    CHECK(std::bit_cast<uint32_t>(got[i]) == std::bit_cast<uint32_t>(expected[i]));
+  }
+  // What the -0.0 is for: zeros would turn the first element's -0.0 into +0.0.
+  Tensor zeroed = zeros({4}, {.requires_grad = true});
+  backward_into(zeroed);
+  zeroed.grad().zero_();
+  backward_into(zeroed);
+  CHECK(std::signbit(expected[0]));
+  CHECK_FALSE(std::signbit(zeroed.grad().to_vector<float>()[0]));
+  // Parameters without a gradient keep none.
+  Tensor unused = zeros({4}, {.requires_grad = true});
+  CudaGraphStep::clear_gradients({unused});
+  CHECK_FALSE(unused.grad().defined());
+}
+
+TEST_CASE("CudaGraphStep::moved_gradient: a kept gradient set to None or replaced stops the replays") {
+  CudaGraphStep graph(0);
+  Tensor a = zeros({2}, {.requires_grad = true}), b = zeros({3}, {.requires_grad = true});
+  Tensor unused = zeros({4}, {.requires_grad = true});
+  a.set_grad(ones({2}));
+  b.set_grad(ones({3}));
+  CHECK(graph.moved_gradient().empty());  // nothing pinned yet
+  graph.pin_gradients({a, b, unused});
+  CHECK(graph.moved_gradient().empty());
+  CudaGraphStep::clear_gradients({a, b, unused});  // in place: the same tensors
+  CHECK(graph.moved_gradient().empty());
+  CHECK_FALSE(unused.grad().defined());
+  b.zero_grad_(/*set_to_none=*/true);
+  CHECK(graph.moved_gradient().find("parameter 1 ") != std::string::npos);
+  b.set_grad(ones({3}));  // a new tensor is not the pinned one either
+  CHECK(graph.moved_gradient().find("parameter 1 ") != std::string::npos);
+  graph.give_up("test", false);
+  CHECK(graph.moved_gradient().empty());
 }
 
 namespace {
@@ -147,7 +325,8 @@ struct GraphNet : TrainModule {
   Tensor training_step(const Batch& batch, int64_t) override {
     Tensor loss = cross_entropy(net->forward(batch.input), batch.target);
     log("train_loss", loss, true, true);
-    return loss;
+    // Set by InjectInf: 1, or inf for the micro-batches whose step must be skipped.
+    return loss_factor.defined() ? mul(loss, loss_factor) : loss;
   }
   OptimizerConfigs configure_optimizers() override {
     OptimizerConfig config;
@@ -161,6 +340,7 @@ struct GraphNet : TrainModule {
     return config;
   }
   std::shared_ptr<nn::Sequential> net;
+  Tensor loss_factor;  // 0-d, on the device, when InjectInf is on
 };
 
 std::shared_ptr<TensorDataset> graph_data(int64_t n) {
@@ -170,41 +350,124 @@ std::shared_ptr<TensorDataset> graph_data(int64_t n) {
 
 struct GraphRun {
   std::vector<Tensor> parameters;
+  std::vector<bool> has_grad;  // after fit
   std::map<std::string, double> metrics;
-  std::vector<uint64_t> mallocs;  // cudaMalloc calls so far, at the end of each batch
+  std::vector<uint64_t> mallocs;     // cudaMalloc calls so far, at the end of each batch
+  std::vector<uint64_t> pool_bytes;  // memory in CUDA graphs' pools, at the end of each batch
+  double scale = 0;                  // the GradScaler's after fit (16-mixed)
 };
 
 struct MallocProbe : Callback {
   std::string name() const override { return "MallocProbe"; }
   void on_train_batch_end(Trainer&, TrainModule&, int64_t) override {
-    mallocs.push_back(cuda_allocator(0).stats().device_malloc_calls);
+    const AllocatorStats stats = cuda_allocator(0).stats();
+    mallocs.push_back(stats.device_malloc_calls);
+    pool_bytes.push_back(stats.graph_pool_bytes);
   }
-  std::vector<uint64_t> mallocs;
+  std::vector<uint64_t> mallocs, pool_bytes;
 };
 
-GraphRun fit_graph_net(bool cuda_graph, const std::string& precision, int64_t batches, double dropout_p = 0.0) {
+// Multiplies the loss of the micro-batches counted in `at` (0-based over the
+// fit) by inf, so the window's optimizer step overflows and is skipped. The
+// factor is written on the device before the batch, outside any graph.
+struct InjectInf : Callback {
+  InjectInf(GraphNet& net, std::set<int64_t> at) : net(net), at(std::move(at)) {}
+  std::string name() const override { return "InjectInf"; }
+  void on_train_start(Trainer& trainer, TrainModule&) override {
+    net.loss_factor = ones({}, {.device = trainer.device()});
+  }
+  void on_train_batch_start(Trainer&, TrainModule&, int64_t) override {
+    NoGradGuard no_grad;
+    net.loss_factor.fill_(at.count(batches++) ? std::numeric_limits<double>::infinity() : 1.0);
+  }
+  GraphNet& net;
+  std::set<int64_t> at;
+  int64_t batches = 0;
+};
+
+struct GraphFit {
+  bool cuda_graph = false;
+  std::string precision = "32-true";
+  int64_t samples = 16 * 50;
+  bool drop_last = true;
+  int64_t max_steps = -1;
+  int64_t max_epochs = 1;
+  int64_t accumulate = 1;
+  std::map<int64_t, int64_t> accumulation_schedule;
+  double dropout_p = 0.0;
+  std::set<int64_t> inf_at;  // micro-batches whose loss InjectInf makes inf
+};
+
+GraphRun fit_graph(const GraphFit& fit) {
   TrainerOptions options = testing::quiet_trainer_options();
   options.accelerator = "gpu";
-  options.precision = precision;
+  options.precision = fit.precision;
   options.deterministic = true;
-  options.cuda_graph = cuda_graph;
+  options.cuda_graph = fit.cuda_graph;
   options.logger = false;
   options.enable_checkpointing = false;
-  options.max_steps = batches;
+  options.max_steps = fit.max_steps;
+  options.max_epochs = fit.max_epochs;
+  options.accumulate_grad_batches = fit.accumulate;
+  options.accumulation_schedule = fit.accumulation_schedule;
   options.gradient_clip_val = 1.0;
+  GraphNet module(fit.dropout_p);
   auto probe = std::make_shared<MallocProbe>();
   options.callbacks = {probe};
-  GraphNet module(dropout_p);
+  if (!fit.inf_at.empty()) options.callbacks.push_back(std::make_shared<InjectInf>(module, fit.inf_at));
   DataLoaderOptions loader_options = testing::seeded_loader_options(16);
-  loader_options.drop_last = true;
-  DataLoader loader(graph_data(16 * batches), loader_options);
+  loader_options.drop_last = fit.drop_last;
+  DataLoader loader(graph_data(fit.samples), loader_options);
   Trainer trainer(options);
   trainer.fit(module, loader);
   GraphRun run;
-  for (const Tensor& p : module.model().parameters()) run.parameters.push_back(p.detach().cpu());
+  for (const Tensor& p : module.model().parameters()) {
+    run.parameters.push_back(p.detach().cpu());
+    run.has_grad.push_back(p.grad().defined());
+  }
   run.metrics = trainer.callback_metrics();
   run.mallocs = probe->mallocs;
+  run.pool_bytes = probe->pool_bytes;
+  if (trainer.scaler() != nullptr) run.scale = trainer.scaler()->get_scale();
   return run;
+}
+
+GraphRun fit_graph_net(bool cuda_graph, const std::string& precision, int64_t batches, double dropout_p = 0.0) {
+  GraphFit fit;
+  fit.cuda_graph = cuda_graph;
+  fit.precision = precision;
+  fit.samples = 16 * batches;
+  fit.max_steps = batches;
+  fit.dropout_p = dropout_p;
+  return fit_graph(fit);
+}
+
+// The elements of two float32 tensors whose bits differ (-0.0 against +0.0
+// too), "" when none: "bit for bit" as the accumulation cases mean it.
+std::string bit_mismatch(const Tensor& actual, const Tensor& expected) {
+  if (actual.dtype() != DType::f32 || expected.dtype() != DType::f32) return "not two float32 tensors";
+  if (actual.shape() != expected.shape()) return "shapes differ";
+  const std::vector<float> a = actual.to_vector<float>(), e = expected.to_vector<float>();
+  int64_t differing = 0, first = -1;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (std::bit_cast<uint32_t>(a[i]) == std::bit_cast<uint32_t>(e[i])) continue;
+    if (differing++ == 0) first = static_cast<int64_t>(i);
+  }
+  if (differing == 0) return "";
+  return std::to_string(differing) + " of " + std::to_string(a.size()) + " elements differ in their bits; first at " +
+         std::to_string(first) + ": " + std::to_string(a[first]) + " vs " + std::to_string(e[first]);
+}
+
+void check_same_bits(const GraphRun& graphed, const GraphRun& eager) {
+  REQUIRE(graphed.parameters.size() == eager.parameters.size());
+  for (size_t i = 0; i < eager.parameters.size(); ++i) {
+    CAPTURE(i);
+    const std::string mismatch = bit_mismatch(graphed.parameters[i], eager.parameters[i]);
+    CHECK_MESSAGE(mismatch.empty(), mismatch);
+  }
+  CHECK(graphed.has_grad == eager.has_grad);  // None after the last step, as eager
+  CHECK(graphed.metrics.at("train_loss_step") == eager.metrics.at("train_loss_step"));
+  CHECK(graphed.metrics.at("train_loss_epoch") == eager.metrics.at("train_loss_epoch"));
 }
 
 }  // namespace
@@ -263,4 +526,93 @@ TEST_CASE("Trainer cuda_graph: dropout draws new numbers at every replay, as eag
     KILN_CHECK_CLOSE(graphed.parameters[i], eager.parameters[i], 0, 0);
   }
   CHECK(testing::compare(graphed.parameters.back(), no_dropout.parameters.back(), 0, 0) != "");
+}
+
+namespace {
+// 3 epochs of 11 batches, accumulating 3: windows [0 1 2] [3 4 5] [6 7 8] [9 10]
+// per epoch, the last cut short. Graphed: batches 0-8 warm up (3 steps), 9
+// captures graph A, 10 (a short window's last) captures graph B; every later
+// batch replays one of them.
+GraphFit accumulating(bool cuda_graph, const std::string& precision = "32-true") {
+  GraphFit fit;
+  fit.cuda_graph = cuda_graph;
+  fit.precision = precision;
+  fit.samples = 16 * 11;
+  fit.max_epochs = 3;
+  fit.accumulate = 3;
+  return fit;
+}
+constexpr int64_t kCaptureA = 3 * kCudaGraphWarmupSteps, kCaptureB = kCaptureA + 1;
+}  // namespace
+
+TEST_CASE("Trainer cuda_graph: accumulating 3 batches, graphs A and B equal eager bit for bit, short windows included [gpu]") {
+  KILN_REQUIRE_GPU();
+  const GraphRun eager = fit_graph(accumulating(false));
+  const GraphRun graphed = fit_graph(accumulating(true));
+  REQUIRE(graphed.pool_bytes.size() == 33);
+  // The graphs were captured where the design says, and only there: no graph
+  // memory during the warm-up, graph A's pool at batch 9, graph B's added at 10.
+  for (int64_t i = 0; i < kCaptureA; ++i) CHECK(graphed.pool_bytes[i] == 0);
+  CHECK(graphed.pool_bytes[kCaptureA] > 0);
+  CHECK(graphed.pool_bytes[kCaptureB] > graphed.pool_bytes[kCaptureA]);
+  CHECK(graphed.pool_bytes.back() == graphed.pool_bytes[kCaptureB]);
+  CHECK(eager.pool_bytes.back() == 0);
+  // Replays allocate nothing: from the batch after the second capture on
+  // (every one of them a replay of A or B) the count stays where it is.
+  CHECK(graphed.mallocs.back() == graphed.mallocs[kCaptureB + 1]);
+  check_same_bits(graphed, eager);
+}
+
+TEST_CASE("Trainer cuda_graph: accumulating, a last smaller batch runs eagerly into the kept gradients, bit for bit [gpu]") {
+  KILN_REQUIRE_GPU();
+  // 12 batches per epoch, the last of 8 samples, ending a full window
+  // ([9 10 11]): batch 11 runs eagerly (another shape), adding into the
+  // gradients graph A's replays of 9 and 10 made, and steps with the -0.0 clear.
+  GraphFit eager_fit = accumulating(false), graphed_fit = accumulating(true);
+  for (GraphFit* fit : {&eager_fit, &graphed_fit}) {
+    fit->samples = 16 * 11 + 8;
+    fit->drop_last = false;
+  }
+  const GraphRun eager = fit_graph(eager_fit);
+  const GraphRun graphed = fit_graph(graphed_fit);
+  REQUIRE(graphed.pool_bytes.size() == 36);
+  // Graph A at batch 9, graph B at the next full-shape window end: epoch 1's batch 2.
+  CHECK(graphed.pool_bytes[kCaptureA - 1] == 0);
+  CHECK(graphed.pool_bytes[kCaptureA] > 0);
+  CHECK(graphed.pool_bytes[12 + 1] == graphed.pool_bytes[kCaptureA]);
+  CHECK(graphed.pool_bytes[12 + 2] > graphed.pool_bytes[kCaptureA]);
+  check_same_bits(graphed, eager);
+}
+
+TEST_CASE("Trainer cuda_graph: an epoch with another accumulation factor runs eagerly, bit for bit [gpu]") {
+  KILN_REQUIRE_GPU();
+  // Epochs 0 and 1 accumulate 3 (graphs), epoch 2 accumulates 2: eager steps
+  // on the gradients kept for the graphs.
+  GraphFit eager_fit = accumulating(false), graphed_fit = accumulating(true);
+  for (GraphFit* fit : {&eager_fit, &graphed_fit}) {
+    fit->accumulate = 1;
+    fit->accumulation_schedule = {{0, 3}, {2, 2}};
+  }
+  const GraphRun eager = fit_graph(eager_fit);
+  const GraphRun graphed = fit_graph(graphed_fit);
+  REQUIRE(graphed.pool_bytes.size() == 33);
+  CHECK(graphed.pool_bytes[kCaptureB] > graphed.pool_bytes[kCaptureA]);
+  check_same_bits(graphed, eager);
+}
+
+TEST_CASE("Trainer cuda_graph: accumulating in 16-mixed, skipped steps in A, B and eager windows equal eager [gpu]") {
+  KILN_REQUIRE_GPU();
+  // inf injected into micro-batch 4 (warm-up, eager), 15 (epoch 1's batch 4:
+  // a replay of A, so the replay of B at 5 skips), 27 (epoch 2's batch 5: a
+  // replay of B itself) and 32 (epoch 2's batch 10: B replayed on a short
+  // window). Each skips its window's step, leaves the schedule and the step
+  // count, and halves the scale, on top of the overflows of the first steps.
+  GraphFit eager_fit = accumulating(false, "16-mixed"), graphed_fit = accumulating(true, "16-mixed");
+  for (GraphFit* fit : {&eager_fit, &graphed_fit}) fit->inf_at = {4, 15, 27, 32};
+  const GraphRun eager = fit_graph(eager_fit);
+  const GraphRun graphed = fit_graph(graphed_fit);
+  CHECK(graphed.pool_bytes.back() > 0);
+  CHECK(graphed.scale == eager.scale);
+  CHECK(eager.scale <= 65536.0 / 16);  // at least the four injected backoffs
+  check_same_bits(graphed, eager);
 }

@@ -14,27 +14,49 @@ std::string cuda_graph_obstacle(const CudaGraphConditions& c) {
   if (c.manual_optimization) {
     return "manual optimization (training_step steps its optimizers itself, with host decisions between them)";
   }
-  if (c.accumulate_grad_batches > 1) {
-    return "gradient accumulation (accumulate_grad_batches " + std::to_string(c.accumulate_grad_batches) +
-           "): a graph for a micro-batch without the step is not implemented yet";
-  }
   if (c.distributed) return "distributed training (NCCL inside a captured step is not verified yet)";
   if (c.profiler) return "a profiler is on (it times each scope on the host, which a replay skips)";
   if (c.anomaly_mode) return "anomaly detection is on (it checks every backward output on the host)";
   return "";
 }
 
+MicroBatchKind micro_batch_kind(int64_t batch_idx, int64_t accumulate, bool is_last_batch) {
+  KILN_ASSERT(batch_idx >= 0 && accumulate >= 1, "micro_batch_kind: batch ", batch_idx, ", factor ", accumulate);
+  return (batch_idx + 1) % accumulate == 0 || is_last_batch ? MicroBatchKind::step : MicroBatchKind::accumulate;
+}
+
 CudaGraphStep::CudaGraphStep(int device) : device_(device) {}
 
 CudaGraphStep::~CudaGraphStep() = default;
 
-bool CudaGraphStep::take_warmup_step() {
-  if (warmup_left_ == 0) return false;
-  --warmup_left_;
-  return true;
+CudaGraphDecision CudaGraphStep::decide(MicroBatchKind kind, int64_t accumulate, const Batch& batch) {
+  using Action = CudaGraphDecision::Action;
+  window_open_ = kind == MicroBatchKind::accumulate;
+  if (warmup_left_ > 0) {
+    if (kind == MicroBatchKind::step && --warmup_left_ == 0) {
+      accumulation_ = accumulate;
+      keep_gradients_ = accumulate > 1;  // this very step's zero_grad keeps them (Trainer::optimizer_step)
+      NoGradGuard no_grad;
+      static_.input = batch.input.defined() ? batch.input.detach().clone() : Tensor();
+      static_.target = batch.target.defined() ? batch.target.detach().clone() : Tensor();
+    }
+    return {Action::warm_up, EagerCause::none, ""};
+  }
+  if (accumulate != accumulation_) {
+    return {Action::eager, EagerCause::accumulation_changed,
+            "this epoch accumulates " + std::to_string(accumulate) + " batches where the graphs were captured for " +
+                std::to_string(accumulation_)};
+  }
+  if (std::string reason = mismatch(batch); !reason.empty()) {
+    return {Action::eager, EagerCause::batch_mismatch, std::move(reason)};
+  }
+  return {captured(kind) ? Action::replay : Action::capture, EagerCause::none, ""};
 }
 
-bool CudaGraphStep::captured() const { return graph_ && graph_->captured(); }
+bool CudaGraphStep::captured(MicroBatchKind kind) const {
+  const auto& graph = graphs_[kind == MicroBatchKind::step ? 1 : 0];
+  return graph && graph->captured();
+}
 
 namespace {
 std::string field_mismatch(const char* field, const Tensor& fixed, const Tensor& given) {
@@ -59,14 +81,6 @@ std::string CudaGraphStep::mismatch(const Batch& batch) const {
   return reason;
 }
 
-const Batch& CudaGraphStep::static_batch(const Batch& batch) {
-  if (!static_.input.defined()) {
-    static_.input = batch.input.defined() ? batch.input.detach().clone() : Tensor();
-    static_.target = batch.target.defined() ? batch.target.detach().clone() : Tensor();
-  }
-  return static_;
-}
-
 void CudaGraphStep::load(const Batch& batch) {
   KILN_CHECK(mismatch(batch).empty(), "CudaGraphStep::load: ", mismatch(batch));
   NoGradGuard no_grad;
@@ -74,30 +88,60 @@ void CudaGraphStep::load(const Batch& batch) {
   if (static_.target.defined()) static_.target.copy_(batch.target);
 }
 
-cuda::Graph& CudaGraphStep::graph() {
-  if (!graph_) graph_ = std::make_unique<cuda::Graph>(device_);
-  return *graph_;
+cuda::Graph& CudaGraphStep::graph(MicroBatchKind kind) {
+  std::unique_ptr<cuda::Graph>& graph = graphs_[kind == MicroBatchKind::step ? 1 : 0];
+  // Each graph has its own memory pool: what one graph's replay writes (its
+  // temporaries, its logged values) no other graph or eager step ever holds.
+  if (!graph) graph = std::make_unique<cuda::Graph>(device_);
+  return *graph;
 }
 
-void CudaGraphStep::keep_logs(std::unique_ptr<LogRecording> logs) { logs_ = std::move(logs); }
+void CudaGraphStep::keep_logs(MicroBatchKind kind, std::unique_ptr<LogRecording> logs) {
+  logs_[kind == MicroBatchKind::step ? 1 : 0] = std::move(logs);
+}
 
-void CudaGraphStep::apply_logs() const {
-  if (logs_) logs_->apply();
+void CudaGraphStep::apply_logs(MicroBatchKind kind) const {
+  if (const auto& logs = logs_[kind == MicroBatchKind::step ? 1 : 0]) logs->apply();
+}
+
+void CudaGraphStep::clear_gradients(const std::vector<Tensor>& params) {
+  NoGradGuard no_grad;
+  for (const Tensor& param : params) {
+    // Not zero_(): +0.0 + -0.0 is +0.0, and an eager first micro-batch keeps a -0.0 gradient as it is.
+    if (Tensor grad = param.grad(); grad.defined()) grad.fill_(-0.0);
+  }
+}
+
+void CudaGraphStep::pin_gradients(const std::vector<Tensor>& params) {
+  pinned_params_ = params;
+  pinned_grads_.clear();
+  for (const Tensor& param : params) pinned_grads_.push_back(param.grad());
+}
+
+std::string CudaGraphStep::moved_gradient() const {
+  for (size_t i = 0; i < pinned_params_.size(); ++i) {
+    if (pinned_params_[i].grad().same(pinned_grads_[i])) continue;
+    return "the gradient of parameter " + std::to_string(i) + " of the model is not the tensor the graphs add into " +
+           "any more (set to None or replaced outside the Trainer's step)";
+  }
+  return "";
 }
 
 void CudaGraphStep::give_up(const std::string& reason, bool say) {
   if (given_up_) return;
   given_up_ = true;
-  graph_.reset();
-  logs_.reset();
+  for (auto& logs : logs_) logs.reset();  // their values are blocks of the graphs' pools, released with them
+  for (auto& graph : graphs_) graph.reset();
   static_ = Batch{};
+  pinned_params_.clear();
+  pinned_grads_.clear();
   if (say) std::cerr << "Trainer: cuda_graph: eager steps for this fit: " << reason << "\n";
 }
 
-void CudaGraphStep::note_eager_batch(const std::string& reason, bool say) {
-  if (eager_batch_said_) return;
-  eager_batch_said_ = true;
-  if (say) std::cerr << "Trainer: cuda_graph: " << reason << ": that batch runs eagerly (said once)\n";
+bool CudaGraphStep::note_eager_batch(const CudaGraphDecision& decision, bool say) {
+  if (!eager_said_.insert(decision.cause).second) return false;
+  if (say) std::cerr << "Trainer: cuda_graph: " << decision.reason << ": such batches run eagerly (said once)\n";
+  return true;
 }
 
 }  // namespace kiln

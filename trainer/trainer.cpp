@@ -507,7 +507,9 @@ void Trainer::train_epoch(TrainModule& module, DataLoader& train_loader, DataLoa
       ddp->set_require_backward_grad_sync(step_now);
     }
     const int64_t steps_before = global_step_;
-    if (!graphed_step(module, moved, batch_idx)) run_step(module, moved, batch_idx, accumulate, step_now);
+    if (!graphed_step(module, moved, batch_idx, accumulate)) {
+      run_step(module, moved, batch_idx, accumulate, step_now);
+    }
     batch_scope.reset();
     is_last_batch_ = false;
     // Every log_every_n_steps optimizer steps (manual optimization may take several per batch).
@@ -750,7 +752,11 @@ void Trainer::fit(TrainModule& module, DataLoader& train_loader, DataLoader* val
     auto hook_scope = profiler_->profile(module_action("on_fit_end"));
     module.on_fit_end();
   }
-  graph_step_.reset();  // the graph's memory pool goes with it
+  if (graph_step_ && graph_step_->keeps_gradients() && !graph_step_->window_open()) {
+    // As an eager fit leaves them after its last step: None (kept, they hold -0.0).
+    for (OptimizerConfig& config : optimizers_) config.optimizer->zero_grad(true);
+  }
+  graph_step_.reset();  // the graphs' memory pools go with it
   save_loggers();
   write_training_curves();
   profiled.finish(/*report=*/is_global_zero());  // Lightning prints the report when fit ends

@@ -92,9 +92,11 @@ struct TrainerOptions {
   // job). Needs ModelCheckpoint(save_last=true). false: every round starts afresh.
   bool resume_on_restart = true;
   // The whole optimizer step as one CUDA graph, replayed for every batch after
-  // kCudaGraphWarmupSteps eager ones (trainer/cuda_graph_step.h); what cannot
-  // be captured falls back to eager steps, saying why. Needs a GPU: refused
-  // on the CPU. Off by default until it has passed on a GPU.
+  // kCudaGraphWarmupSteps eager steps; with accumulate_grad_batches > 1 two
+  // graphs, a micro-batch without the optimizer and one with it
+  // (trainer/cuda_graph_step.h). What cannot be captured falls back to eager
+  // steps, saying why. Needs a GPU: refused on the CPU. Off by default until
+  // it has passed on a GPU.
   bool cuda_graph = false;
   bool enable_checkpointing = true;  // without a ModelCheckpoint among the callbacks: adds one (Lightning)
   bool enable_progress_bar = true;
@@ -282,9 +284,10 @@ class Trainer {
   void log_step_metrics(TrainModule& module);
   void log_to_loggers(const std::map<std::string, double>& metrics, int64_t step);
   void save_loggers();
-  // With cuda_graph: runs the batch's step through the graph (warming up,
-  // capturing or replaying) and returns true, or false when it must run eagerly.
-  bool graphed_step(TrainModule& module, const Batch& moved, int64_t batch_idx);
+  // With cuda_graph: runs the micro-batch through its graph (capturing or
+  // replaying A or B) and returns true, or false when it runs eagerly (the
+  // warm-up, a batch the graphs do not fit, given up).
+  bool graphed_step(TrainModule& module, const Batch& moved, int64_t batch_idx, int64_t accumulate);
   // At the start of fit: graph_step_ when cuda_graph is on and nothing stands
   // in the way (cuda_graph_obstacle), else null, saying why once.
   void prepare_cuda_graph();

@@ -1,8 +1,9 @@
 // The Trainer's cuda_graph steps (trainer/cuda_graph_step.h): the decision at
-// the start of fit, and each batch's warm-up, capture or replay.
-#include <algorithm>
+// the start of fit, and each micro-batch's warm-up, capture or replay of
+// graph A (accumulating) or B (stepping), or its eager run.
 #include <exception>
 #include <iostream>
+#include <vector>
 
 #include "core/autograd.h"
 #include "core/cuda_graph.h"
@@ -16,10 +17,6 @@ void Trainer::prepare_cuda_graph() {
   CudaGraphConditions conditions;
   conditions.on_gpu = device_.is_cuda();
   conditions.manual_optimization = manual_;
-  conditions.accumulate_grad_batches = options_.accumulate_grad_batches;
-  for (const auto& [epoch, k] : options_.accumulation_schedule) {
-    conditions.accumulate_grad_batches = std::max(conditions.accumulate_grad_batches, k);
-  }
   conditions.distributed = world_size() > 1;
   conditions.profiler = dynamic_cast<const PassThroughProfiler*>(profiler_.get()) == nullptr;
   conditions.anomaly_mode = anomaly_mode_enabled();
@@ -30,35 +27,58 @@ void Trainer::prepare_cuda_graph() {
   graph_step_ = std::make_unique<CudaGraphStep>(device_.index);
 }
 
-bool Trainer::graphed_step(TrainModule& module, const Batch& moved, int64_t batch_idx) {
+bool Trainer::graphed_step(TrainModule& module, const Batch& moved, int64_t batch_idx, int64_t accumulate) {
   CudaGraphStep* graph = graph_step_.get();
   if (graph == nullptr || graph->given_up() || manual_) return false;
-  if (graph->take_warmup_step()) return false;  // eager: every allocation a step makes once happens here
   const bool say = is_global_zero();
-  if (graph->captured()) {
-    if (const std::string reason = graph->mismatch(moved); !reason.empty()) {
-      graph->note_eager_batch(reason, say);  // e.g. a last, shorter batch
-      return false;
-    }
-    graph->load(moved);
-    graph->graph().replay();
+  const MicroBatchKind kind = micro_batch_kind(batch_idx, accumulate, is_last_batch_);
+  const CudaGraphDecision decision = graph->decide(kind, accumulate, moved);
+  using Action = CudaGraphDecision::Action;
+  if (decision.action == Action::warm_up) return false;  // eager: every allocation a step makes once happens here
+  if (decision.action == Action::eager) {
+    graph->note_eager_batch(decision, say);  // e.g. a last, smaller batch
+    return false;
+  }
+  if (const std::string moved_gradient = graph->moved_gradient(); !moved_gradient.empty()) {
+    graph->give_up(moved_gradient, say);  // eager from here, from the gradients the parameters have now
+    return false;
+  }
+  const bool step_now = kind == MicroBatchKind::step;
+  graph->load(moved);  // on the current stream, before the replay or the capture (which waits for it)
+  if (decision.action == Action::replay) {
+    graph->graph(kind).replay();
+    // The host side of the step, as run_step and optimizer_step advance it.
     ++batch_in_epoch_;
     ++total_batches_;
-    ++global_step_;
-    graph->apply_logs();
+    if (step_now) ++global_step_;
+    graph->apply_logs(kind);
     return true;
   }
-  // Capture this batch's step on static copies of it (recorded, not run),
-  // then replay the graph to run it. Host state the step changes (the batch
-  // and step counters) changes once, here, as in an eager step.
-  const Batch& input = graph->static_batch(moved);
+  // Capture this micro-batch on the static buffers (recorded, not run), then
+  // replay the graph to run it. Host state the step changes (the batch and
+  // step counters) changes once, here, as in an eager step.
   const int64_t batch_before = batch_in_epoch_, total_before = total_batches_, step_before = global_step_;
+  std::vector<Tensor> parameters = module.model().parameters();
+  std::vector<Tensor> grads_before;
+  grads_before.reserve(parameters.size());
+  for (const Tensor& parameter : parameters) grads_before.push_back(parameter.grad());
   auto logs = std::make_unique<LogRecording>(module);
-  cuda::Graph& recorder = graph->graph();
+  // Nothing of the captured work ran: undo its host effects, so the micro-batch can run eagerly.
+  const auto undo = [&] {
+    logs.reset();
+    batch_in_epoch_ = batch_before;
+    total_batches_ = total_before;
+    global_step_ = step_before;
+    unscaled_.clear();
+    // The gradients the window holds so far (kept ones), or none (k = 1); a
+    // gradient made during the capture is memory of the graph's pool.
+    for (size_t i = 0; i < parameters.size(); ++i) parameters[i].set_grad(grads_before[i]);
+  };
+  cuda::Graph& recorder = graph->graph(kind);
   try {
     recorder.capture_begin();
     try {
-      run_step(module, input, batch_idx, /*accumulate=*/1, /*step_now=*/true);
+      run_step(module, graph->static_batch(), batch_idx, accumulate, step_now);
     } catch (...) {
       try {
         recorder.capture_end();  // ends the invalidated capture; its own error says less
@@ -68,20 +88,26 @@ bool Trainer::graphed_step(TrainModule& module, const Batch& moved, int64_t batc
     }
     recorder.capture_end();
   } catch (const Error& error) {
-    // Nothing of the step ran: undo its host effects and run it eagerly.
-    logs.reset();
-    batch_in_epoch_ = batch_before;
-    total_batches_ = total_before;
-    global_step_ = step_before;
-    unscaled_.clear();
-    for (OptimizerConfig& config : optimizers_) config.optimizer->zero_grad(true);
+    undo();
     graph->give_up("the step could not be captured: " + error.message(), say);
     return false;
+  }
+  if (graph->keeps_gradients()) {
+    // A replay must add into the gradients it recorded: each must be the tensor it was before the capture.
+    for (size_t i = 0; i < parameters.size(); ++i) {
+      if (parameters[i].grad().same(grads_before[i])) continue;
+      undo();
+      graph->give_up("parameter " + std::to_string(i) + " of the model got a new gradient tensor inside the "
+                     "captured micro-batch (it had none at the warm-up's last step); the graphs add into the "
+                     "gradients kept from then on", say);
+      return false;
+    }
+    graph->pin_gradients(parameters);
   }
   logs->stop();
   recorder.replay();
   logs->apply();
-  graph->keep_logs(std::move(logs));
+  graph->keep_logs(kind, std::move(logs));
   return true;
 }
 

@@ -58,7 +58,12 @@ void Trainer::optimizer_step(TrainModule& module) {
   }
   {
     auto zero_grad_scope = profiler_->profile(module_action("optimizer_zero_grad"));
-    optimizer.zero_grad(true);
+    if (graph_step_ && graph_step_->keeps_gradients()) {
+      // The accumulation graphs add into these very tensors (cuda_graph_step.h).
+      for (int64_t g = 0; g < optimizer.num_groups(); ++g) CudaGraphStep::clear_gradients(optimizer.params(g));
+    } else {
+      optimizer.zero_grad(true);
+    }
   }
   const OptimizerConfig& config = optimizers_.front();
   // A step the scaler skipped (inf/NaN) does not advance the schedule: step()
