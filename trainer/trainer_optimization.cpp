@@ -141,6 +141,11 @@ void Trainer::set_lr_scheduler(std::unique_ptr<optim::LRScheduler> scheduler, co
   KILN_CHECK(interval == "step" || interval == "epoch", "set_lr_scheduler: interval must be \"step\" or \"epoch\", got '",
              interval, "'");
   KILN_CHECK(!optimizers_.empty(), "set_lr_scheduler: no optimizer before fit() configured one");
+  if (graph_step_ && graph_step_->captured(MicroBatchKind::step)) {
+    // Graph B steps the old schedule (whose memory goes now) at the old interval.
+    graph_step_->give_up("the LR schedule was replaced during fit (set_lr_scheduler, e.g. by "
+                         "StochasticWeightAveraging) after the step was captured", is_global_zero());
+  }
   optimizers_.front().scheduler = std::move(scheduler);
   optimizers_.front().interval = interval;
 }
