@@ -9,6 +9,7 @@
 #include <set>
 
 #include "core/generator.h"
+#include "kernels/cpu/philox_batch.h"
 #include "kernels/random.h"
 #include "tests/support/test_util.h"
 
@@ -178,6 +179,46 @@ TEST_CASE("dropout: zero fraction ~p, kept values scaled by 1/(1-p), backward re
     int64_t mismatches = 0;
     for (size_t i = 0; i < grad.size(); ++i) mismatches += (out[i] == 0.0) ? grad[i] != 0.0 : grad[i] != grad_value;
     CHECK(mismatches == 0);
+  }
+}
+
+TEST_CASE("the batched CPU Philox gives philox4x32's words, across a carry into the counter's high word") {
+  for (uint64_t first : {uint64_t{0}, uint64_t{0xFFFFFFFFull - 5}, uint64_t{123456789012345ull}}) {
+    for (uint64_t seed : {uint64_t{0}, uint64_t{0xDEADBEEFCAFEF00Dull}}) {
+      uint32_t words[4 * kernels::cpu::kPhiloxBatch];
+      kernels::cpu::philox4x32_batch(seed, first, words);
+      for (int c = 0; c < kernels::cpu::kPhiloxBatch; ++c) {
+        const philox::Uint4 expected = philox::philox4x32(seed, first + static_cast<uint64_t>(c));
+        INFO("first " << first << " seed " << seed << " counter " << c);
+        CHECK(words[4 * c] == expected.x);
+        CHECK(words[4 * c + 1] == expected.y);
+        CHECK(words[4 * c + 2] == expected.z);
+        CHECK(words[4 * c + 3] == expected.w);
+      }
+    }
+  }
+}
+
+TEST_CASE("dropout element i is kept exactly when dropout_keep(Philox word i, p), in every dtype") {
+  // The CPU kernel tests (word >> 8) >= ceil(p * 2^24) on batched words: the
+  // same decision as the scalar definition, at any offset (one across 2^32
+  // counters here) and for a length that is not a multiple of the batch.
+  const int64_t n = 1000 + 3;
+  for (DType dtype : kFloating) {
+    for (double p : {0.1, 0.5, 1.0 / 3.0, 1e-7}) {
+      INFO(dtype_name(dtype) << " p " << p);
+      const GeneratorState state{.seed = 77, .offset = 0xFFFFFFFFull - 40};
+      default_generator(Device::cpu()).set_state(state);
+      Tensor x = full({n}, 3.0, {.dtype = dtype}).requires_grad_();
+      const std::vector<double> out = dropout(x, p).to_vector<double>();
+      int64_t wrong = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        const bool keep = kernels::dropout_keep(philox::word_at(state.seed, state.offset, static_cast<uint64_t>(i)),
+                                                static_cast<float>(p));
+        wrong += keep != (out[static_cast<size_t>(i)] != 0.0);
+      }
+      CHECK(wrong == 0);
+    }
   }
 }
 

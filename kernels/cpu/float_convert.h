@@ -1,0 +1,73 @@
+// Runs of 16-bit values widened to float and float rounded back, fast enough
+// that a bfloat16 or float16 kernel on the CPU is bound by memory, not by the
+// conversions: Half and BFloat16's constructors (kernels/dtype.h) branch on
+// NaN and subnormals, which keeps GCC from vectorizing a loop over them.
+//  - BFloat16: the same bits as BFloat16(float) / float(BFloat16), written
+//    branch-free so that the loops vectorize (round to nearest even; a NaN
+//    stays NaN, quieted).
+//  - Half: F16C's vcvtph2ps / vcvtps2ph (x86-64-v3 has them), round to
+//    nearest even as Half(float): the same bits for every non-NaN value; a NaN
+//    stays NaN (the hardware keeps the payload's top bits, Half(float) gives
+//    the canonical 0x7e00).
+#pragma once
+
+#if defined(__F16C__)
+#include <immintrin.h>
+#endif
+
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+#include "kernels/dtype.h"
+
+namespace kiln::kernels::cpu {
+
+// out[i] = float(in[i]) for i < n.
+template <typename T>
+inline void widen_to_float(const T* in, float* out, int64_t n) {
+  if constexpr (std::is_same_v<T, float>) {
+    std::memcpy(out, in, static_cast<size_t>(n) * sizeof(float));
+  } else if constexpr (std::is_same_v<T, BFloat16>) {
+    const auto* bits = reinterpret_cast<const uint16_t*>(in);
+    auto* wide = reinterpret_cast<uint32_t*>(out);
+    for (int64_t i = 0; i < n; ++i) wide[i] = static_cast<uint32_t>(bits[i]) << 16;
+  } else {
+    int64_t i = 0;
+#if defined(__F16C__)
+    for (; i + 8 <= n; i += 8) {
+      const __m128i half = _mm_loadu_si128(reinterpret_cast<const __m128i*>(in + i));
+      _mm256_storeu_ps(out + i, _mm256_cvtph_ps(half));
+    }
+#endif
+    for (; i < n; ++i) out[i] = static_cast<float>(in[i]);
+  }
+}
+
+// out[i] = T(in[i]) for i < n, rounded to nearest even.
+template <typename T>
+inline void narrow_from_float(const float* in, T* out, int64_t n) {
+  if constexpr (std::is_same_v<T, float>) {
+    std::memcpy(out, in, static_cast<size_t>(n) * sizeof(float));
+  } else if constexpr (std::is_same_v<T, BFloat16>) {
+    const auto* wide = reinterpret_cast<const uint32_t*>(in);
+    auto* bits = reinterpret_cast<uint16_t*>(out);
+    for (int64_t i = 0; i < n; ++i) {
+      const uint32_t x = wide[i];
+      const uint32_t rounded = (x + 0x7fffu + ((x >> 16) & 1u)) >> 16;
+      const uint32_t quiet_nan = (x >> 16) | 0x40u;
+      bits[i] = static_cast<uint16_t>((x & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded);
+    }
+  } else {
+    int64_t i = 0;
+#if defined(__F16C__)
+    for (; i + 8 <= n; i += 8) {
+      const __m128i half = _mm256_cvtps_ph(_mm256_loadu_ps(in + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), half);
+    }
+#endif
+    for (; i < n; ++i) out[i] = T(in[i]);
+  }
+}
+
+}  // namespace kiln::kernels::cpu
