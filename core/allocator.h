@@ -1,6 +1,7 @@
-// Memory for tensors. CPU memory is 64-byte aligned; pinned host memory comes
-// from cudaHostAlloc; CUDA memory from a caching allocator so that steady
-// training does no cudaMalloc.
+// Memory for tensors. CPU memory is 64-byte aligned (blocks of 32 MiB or more
+// come from a caching allocator over mmap, page-aligned); pinned host memory
+// comes from cudaHostAlloc; CUDA memory from a caching allocator so that
+// steady training does no cudaMalloc.
 #pragma once
 
 #include <cstddef>
@@ -143,9 +144,16 @@ std::unique_ptr<RawDeviceMemory> cuda_device_memory(int device);
 // Tensor memory of `device` (torch.cuda.memory_stats / reset_peak_memory_stats):
 // the caching allocator's statistics for CUDA; for the CPU, the bytes that
 // allocate_cpu handed out and has not got back (rounded to 64 B; all threads
-// of the process), its peak, and its calls, with reserved = allocated (no cache).
+// of the process), its peak, and its calls; reserved adds the freed blocks
+// of 32 MiB or more that allocate_cpu keeps for reuse (smaller freed blocks
+// stay in glibc's heap, not counted).
 AllocatorStats memory_stats(Device device);
 // The peak becomes what is allocated now.
 void reset_peak_memory_stats(Device device);
+// Returns the cached, unused memory of `device` to the system
+// (torch.cuda.empty_cache; on the CPU, the large blocks' cache).
+void empty_cache(Device device);
+// Whether allocate_cpu caches blocks of 32 MiB or more (not under AddressSanitizer).
+bool cpu_caches_large_blocks();
 
 }  // namespace kiln

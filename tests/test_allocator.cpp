@@ -424,7 +424,8 @@ TEST_CASE("allocator: CPU memory_stats count live tensor bytes and their peak; r
     Tensor odd = empty({3}, {.dtype = DType::u8});  // rounded up to 64 B
     const AllocatorStats during = memory_stats(cpu);
     CHECK(during.allocated_bytes - before.allocated_bytes == (size_t{4} << 20) + 64);
-    CHECK(during.reserved_bytes == during.allocated_bytes);
+    // Blocks below 32 MiB go back to glibc's heap: nothing of them is kept aside.
+    CHECK(during.reserved_bytes - during.allocated_bytes == before.reserved_bytes - before.allocated_bytes);
     CHECK(during.peak_allocated_bytes >= during.allocated_bytes);
     CHECK(during.device_malloc_calls - before.device_malloc_calls == 2);
   }
@@ -434,6 +435,35 @@ TEST_CASE("allocator: CPU memory_stats count live tensor bytes and their peak; r
   CHECK(after.peak_allocated_bytes >= before.allocated_bytes + (size_t{4} << 20));  // the peak remembers
   reset_peak_memory_stats(cpu);
   CHECK(memory_stats(cpu).peak_allocated_bytes == after.allocated_bytes);
+}
+
+TEST_CASE("allocator: CPU blocks of 32 MiB or more are cached and reused, empty_cache returns them") {
+  if (!cpu_caches_large_blocks()) {
+    MESSAGE("skipped: large CPU blocks are not cached under AddressSanitizer");
+    return;
+  }
+  const Device cpu = Device::cpu();
+  empty_cache(cpu);
+  const AllocatorStats before = memory_stats(cpu);
+  CHECK(before.reserved_bytes == before.allocated_bytes);  // nothing cached after empty_cache
+  void* first_address = nullptr;
+  {
+    Tensor big = empty({48 << 18});  // 48 MiB of float32: a (16, 1024, 768) activation
+    first_address = big.data_ptr();
+    CHECK(reinterpret_cast<uintptr_t>(first_address) % 64 == 0);
+    big.fill_(1.5);
+    CHECK(sum(big).item<double>() == 1.5 * (48 << 18));
+  }
+  const AllocatorStats freed = memory_stats(cpu);
+  CHECK(freed.allocated_bytes == before.allocated_bytes);
+  CHECK(freed.reserved_bytes - freed.allocated_bytes == size_t{48} << 20);  // kept for reuse
+  {
+    Tensor again = empty({47 << 18});  // rounds up to the same 2 MiB multiple: the cached block
+    CHECK(again.data_ptr() == first_address);
+    CHECK(memory_stats(cpu).reserved_bytes - memory_stats(cpu).allocated_bytes == 0);
+  }
+  empty_cache(cpu);
+  CHECK(memory_stats(cpu).reserved_bytes == memory_stats(cpu).allocated_bytes);
 }
 
 TEST_CASE("allocator: without a GPU the CUDA allocator and runtime fail clearly") {
