@@ -106,19 +106,21 @@ bool has_dense_f32_path(UnaryOp op) {
 
 // o = op(v) in float32 (op has a dense path).
 void apply_unary_f32(UnaryOp op, const Eigen::Map<const Eigen::ArrayXf>& v, Eigen::Map<Eigen::ArrayXf>& o) {
-  // Eigen's packet exp clamps its argument at -88.38 and so returns 2.9e-39
-  // where the true result is subnormal or 0 (exp(-inf) included): flush those
-  // to 0 (absolute error < 6e-39), so that exp(-inf) == 0 and sigmoid/silu
-  // keep libm's results at the tails.
-  const auto exp_of = [](const auto& a) { return (a < -88.0f).select(0.0f, a.exp()); };
+  // exp, sigmoid and silu through cpu::assign_flushed_exp (dense_block.h).
   switch (op) {
-    case UnaryOp::exp: o = exp_of(v); break;
+    case UnaryOp::exp: cpu::assign_flushed_exp(o, v); break;
     case UnaryOp::log: o = v.log(); break;
     case UnaryOp::tanh: o = v.tanh(); break;
     case UnaryOp::sin: o = v.sin(); break;
     case UnaryOp::cos: o = v.cos(); break;
-    case UnaryOp::sigmoid: o = 1.0f / (1.0f + exp_of(-v)); break;
-    case UnaryOp::silu: o = v / (1.0f + exp_of(-v)); break;
+    case UnaryOp::sigmoid:
+      cpu::assign_flushed_exp(o, -v);
+      o = 1.0f / (1.0f + o);
+      break;
+    case UnaryOp::silu:
+      cpu::assign_flushed_exp(o, -v);
+      o = v / (1.0f + o);
+      break;
     case UnaryOp::gelu: o = 0.5f * v * (1.0f + (v * 0.70710678118654752440f).erf()); break;
     case UnaryOp::gelu_tanh:
       o = 0.5f * v * (1.0f + (0.79788456080286535588f * (v + 0.044715f * v.cube())).tanh());

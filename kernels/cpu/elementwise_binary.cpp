@@ -33,25 +33,24 @@ bool has_dense_f32_path(BinaryOp op) {
 // the saved input or output, as in elementwise_math.h.
 void apply_binary_f32(BinaryOp op, const Eigen::Map<const Eigen::ArrayXf>& dout,
                       const Eigen::Map<const Eigen::ArrayXf>& x, Eigen::Map<Eigen::ArrayXf>& o) {
-  // Eigen's packet exp returns 2.9e-39 below -88.38 where the true value is
-  // subnormal or 0: flushed to 0, as in the forwards.
-  const auto exp_of = [](const auto& v) { return (v < -88.0f).select(0.0f, v.exp()); };
+  // o holds an intermediate first (exp or tanh of x), then the result: every
+  // read of o precedes its write coefficient by coefficient, and no block-sized
+  // temporary is allocated.
   switch (op) {
     case BinaryOp::gelu_backward:
-      o = dout * (0.5f * (1.0f + (x * 0.70710678118654752440f).erf()) +
-                  x * (0.39894228040143267794f * exp_of(-0.5f * x * x)));
+      cpu::assign_flushed_exp(o, -0.5f * x * x);
+      o = dout * (0.5f * (1.0f + (x * 0.70710678118654752440f).erf()) + x * (0.39894228040143267794f * o));
       break;
-    case BinaryOp::gelu_tanh_backward: {
-      const Eigen::ArrayXf t = (0.79788456080286535588f * (x + 0.044715f * x.cube())).tanh();
-      o = dout * (0.5f * (1.0f + t) +
-                  0.5f * x * (1.0f - t.square()) * (0.79788456080286535588f * (1.0f + 3.0f * 0.044715f * x.square())));
+    case BinaryOp::gelu_tanh_backward:
+      o = (0.79788456080286535588f * (x + 0.044715f * x.cube())).tanh();
+      o = dout * (0.5f * (1.0f + o) +
+                  0.5f * x * (1.0f - o.square()) * (0.79788456080286535588f * (1.0f + 3.0f * 0.044715f * x.square())));
       break;
-    }
-    case BinaryOp::silu_backward: {
-      const Eigen::ArrayXf s = 1.0f / (1.0f + exp_of(-x));
-      o = dout * s * (1.0f + x * (1.0f - s));
+    case BinaryOp::silu_backward:
+      cpu::assign_flushed_exp(o, -x);
+      o = 1.0f / (1.0f + o);  // sigmoid(x)
+      o = dout * o * (1.0f + x * (1.0f - o));
       break;
-    }
     case BinaryOp::tanh_backward: o = dout * (1.0f - x.square()); break;      // x is the output
     case BinaryOp::sigmoid_backward: o = dout * x * (1.0f - x); break;  // x is the output
     default: break;
