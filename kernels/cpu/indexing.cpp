@@ -91,6 +91,11 @@ IndexError gather_typed(const IndexArgs& args) {
   const int64_t size = args.data_dim_size;
   const int64_t n_outer = loop.outer.numel(), n_inner = loop.inner.numel();
   const int64_t tasks = n_outer * loop.length;
+  // index_select and embedding: one index per (outer, j) row, and the row
+  // contiguous in data and values: checked once and copied (the per-element
+  // loop below reads and checks the same index for every element of the row).
+  const bool row_copy = loop.inner.ndim == 1 && loop.inner_ops[0].strides[0] == 1 &&
+                        loop.inner_ops[1].strides[0] == 0 && loop.inner_ops[2].strides[0] == 1;
   IndexError error;
 #pragma omp parallel for if (tasks * n_inner > kParallelThreshold) schedule(static)
   for (int64_t task = 0; task < tasks; ++task) {
@@ -99,6 +104,16 @@ IndexError gather_typed(const IndexArgs& args) {
     offsets_of(o, loop.outer, loop.outer_ops, 3, base);
     base[1] += j * loop.index_step;
     base[2] += j * loop.values_step;
+    if (row_copy) {
+      const int64_t at = static_cast<int64_t>(index[base[1]]);
+      if (at < 0 || at >= size) [[unlikely]] {
+        record_error(error, at, size);
+        continue;
+      }
+      const T* row = data + base[0] + at * loop.data_step;
+      std::copy(row, row + n_inner, values + base[2]);
+      continue;
+    }
     for_inner(loop, 0, n_inner, base, [&](int64_t d, int64_t i, int64_t v) {
       const int64_t at = static_cast<int64_t>(index[i]);
       if (at < 0 || at >= size) [[unlikely]] {

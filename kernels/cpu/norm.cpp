@@ -9,9 +9,11 @@
 // in double across planes, in a fixed order: no dependence on the thread count.
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
+#include "kernels/cpu/float_convert.h"
 #include "kernels/norm.h"
 
 namespace kiln::kernels {
@@ -311,30 +313,67 @@ void batch_norm_backward(const BatchNormArgs& args, const T* x, const T* dy, con
 }
 
 // ---------------------------------------------------------------- layer norm
+// Rows are widened once into compute-type buffers (kernels/cpu/float_convert.h
+// for 16-bit), so that every pass over a row is a vectorized loop in L1 and
+// the sums are the same as over the stored values. The backward computes dx
+// and accumulates dweight/dbias in the same pass over x and dy, in the fixed
+// chunks of kRowChunks rows (no dependence on the thread count).
+
+template <typename T>
+void to_compute(const T* in, compute_t<T>* out, int64_t n) {
+  if constexpr (std::is_same_v<T, compute_t<T>>) {
+    std::copy(in, in + n, out);
+  } else {
+    cpu::widen_to_float(in, out, n);
+  }
+}
+
+template <typename T>
+void from_compute(const compute_t<T>* in, T* out, int64_t n) {
+  if constexpr (std::is_same_v<T, compute_t<T>>) {
+    std::copy(in, in + n, out);
+  } else {
+    cpu::narrow_from_float(in, out, n);
+  }
+}
+
+template <typename T>
+std::vector<compute_t<T>> widened(const T* values, int64_t n) {
+  std::vector<compute_t<T>> out(values != nullptr ? static_cast<size_t>(n) : 0);
+  if (values != nullptr) to_compute(values, out.data(), n);
+  return out;
+}
 
 template <typename T>
 void layer_norm_forward(const LayerNormArgs& args, const T* x, const T* weight, const T* bias, T* y,
                         compute_t<T>* save_mean, compute_t<T>* save_rstd) {
   using A = compute_t<T>;
   const int64_t rows = args.rows, D = args.cols;
-#pragma omp parallel for schedule(static) if (rows * D > (1 << 15))
-  for (int64_t r = 0; r < rows; ++r) {
-    const T* xs = x + r * D;
-    const double mean = lane_sum<A>(D, [&](int64_t i) { return load(xs, i); }) / static_cast<double>(D);
-    const A mean_a = static_cast<A>(mean);
-    const double var = lane_sum<A>(D, [&](int64_t i) {
-                         const A d = load(xs, i) - mean_a;
-                         return d * d;
-                       }) / static_cast<double>(D);
-    const A rstd = static_cast<A>(1.0 / std::sqrt(var + args.eps));
-    save_mean[r] = mean_a;
-    save_rstd[r] = rstd;
-    T* ys = y + r * D;
-    for (int64_t i = 0; i < D; ++i) {
-      A v = (load(xs, i) - mean_a) * rstd;
-      if (weight != nullptr) v *= load(weight, i);
-      if (bias != nullptr) v += load(bias, i);
-      ys[i] = static_cast<T>(v);
+  const std::vector<A> w = widened(weight, D), b = widened(bias, D);
+  const bool has_w = weight != nullptr, has_b = bias != nullptr;
+#pragma omp parallel if (rows * D > (1 << 15))
+  {
+    std::vector<A> row(static_cast<size_t>(D));
+    A* xs = row.data();
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < rows; ++r) {
+      to_compute(x + r * D, xs, D);
+      const double mean = lane_sum<A>(D, [&](int64_t i) { return xs[i]; }) / static_cast<double>(D);
+      const A mean_a = static_cast<A>(mean);
+      const double var = lane_sum<A>(D, [&](int64_t i) {
+                           const A d = xs[i] - mean_a;
+                           return d * d;
+                         }) / static_cast<double>(D);
+      const A rstd = static_cast<A>(1.0 / std::sqrt(var + args.eps));
+      save_mean[r] = mean_a;
+      save_rstd[r] = rstd;
+      for (int64_t i = 0; i < D; ++i) {
+        A v = (xs[i] - mean_a) * rstd;
+        if (has_w) v *= w[i];
+        if (has_b) v += b[i];
+        xs[i] = v;
+      }
+      from_compute(xs, y + r * D, D);
     }
   }
 }
@@ -345,42 +384,51 @@ void layer_norm_backward(const LayerNormArgs& args, const T* x, const T* dy, con
                          T* dbias) {
   using A = compute_t<T>;
   const int64_t rows = args.rows, D = args.cols;
-  if (dx != nullptr) {
-#pragma omp parallel for schedule(static) if (rows * D > (1 << 15))
-    for (int64_t r = 0; r < rows; ++r) {
-      const T* xs = x + r * D;
-      const T* dys = dy + r * D;
-      const A mean = save_mean[r], rstd = save_rstd[r];
-      auto g = [&](int64_t i) { return weight != nullptr ? load(dys, i) * load(weight, i) : load(dys, i); };
-      const A mean_g = static_cast<A>(lane_sum<A>(D, g) / static_cast<double>(D));
-      const A mean_g_xhat = static_cast<A>(
-          lane_sum<A>(D, [&](int64_t i) { return g(i) * (load(xs, i) - mean) * rstd; }) / static_cast<double>(D));
-      T* dxs = dx + r * D;
-      for (int64_t i = 0; i < D; ++i) {
-        const A xhat = (load(xs, i) - mean) * rstd;
-        dxs[i] = static_cast<T>(rstd * (g(i) - mean_g - xhat * mean_g_xhat));
-      }
-    }
-  }
-  if (dweight == nullptr && dbias == nullptr) return;
+  const bool want_params = dweight != nullptr || dbias != nullptr;
+  if (dx == nullptr && !want_params) return;
+  const std::vector<A> w = widened(weight, D);
+  const bool has_w = weight != nullptr;
   const int64_t chunks = std::max<int64_t>(1, std::min(rows, kRowChunks));
   const int64_t per_chunk = (rows + chunks - 1) / chunks;
-  std::vector<double> partial(static_cast<size_t>(2 * chunks * D));
-#pragma omp parallel for schedule(static) if (rows * D > (1 << 15))
-  for (int64_t chunk = 0; chunk < chunks; ++chunk) {
-    double* acc_w = partial.data() + 2 * chunk * D;
-    double* acc_b = acc_w + D;
-    std::fill(acc_w, acc_w + 2 * D, 0.0);
-    const int64_t end = std::min(rows, (chunk + 1) * per_chunk);
-    for (int64_t r = chunk * per_chunk; r < end; ++r) {
-      const A mean = save_mean[r], rstd = save_rstd[r];
-      for (int64_t i = 0; i < D; ++i) {
-        const A g = load(dy + r * D, i);
-        acc_w[i] += static_cast<double>(g * ((load(x + r * D, i) - mean) * rstd));
-        acc_b[i] += static_cast<double>(g);
+  std::vector<double> partial(want_params ? static_cast<size_t>(2 * chunks * D) : 0);
+#pragma omp parallel if (rows * D > (1 << 15))
+  {
+    std::vector<A> buffers(static_cast<size_t>(3 * D));
+    A* xs = buffers.data();
+    A* gs = xs + D;  // dy, then dy * weight
+    A* out = gs + D;
+#pragma omp for schedule(static)
+    for (int64_t chunk = 0; chunk < chunks; ++chunk) {
+      double* acc_w = want_params ? partial.data() + 2 * chunk * D : nullptr;
+      double* acc_b = want_params ? acc_w + D : nullptr;
+      if (want_params) std::fill(acc_w, acc_w + 2 * D, 0.0);
+      const int64_t end = std::min(rows, (chunk + 1) * per_chunk);
+      for (int64_t r = chunk * per_chunk; r < end; ++r) {
+        const A mean = save_mean[r], rstd = save_rstd[r];
+        to_compute(x + r * D, xs, D);
+        to_compute(dy + r * D, gs, D);
+        if (want_params) {
+          for (int64_t i = 0; i < D; ++i) {
+            acc_w[i] += static_cast<double>(gs[i] * ((xs[i] - mean) * rstd));
+            acc_b[i] += static_cast<double>(gs[i]);
+          }
+        }
+        if (dx == nullptr) continue;
+        if (has_w) {
+          for (int64_t i = 0; i < D; ++i) gs[i] *= w[i];
+        }
+        const A mean_g = static_cast<A>(lane_sum<A>(D, [&](int64_t i) { return gs[i]; }) / static_cast<double>(D));
+        const A mean_g_xhat = static_cast<A>(
+            lane_sum<A>(D, [&](int64_t i) { return gs[i] * (xs[i] - mean) * rstd; }) / static_cast<double>(D));
+        for (int64_t i = 0; i < D; ++i) {
+          const A xhat = (xs[i] - mean) * rstd;
+          out[i] = rstd * (gs[i] - mean_g - xhat * mean_g_xhat);
+        }
+        from_compute(out, dx + r * D, D);
       }
     }
   }
+  if (!want_params) return;
   for (int64_t i = 0; i < D; ++i) {
     double total_w = 0, total_b = 0;
     for (int64_t chunk = 0; chunk < chunks; ++chunk) {
