@@ -352,6 +352,7 @@ std::shared_ptr<TensorDataset> graph_data(int64_t n) {
 struct GraphRun {
   std::vector<Tensor> parameters;
   std::vector<bool> has_grad;  // after fit
+  nn::NamedTensors buffers;    // BatchNorm's running statistics and batch count
   std::map<std::string, double> metrics;
   std::vector<uint64_t> mallocs;     // cudaMalloc calls so far, at the end of each batch
   std::vector<uint64_t> pool_bytes;  // memory in CUDA graphs' pools, at the end of each batch
@@ -439,6 +440,7 @@ GraphRun fit_graph(const GraphFit& fit) {
     run.parameters.push_back(p.detach().cpu());
     run.has_grad.push_back(p.grad().defined());
   }
+  for (const auto& [name, buffer] : module.model().named_buffers()) run.buffers.emplace_back(name, buffer.detach().cpu());
   run.metrics = trainer.callback_metrics();
   run.mallocs = probe->mallocs;
   run.pool_bytes = probe->pool_bytes;
@@ -478,6 +480,18 @@ void check_same_bits(const GraphRun& graphed, const GraphRun& eager) {
   for (size_t i = 0; i < eager.parameters.size(); ++i) {
     CAPTURE(i);
     const std::string mismatch = bit_mismatch(graphed.parameters[i], eager.parameters[i]);
+    CHECK_MESSAGE(mismatch.empty(), mismatch);
+  }
+  // Buffers too: BatchNorm updates its running statistics in place inside
+  // the graphs, which the parameters alone would not show.
+  REQUIRE(graphed.buffers.size() == eager.buffers.size());
+  REQUIRE_FALSE(eager.buffers.empty());
+  for (size_t i = 0; i < eager.buffers.size(); ++i) {
+    CAPTURE(eager.buffers[i].first);
+    const Tensor& got = graphed.buffers[i].second;
+    const Tensor& expected = eager.buffers[i].second;
+    const std::string mismatch = expected.dtype() == DType::f32 ? bit_mismatch(got, expected)
+                                                                 : testing::compare(got, expected, 0, 0);
     CHECK_MESSAGE(mismatch.empty(), mismatch);
   }
   CHECK(graphed.has_grad == eager.has_grad);  // None after the last step, as eager
