@@ -29,8 +29,11 @@
 //     CPU); attention_cuda_supports() says whether a problem fits, and the
 //     front end falls back to the composite matmul/softmax path when not.
 //   - CUDA: q, k, v and dout need not be 16-byte aligned (aligned ones take
-//     vector loads); scale is applied in float; 16-bit problems round P and
-//     dS to the input type before their products, as flash-attention does.
+//     vector loads, or cp.async); scale is applied in float; 16-bit problems
+//     round P and dS to the input type before their products, as
+//     flash-attention does. Two sets of CUDA kernels (set_attention_cuda_kernels
+//     below): 16-bit problems take the tensor-core kernels of attention_tc.cu
+//     by default, everything else the kernels of attention.cu.
 //   - Nothing here synchronizes.
 #pragma once
 
@@ -90,5 +93,26 @@ void attention_backward_cuda(const AttentionGradArgs& args, void* workspace, cud
 
 // Whether the CUDA kernels take this problem (dtype and head dim).
 bool attention_cuda_supports(DType dtype, int64_t head_dim);
+
+// Which CUDA kernels attention_forward_cuda and attention_backward_cuda run
+// for float16 and bfloat16: `tensor_core` (the default) takes head dims 32,
+// 64, 96 and 128 to kernels/cuda/attention_tc.cu (FlashAttention-2's register-
+// resident schedule); `reference` forces the first kernels of attention.cu,
+// kept so that tests and bench_attention can compare the two. float32 always
+// runs attention.cu's kernels. Process-wide, read at each launch (so a
+// forward and its backward may take different paths; both compute the same
+// lse). Without CUDA the setting is kept and has no effect.
+enum class AttentionCudaKernels { tensor_core, reference };
+void set_attention_cuda_kernels(AttentionCudaKernels kernels);
+AttentionCudaKernels attention_cuda_kernels();
+
+// The tensor-core kernels themselves (kernels/cuda/attention_tc.cu, CUDA
+// builds only); callers go through attention_*_cuda, which route here.
+namespace attention_tc {
+bool supports(DType dtype, int64_t head_dim);  // float16/bfloat16, D in {32, 64, 96, 128}
+void forward(const AttentionArgs& args, void* out, void* lse, cuda::Stream stream);
+// dq, dk, dv given delta (B * H * Tq floats, dout . out per row; the caller computes it).
+void backward(const AttentionGradArgs& args, const float* delta, cuda::Stream stream);
+}  // namespace attention_tc
 
 }  // namespace kiln::kernels

@@ -35,11 +35,16 @@
 //    regenerated in the backward; kept probabilities scaled by 1 / (1 - p).
 //  - Outputs are written with =; dq, dk and dv only when non-null. Nothing
 //    here synchronizes or allocates; the workspace is delta (B * H * Tq floats).
+//  - float16/bfloat16 problems go to the faster kernels of attention_tc.cu
+//    (after the delta kernel below, in the backward) unless
+//    set_attention_cuda_kernels(reference) forces these, which stay as the
+//    reference they are tested against.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <atomic>
 #include <climits>
 #include <cstdint>
 #include <type_traits>
@@ -706,6 +711,19 @@ void check_sizes(const AttentionArgs& a, const char* op) {
 
 }  // namespace
 
+namespace {
+std::atomic<AttentionCudaKernels> cuda_kernels{AttentionCudaKernels::tensor_core};
+
+// 16-bit problems of the head dims attention_tc.cu has go there unless the reference is forced.
+bool use_tensor_core_kernels(const AttentionArgs& a) {
+  return cuda_kernels.load(std::memory_order_relaxed) == AttentionCudaKernels::tensor_core &&
+         attention_tc::supports(a.dtype, a.head_dim);
+}
+}  // namespace
+
+void set_attention_cuda_kernels(AttentionCudaKernels kernels) { cuda_kernels.store(kernels, std::memory_order_relaxed); }
+AttentionCudaKernels attention_cuda_kernels() { return cuda_kernels.load(std::memory_order_relaxed); }
+
 bool attention_cuda_supports(DType dtype, int64_t head_dim) {
   const bool dtype_ok = dtype == DType::f32 || dtype == DType::f16 || dtype == DType::bf16;
   return dtype_ok && (head_dim == 32 || head_dim == 64 || head_dim == 96 || head_dim == 128);
@@ -716,6 +734,10 @@ void attention_forward_cuda(const AttentionArgs& args, void* out, void* lse, cud
   check_sizes(args, op);
   const int64_t heads = args.batch * args.heads;
   if (heads == 0 || args.q_len == 0) return;
+  if (use_tensor_core_kernels(args)) {
+    attention_tc::forward(args, out, lse, stream);
+    return;
+  }
   dispatch(args, op, [&]<typename T, int D>() {
     Params p = params_of(args);
     p.out = out;
@@ -755,6 +777,10 @@ void attention_backward_cuda(const AttentionGradArgs& args, void* workspace, cud
       attention_delta_kernel<T><<<static_cast<unsigned>(blocks), kThreads, 0, cuda_stream>>>(
           static_cast<const T*>(args.out), static_cast<const T*>(args.dout), static_cast<float*>(workspace), rows, D);
       cuda::check_last_launch("scaled_dot_product_attention backward (delta)");
+    }
+    if (use_tensor_core_kernels(a)) {
+      attention_tc::backward(args, static_cast<const float*>(workspace), stream);
+      return;
     }
     if (want_kv && a.kv_len > 0) {
       launch(attention_dkdv_kernel<T, D>, heads * ceil_div(a.kv_len, kBlockRows), DkdvLayout<T, D>::kBytes, stream,

@@ -20,4 +20,10 @@ void attention_backward_cuda(const AttentionGradArgs&, void*, cuda::Stream) {
 }
 bool attention_cuda_supports(DType, int64_t) { return false; }
 
+namespace {
+AttentionCudaKernels cuda_kernels = AttentionCudaKernels::tensor_core;  // kept, without effect
+}  // namespace
+void set_attention_cuda_kernels(AttentionCudaKernels kernels) { cuda_kernels = kernels; }
+AttentionCudaKernels attention_cuda_kernels() { return cuda_kernels; }
+
 }  // namespace kiln::kernels
