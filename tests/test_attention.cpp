@@ -3,7 +3,9 @@
 // CUDA kernels against the CPU.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <limits>
 
 #include "core/allocator.h"
@@ -28,6 +30,95 @@ Tensor reference_attention(const Tensor& q, const Tensor& k, const Tensor& v, co
   Tensor scores = mul(matmul(q.to(DType::f64), k.to(DType::f64).transpose(-2, -1)), scale);
   if (additive.defined()) scores = add(scores, additive.to(DType::f64));
   return matmul(softmax(scores, -1), v.to(DType::f64));
+}
+
+// Sets which CUDA kernels take 16-bit problems for a scope, and restores the setting.
+class CudaKernelsScope {
+ public:
+  explicit CudaKernelsScope(kernels::AttentionCudaKernels which) { kernels::set_attention_cuda_kernels(which); }
+  ~CudaKernelsScope() { kernels::set_attention_cuda_kernels(saved_); }
+  CudaKernelsScope(const CudaKernelsScope&) = delete;
+  CudaKernelsScope& operator=(const CudaKernelsScope&) = delete;
+
+ private:
+  kernels::AttentionCudaKernels saved_ = kernels::attention_cuda_kernels();
+};
+
+const char* kernels_name(kernels::AttentionCudaKernels which) {
+  return which == kernels::AttentionCudaKernels::reference ? "reference kernels" : "tensor-core kernels";
+}
+
+int64_t nan_count(const Tensor& t) {
+  int64_t count = 0;
+  for (double value : t.to_vector<double>()) count += std::isnan(value) ? 1 : 0;
+  return count;
+}
+
+// A dense copy of t on the GPU whose data starts 2 bytes past a 16-byte
+// boundary: the kernels' unaligned path (plain loads instead of cp.async).
+Tensor unaligned_cuda(const Tensor& t) {
+  Tensor base = zeros({t.numel() + 8}, {.dtype = t.dtype(), .device = Device::cuda()});
+  Tensor view = base.narrow(0, 1, t.numel()).reshape(t.shape());
+  view.copy_(t.cuda());
+  REQUIRE(reinterpret_cast<uintptr_t>(view.data_ptr()) % 16 != 0);
+  return view.detach();
+}
+
+// The forward's out and lse and the backward's dq, dk, dv from the CUDA
+// kernels called directly, on outputs poisoned with NaN (an element no
+// kernel writes stays NaN; the op's own outputs come from empty()).
+// `additive`: float32 on the GPU, (L, S) or (B, 1, 1, S), or undefined.
+struct KernelOutputs {
+  Tensor out, lse, dq, dk, dv;
+};
+
+KernelOutputs run_kernels(kernels::AttentionCudaKernels which, const Tensor& q, const Tensor& k, const Tensor& v,
+                          const Tensor& additive, bool causal, const Tensor& dout) {
+  const CudaKernelsScope scope(which);
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  kernels::AttentionArgs args;
+  args.dtype = q.dtype();
+  args.batch = q.size(0);
+  args.heads = q.size(1);
+  args.q_len = q.size(2);
+  args.kv_len = k.size(2);
+  args.head_dim = q.size(3);
+  args.q = q.data_ptr();
+  args.k = k.data_ptr();
+  args.v = v.data_ptr();
+  args.causal = causal;
+  args.scale = 1.0 / std::sqrt(static_cast<double>(q.size(3)));
+  if (additive.defined()) {
+    args.mask.data = additive.data<float>();
+    if (additive.dim() == 2) {  // (L, S)
+      args.mask.stride_q = additive.stride(0);
+      args.mask.stride_k = additive.stride(1);
+    } else {  // (B, 1, 1, S)
+      args.mask.stride_b = additive.stride(0);
+      args.mask.stride_k = additive.stride(3);
+    }
+  }
+  const cuda::Stream stream = cuda::current_stream(q.device().index);
+  KernelOutputs r;
+  r.out = full(q.shape(), nan, {.dtype = q.dtype(), .device = q.device()});
+  r.lse = full({q.size(0), q.size(1), q.size(2)}, nan, {.dtype = DType::f32, .device = q.device()});
+  kernels::attention_forward_cuda(args, r.out.data_ptr(), r.lse.data_ptr(), stream);
+  kernels::AttentionGradArgs grad;
+  grad.forward = args;
+  grad.out = r.out.data_ptr();
+  grad.lse = r.lse.data_ptr();
+  grad.dout = dout.data_ptr();
+  r.dq = full(q.shape(), nan, {.dtype = q.dtype(), .device = q.device()});
+  r.dk = full(k.shape(), nan, {.dtype = q.dtype(), .device = q.device()});
+  r.dv = full(v.shape(), nan, {.dtype = q.dtype(), .device = q.device()});
+  grad.dq = r.dq.data_ptr();
+  grad.dk = r.dk.data_ptr();
+  grad.dv = r.dv.data_ptr();
+  const Tensor workspace = empty({static_cast<int64_t>(std::max<size_t>(kernels::attention_backward_workspace_bytes(grad), 1))},
+                                 {.dtype = DType::u8, .device = q.device()});
+  kernels::attention_backward_cuda(grad, workspace.data_ptr(), stream);
+  cuda::stream_synchronize(stream);
+  return r;
 }
 
 Tensor causal_additive(int64_t L, int64_t S) {
@@ -217,6 +308,134 @@ TEST_CASE("attention: the CUDA kernels match the CPU, forward and backward, in e
   manual_seed(5);
   const Tensor gpu_drop = scaled_dot_product_attention(q.cuda(), k.cuda(), v.cuda(), Tensor(), 0.2, true);
   KILN_CHECK_CLOSE(gpu_drop.cpu(), cpu_drop, 1e-5, 1e-5);
+}
+
+TEST_CASE("attention: the tensor-core kernels match the reference kernels and the CPU, forward and backward, in float16 and bfloat16 [gpu]") {
+  KILN_REQUIRE_GPU();
+  using kernels::AttentionCudaKernels;
+  struct Case {
+    int64_t B, H, L, S;
+    bool causal;
+    int mask;  // 0 none, 1 additive (L, S), 2 bool key padding (B, 1, 1, S), 3 bool (L, S) with rows that allow no key
+    bool unaligned = false;  // q, k, v start 2 bytes past a 16-byte boundary
+  };
+  // The CUDA parity case's list, then: six full 64-key blocks and a partial
+  // 128-row block; rows without keys; the unaligned path, causal and masked.
+  const std::vector<Case> cases = {{2, 3, 5, 7, false, 0},      {1, 2, 130, 70, false, 0},  {2, 2, 257, 257, true, 0},
+                                   {1, 1, 70, 200, true, 0},    {2, 2, 33, 97, false, 1},   {2, 2, 64, 65, false, 2},
+                                   {1, 1, 3, 0, false, 0},      {1, 2, 300, 384, false, 0}, {1, 2, 40, 90, false, 3},
+                                   {1, 2, 70, 90, true, 0, true}, {2, 1, 129, 200, false, 2, true}};
+  for (DType dtype : {DType::f16, DType::bf16}) {
+    const Tolerance tol = parity_tolerance(dtype);
+    const double rtol = 2 * tol.rtol, atol = dtype == DType::f16 ? 1e-3 : 5e-3;
+    for (int64_t E : {32, 64, 96, 128}) {
+      REQUIRE(kernels::attention_tc::supports(dtype, E));
+      for (const Case& c : cases) {
+        INFO(dtype_name(dtype) << " E " << E << " B " << c.B << " H " << c.H << " L " << c.L << " S " << c.S
+                               << (c.causal ? " causal" : "") << " mask " << c.mask << (c.unaligned ? " unaligned" : ""));
+        const Tensor q = random_tensor({c.B, c.H, c.L, E}, 40, dtype), k = random_tensor({c.B, c.H, c.S, E}, 41, dtype),
+                     v = random_tensor({c.B, c.H, c.S, E}, 42, dtype);
+        Tensor mask;
+        if (c.mask == 1) mask = random_tensor({c.L, c.S}, 43, dtype);
+        if (c.mask == 2) mask = gt(random_tensor({c.B, 1, 1, c.S}, 44), -1.0);
+        if (c.mask == 3) {
+          mask = gt(random_tensor({c.L, c.S}, 45), -1.0);
+          mask = mul(mask.to(DType::f32), gt(random_tensor({c.L, 1}, 46), -0.5).to(DType::f32)).to(DType::b8);
+        }
+        Tensor additive;  // the kernels' form of the mask
+        if (c.mask == 1) additive = mask.to(DType::f32);
+        if (c.mask >= 2) {
+          additive = where(mask, zeros({}, {.dtype = DType::f32}),
+                           full({}, -std::numeric_limits<double>::infinity(), {.dtype = DType::f32}));
+        }
+        const Tensor dout = random_tensor({c.B, c.H, c.L, E}, 47, DType::f32);
+
+        // The CPU in float32 on the same (rounded) inputs.
+        std::vector<Tensor> cpu = {q.to(DType::f32).detach().requires_grad_(), k.to(DType::f32).detach().requires_grad_(),
+                                   v.to(DType::f32).detach().requires_grad_()};
+        const Tensor cpu_out = scaled_dot_product_attention(cpu[0], cpu[1], cpu[2], mask, 0.0, c.causal);
+        if (cpu_out.numel() > 0 && c.S > 0) cpu_out.backward(dout);
+
+        // Both CUDA paths through the op, forward and backward.
+        std::vector<Tensor> outs, grads[3];
+        for (AttentionCudaKernels which : {AttentionCudaKernels::reference, AttentionCudaKernels::tensor_core}) {
+          const CudaKernelsScope scope(which);
+          std::vector<Tensor> gpu = {c.unaligned ? unaligned_cuda(q) : q.cuda(), c.unaligned ? unaligned_cuda(k) : k.cuda(),
+                                     c.unaligned ? unaligned_cuda(v) : v.cuda()};
+          for (Tensor& t : gpu) t.requires_grad_();
+          const Tensor out = scaled_dot_product_attention(gpu[0], gpu[1], gpu[2], mask.defined() ? mask.cuda() : mask,
+                                                          0.0, c.causal);
+          outs.push_back(out.cpu().to(DType::f32));
+          if (out.numel() > 0 && c.S > 0) {
+            out.backward(dout.to(Device::cuda(), dtype));
+            for (int i = 0; i < 3; ++i) grads[i].push_back(gpu[i].grad().cpu().to(DType::f32));
+          }
+        }
+        KILN_CHECK_CLOSE(outs[1], cpu_out, rtol, atol);
+        KILN_CHECK_CLOSE(outs[1], outs[0], rtol, atol);
+        for (int i = 0; i < 3 && !grads[i].empty(); ++i) {
+          INFO("gradient of input " << i);
+          KILN_CHECK_CLOSE(grads[i][1], cpu[i].grad(), 4 * rtol, 4 * atol);
+          KILN_CHECK_CLOSE(grads[i][1], grads[i][0], 4 * rtol, 4 * atol);
+        }
+
+        // The kernels called directly: every output element written (none
+        // left NaN), lse equal on both paths (-inf for rows without keys).
+        if (c.L == 0 || c.S == 0) continue;
+        const Tensor gq = c.unaligned ? unaligned_cuda(q) : q.cuda(), gk = c.unaligned ? unaligned_cuda(k) : k.cuda(),
+                     gv = c.unaligned ? unaligned_cuda(v) : v.cuda();
+        const Tensor gdout = dout.to(Device::cuda(), dtype), gadditive = additive.defined() ? additive.cuda() : additive;
+        const KernelOutputs ref = run_kernels(AttentionCudaKernels::reference, gq, gk, gv, gadditive, c.causal, gdout);
+        const KernelOutputs fast = run_kernels(AttentionCudaKernels::tensor_core, gq, gk, gv, gadditive, c.causal, gdout);
+        CHECK(nan_count(fast.out) == 0);
+        CHECK(nan_count(fast.lse) == 0);
+        CHECK(nan_count(fast.dq) == 0);
+        CHECK(nan_count(fast.dk) == 0);
+        CHECK(nan_count(fast.dv) == 0);
+        KILN_CHECK_CLOSE(fast.out.cpu().to(DType::f32), ref.out.cpu().to(DType::f32), rtol, atol);
+        KILN_CHECK_CLOSE(fast.lse.cpu(), ref.lse.cpu(), 1e-4, 1e-4);
+        KILN_CHECK_CLOSE(fast.dq.cpu().to(DType::f32), ref.dq.cpu().to(DType::f32), 4 * rtol, 4 * atol);
+        KILN_CHECK_CLOSE(fast.dk.cpu().to(DType::f32), ref.dk.cpu().to(DType::f32), 4 * rtol, 4 * atol);
+        KILN_CHECK_CLOSE(fast.dv.cpu().to(DType::f32), ref.dv.cpu().to(DType::f32), 4 * rtol, 4 * atol);
+      }
+    }
+
+    // Dropout: both CUDA paths and the CPU draw the same Philox words per
+    // score (the backward regenerates them), causal and with an additive mask.
+    for (int64_t E : {64, 128}) {
+      for (bool causal : {true, false}) {
+        INFO(dtype_name(dtype) << " dropout E " << E << (causal ? " causal" : " additive mask"));
+        const Tensor q = random_tensor({2, 2, 70, E}, 48, dtype), k = random_tensor({2, 2, 90, E}, 49, dtype),
+                     v = random_tensor({2, 2, 90, E}, 50, dtype);
+        const Tensor mask = causal ? Tensor() : random_tensor({70, 90}, 51, dtype);
+        const Tensor dout = random_tensor({2, 2, 70, E}, 52, DType::f32);
+        std::vector<Tensor> cpu = {q.to(DType::f32).detach().requires_grad_(), k.to(DType::f32).detach().requires_grad_(),
+                                   v.to(DType::f32).detach().requires_grad_()};
+        manual_seed(5);
+        const Tensor cpu_out = scaled_dot_product_attention(cpu[0], cpu[1], cpu[2], mask, 0.2, causal);
+        cpu_out.backward(dout);
+        std::vector<Tensor> outs, grads[3];
+        for (AttentionCudaKernels which : {AttentionCudaKernels::reference, AttentionCudaKernels::tensor_core}) {
+          INFO(kernels_name(which));
+          const CudaKernelsScope scope(which);
+          std::vector<Tensor> gpu = {q.cuda().requires_grad_(), k.cuda().requires_grad_(), v.cuda().requires_grad_()};
+          manual_seed(5);
+          const Tensor out = scaled_dot_product_attention(gpu[0], gpu[1], gpu[2], mask.defined() ? mask.cuda() : mask,
+                                                          0.2, causal);
+          out.backward(dout.to(Device::cuda(), dtype));
+          outs.push_back(out.cpu().to(DType::f32));
+          for (int i = 0; i < 3; ++i) grads[i].push_back(gpu[i].grad().cpu().to(DType::f32));
+          KILN_CHECK_CLOSE(outs.back(), cpu_out, rtol, atol);
+        }
+        KILN_CHECK_CLOSE(outs[1], outs[0], rtol, atol);
+        for (int i = 0; i < 3; ++i) {
+          INFO("gradient of input " << i);
+          KILN_CHECK_CLOSE(grads[i][1], cpu[i].grad(), 4 * rtol, 4 * atol);
+          KILN_CHECK_CLOSE(grads[i][1], grads[i][0], 4 * rtol, 4 * atol);
+        }
+      }
+    }
+  }
 }
 
 }  // namespace kiln::testing
