@@ -5,7 +5,10 @@
 // for the forward (two products) and 2.5x that for forward + backward (the
 // backward's five products; with causal masking half of each), as
 // flash-attention's benchmarks do. The matmul path also writes and reads the
-// B H L S scores, which the table's bytes column shows.
+// B H L S scores, which the table's bytes column shows. On the GPU the fused
+// rows run the default kernels (16-bit: the tensor-core kernels of
+// kernels/cuda/attention_tc.cu) and again the reference kernels of
+// attention.cu (set_attention_cuda_kernels), labelled so, in the same run.
 //
 //   bench_attention                 GPU (when present) and CPU tables
 //   bench_attention --cpu-only | --gpu-only | --quick | --repeats N
@@ -19,6 +22,7 @@
 #include "core/autograd.h"
 #include "core/nn_ops.h"
 #include "core/ops.h"
+#include "kernels/attention.h"
 #include "kernels/cuda/runtime.h"
 
 namespace kiln::bench {
@@ -46,8 +50,22 @@ Tensor matmul_attention(const Tensor& q, const Tensor& k, const Tensor& v, const
   return matmul(softmax(scores, -1), v);
 }
 
+// Runs fn with the given CUDA attention kernels, restoring the setting.
+template <typename Fn>
+auto with_kernels(kernels::AttentionCudaKernels which, Fn&& fn) {
+  struct Restore {
+    kernels::AttentionCudaKernels saved = kernels::attention_cuda_kernels();
+    ~Restore() { kernels::set_attention_cuda_kernels(saved); }
+  } restore;
+  kernels::set_attention_cuda_kernels(which);
+  return fn();
+}
+
+// with_reference: also time the fused rows on the reference CUDA kernels.
 template <typename TimeFn>
-void run_cases(Table& table, Device device, DType dtype, const std::vector<Case>& cases, TimeFn&& time_fn) {
+void run_cases(Table& table, Device device, DType dtype, const std::vector<Case>& cases, bool with_reference,
+               TimeFn&& time_fn) {
+  constexpr auto kReference = kernels::AttentionCudaKernels::reference;
   for (const Case& c : cases) {
     const std::string shape = "B" + std::to_string(c.B) + " H" + std::to_string(c.H) + " T" + std::to_string(c.T) +
                               " D" + std::to_string(c.D) + (c.causal ? " causal" : "");
@@ -69,17 +87,22 @@ void run_cases(Table& table, Device device, DType dtype, const std::vector<Case>
       }
       {
         NoGradGuard no_grad;
-        table.add({"fused forward", shape, dtype_text,
-                   time_fn([&] { (void)scaled_dot_product_attention(q, k, v, Tensor(), 0.0, c.causal); }), io_bytes,
-                   forward_flops, ""});
+        auto forward = [&] { (void)scaled_dot_product_attention(q, k, v, Tensor(), 0.0, c.causal); };
+        table.add({"fused forward", shape, dtype_text, time_fn(forward), io_bytes, forward_flops, ""});
+        if (with_reference) {
+          table.add({"fused forward, reference kernels", shape, dtype_text,
+                     with_kernels(kReference, [&] { return time_fn(forward); }), io_bytes, forward_flops, ""});
+        }
         table.add({"matmul+softmax forward", shape, dtype_text,
                    time_fn([&] { (void)matmul_attention(q, k, v, causal_mask); }), io_bytes + 2 * scores_bytes,
                    forward_flops, ""});
       }
-      table.add({"fused forward+backward", shape, dtype_text, time_fn([&] {
-                   scaled_dot_product_attention(q, k, v, Tensor(), 0.0, c.causal).backward(dout);
-                 }),
-                 3 * io_bytes, 3.5 * forward_flops, ""});
+      auto both = [&] { scaled_dot_product_attention(q, k, v, Tensor(), 0.0, c.causal).backward(dout); };
+      table.add({"fused forward+backward", shape, dtype_text, time_fn(both), 3 * io_bytes, 3.5 * forward_flops, ""});
+      if (with_reference) {
+        table.add({"fused fwd+bwd, reference kernels", shape, dtype_text,
+                   with_kernels(kReference, [&] { return time_fn(both); }), 3 * io_bytes, 3.5 * forward_flops, ""});
+      }
       table.add({"matmul+softmax fwd+bwd", shape, dtype_text,
                  time_fn([&] { matmul_attention(q, k, v, causal_mask).backward(dout); }),
                  3 * io_bytes + 6 * scores_bytes, 3.0 * forward_flops, ""});
@@ -112,7 +135,7 @@ void run_gpu(const Options& options) {
   }
   for (DType dtype : {DType::bf16, DType::f16}) {
     Table table(std::string("GPU attention, ") + std::string(dtype_name(dtype)));
-    run_cases(table, Device::cuda(0), dtype, cases, time_fn);
+    run_cases(table, Device::cuda(0), dtype, cases, /*with_reference=*/true, time_fn);
     table.print(0);
   }
 }
@@ -128,7 +151,7 @@ void run_cpu(const Options& options) {
                                                                     {4, 8, 1024, 64, true},
                                                                     {4, 8, 1024, 64, false}};
   Table table("CPU attention, float32");
-  run_cases(table, Device::cpu(), DType::f32, cases, time_fn);
+  run_cases(table, Device::cpu(), DType::f32, cases, /*with_reference=*/false, time_fn);
   table.print(0);
 }
 
