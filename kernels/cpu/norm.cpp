@@ -344,20 +344,44 @@ std::vector<compute_t<T>> widened(const T* values, int64_t n) {
   return out;
 }
 
+// The row as compute-type values: the stored row itself when T is the
+// compute type, else widened into `buffer`.
+template <typename T>
+const compute_t<T>* row_values(const T* row, int64_t n, compute_t<T>* buffer) {
+  if constexpr (std::is_same_v<T, compute_t<T>>) {
+    return row;
+  } else {
+    to_compute(row, buffer, n);
+    return buffer;
+  }
+}
+
+// Where a row's compute-type results go: the output row itself when T is the
+// compute type, else `buffer` (then narrowed with from_compute).
+template <typename T>
+compute_t<T>* row_results(T* row, compute_t<T>* buffer) {
+  if constexpr (std::is_same_v<T, compute_t<T>>) {
+    return row;
+  } else {
+    return buffer;
+  }
+}
+
 template <typename T>
 void layer_norm_forward(const LayerNormArgs& args, const T* x, const T* weight, const T* bias, T* y,
                         compute_t<T>* save_mean, compute_t<T>* save_rstd) {
   using A = compute_t<T>;
   const int64_t rows = args.rows, D = args.cols;
   const std::vector<A> w = widened(weight, D), b = widened(bias, D);
-  const bool has_w = weight != nullptr, has_b = bias != nullptr;
+  const A* __restrict__ ws = weight != nullptr ? w.data() : nullptr;
+  const A* __restrict__ bs = bias != nullptr ? b.data() : nullptr;
 #pragma omp parallel if (rows * D > (1 << 15))
   {
-    std::vector<A> row(static_cast<size_t>(D));
-    A* xs = row.data();
+    std::vector<A> buffers(static_cast<size_t>(2 * D));
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < rows; ++r) {
-      to_compute(x + r * D, xs, D);
+      const A* __restrict__ xs = row_values(x + r * D, D, buffers.data());
+      A* __restrict__ out = row_results(y + r * D, buffers.data() + D);
       const double mean = lane_sum<A>(D, [&](int64_t i) { return xs[i]; }) / static_cast<double>(D);
       const A mean_a = static_cast<A>(mean);
       const double var = lane_sum<A>(D, [&](int64_t i) {
@@ -367,13 +391,17 @@ void layer_norm_forward(const LayerNormArgs& args, const T* x, const T* weight, 
       const A rstd = static_cast<A>(1.0 / std::sqrt(var + args.eps));
       save_mean[r] = mean_a;
       save_rstd[r] = rstd;
-      for (int64_t i = 0; i < D; ++i) {
-        A v = (xs[i] - mean_a) * rstd;
-        if (has_w) v *= w[i];
-        if (has_b) v += b[i];
-        xs[i] = v;
+      // One loop per affine case: each vectorizes without a test per element.
+      if (ws != nullptr && bs != nullptr) {
+        for (int64_t i = 0; i < D; ++i) out[i] = (xs[i] - mean_a) * rstd * ws[i] + bs[i];
+      } else if (ws != nullptr) {
+        for (int64_t i = 0; i < D; ++i) out[i] = (xs[i] - mean_a) * rstd * ws[i];
+      } else if (bs != nullptr) {
+        for (int64_t i = 0; i < D; ++i) out[i] = (xs[i] - mean_a) * rstd + bs[i];
+      } else {
+        for (int64_t i = 0; i < D; ++i) out[i] = (xs[i] - mean_a) * rstd;
       }
-      from_compute(xs, y + r * D, D);
+      if constexpr (!std::is_same_v<T, A>) from_compute(out, y + r * D, D);
     }
   }
 }
@@ -387,44 +415,45 @@ void layer_norm_backward(const LayerNormArgs& args, const T* x, const T* dy, con
   const bool want_params = dweight != nullptr || dbias != nullptr;
   if (dx == nullptr && !want_params) return;
   const std::vector<A> w = widened(weight, D);
-  const bool has_w = weight != nullptr;
+  const A* __restrict__ ws = weight != nullptr ? w.data() : nullptr;
   const int64_t chunks = std::max<int64_t>(1, std::min(rows, kRowChunks));
   const int64_t per_chunk = (rows + chunks - 1) / chunks;
   std::vector<double> partial(want_params ? static_cast<size_t>(2 * chunks * D) : 0);
 #pragma omp parallel if (rows * D > (1 << 15))
   {
-    std::vector<A> buffers(static_cast<size_t>(3 * D));
-    A* xs = buffers.data();
-    A* gs = xs + D;  // dy, then dy * weight
-    A* out = gs + D;
+    std::vector<A> buffers(static_cast<size_t>(4 * D));
 #pragma omp for schedule(static)
     for (int64_t chunk = 0; chunk < chunks; ++chunk) {
-      double* acc_w = want_params ? partial.data() + 2 * chunk * D : nullptr;
-      double* acc_b = want_params ? acc_w + D : nullptr;
+      double* __restrict__ acc_w = want_params ? partial.data() + 2 * chunk * D : nullptr;
+      double* __restrict__ acc_b = want_params ? acc_w + D : nullptr;
       if (want_params) std::fill(acc_w, acc_w + 2 * D, 0.0);
       const int64_t end = std::min(rows, (chunk + 1) * per_chunk);
       for (int64_t r = chunk * per_chunk; r < end; ++r) {
         const A mean = save_mean[r], rstd = save_rstd[r];
-        to_compute(x + r * D, xs, D);
-        to_compute(dy + r * D, gs, D);
+        const A* __restrict__ xs = row_values(x + r * D, D, buffers.data());
+        const A* __restrict__ dys = row_values(dy + r * D, D, buffers.data() + D);
         if (want_params) {
           for (int64_t i = 0; i < D; ++i) {
-            acc_w[i] += static_cast<double>(gs[i] * ((xs[i] - mean) * rstd));
-            acc_b[i] += static_cast<double>(gs[i]);
+            acc_w[i] += static_cast<double>(dys[i] * ((xs[i] - mean) * rstd));
+            acc_b[i] += static_cast<double>(dys[i]);
           }
         }
         if (dx == nullptr) continue;
-        if (has_w) {
-          for (int64_t i = 0; i < D; ++i) gs[i] *= w[i];
+        // g = dy * weight (dy itself without a weight).
+        A* __restrict__ g_buffer = buffers.data() + 2 * D;
+        if (ws != nullptr) {
+          for (int64_t i = 0; i < D; ++i) g_buffer[i] = dys[i] * ws[i];
         }
+        const A* __restrict__ gs = ws != nullptr ? g_buffer : dys;
         const A mean_g = static_cast<A>(lane_sum<A>(D, [&](int64_t i) { return gs[i]; }) / static_cast<double>(D));
         const A mean_g_xhat = static_cast<A>(
             lane_sum<A>(D, [&](int64_t i) { return gs[i] * (xs[i] - mean) * rstd; }) / static_cast<double>(D));
+        A* __restrict__ out = row_results(dx + r * D, buffers.data() + 3 * D);
         for (int64_t i = 0; i < D; ++i) {
           const A xhat = (xs[i] - mean) * rstd;
           out[i] = rstd * (gs[i] - mean_g - xhat * mean_g_xhat);
         }
-        from_compute(out, dx + r * D, D);
+        if constexpr (!std::is_same_v<T, A>) from_compute(out, dx + r * D, D);
       }
     }
   }
