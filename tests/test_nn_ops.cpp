@@ -333,6 +333,49 @@ TEST_CASE("batch_norm and layer_norm: CUDA matches the CPU with split statistics
   compare(run_layer_norm(true), run_layer_norm(false), 1e-4);
 }
 
+TEST_CASE("layer_norm: the CUDA warp-per-row kernels match the CPU in every dtype, vector and element paths [gpu]") {
+  KILN_REQUIRE_GPU();
+  // 768 columns take 16-byte vectors in every dtype; 301 (odd) and a view one
+  // element off a 16-byte boundary take single elements; 8 columns leave most
+  // lanes idle. With and without the affine parameters.
+  for (DType dtype : {DType::f32, DType::f64, DType::bf16, DType::f16}) {
+    for (int64_t D : {768, 301, 8}) {
+      for (bool affine : {true, false}) {
+        for (bool offset : {false, true}) {
+          INFO(dtype_name(dtype) << " D " << D << (affine ? " affine" : "") << (offset ? " offset view" : ""));
+          const int64_t R = 37;
+          const Tensor base = tensor<double>(random_values((R * D + 1), 71), {R * D + 1}).to(dtype);
+          const Tensor x = base.narrow(0, offset ? 1 : 0, R * D).view({R, D});
+          const Tensor dy = tensor<double>(random_values(R * D, 72), {R, D}).to(dtype);
+          const Tensor w = tensor<double>(random_values(D, 73), {D}).to(dtype);
+          const Tensor b = tensor<double>(random_values(D, 74), {D}).to(dtype);
+          auto run = [&](bool cuda) {
+            auto on = [&](const Tensor& t) { return cuda ? t.cuda() : t; };
+            Tensor xi = on(x).detach().requires_grad_();
+            Tensor wi = on(w).detach().requires_grad_(), bi = on(b).detach().requires_grad_();
+            Tensor y = affine ? layer_norm(xi, {D}, wi, bi, 1e-5) : layer_norm(xi, {D}, Tensor(), Tensor(), 1e-5);
+            y.backward(on(dy));
+            std::vector<Tensor> out = {y.cpu(), xi.grad().cpu()};
+            if (affine) {
+              out.push_back(wi.grad().cpu());
+              out.push_back(bi.grad().cpu());
+            }
+            return out;
+          };
+          const std::vector<Tensor> gpu = run(true), cpu = run(false);
+          const testing::Tolerance tol = testing::parity_tolerance(dtype);
+          for (size_t i = 0; i < gpu.size(); ++i) {
+            CAPTURE(i);
+            // Parameter gradients sum 37 rows: a few more roundings than the elementwise outputs.
+            const double scale = i >= 2 ? 4.0 : 1.0;
+            KILN_CHECK_CLOSE(gpu[i].to(DType::f64), cpu[i].to(DType::f64), scale * tol.rtol, scale * tol.atol);
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST_CASE("max_pool2d: ties go to the first maximum, padding never wins, NaN propagates") {
   // One 2x2 window of equal values, one with a tie between positions 1 and 3.
   Tensor x = tensor<double>({5, 5, 1, 7, 5, 5, 2, 7}, {1, 1, 2, 4}).requires_grad_();
