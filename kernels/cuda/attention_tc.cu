@@ -655,6 +655,7 @@ __global__ void __launch_bounds__(ForwardShape<D>::kThreads, kDropout || kMask ?
     }
     __syncthreads();  // every warp is done with this stage before block + 2 loads into it
   }
+  cp_async_wait<0>();  // no copy may be in flight when the CTA exits (the last group is empty unless blocks = 0)
 
   T* out = static_cast<T*>(p.out) + bh * p.q_len * D;  // (Tq, D)
 #pragma unroll
@@ -715,12 +716,14 @@ __global__ void __launch_bounds__(DkdvShape<D>::kThreads, kDropout ? 1 : DkdvSha
     load_floats<N, S::kThreads>(stage_floats + N, delta, i0, p.q_len);
   };
 
-  // Group 1: this CTA's K and V with query step 0.
-  load_tile<M, D, S::kThreads>(smem + S::k, static_cast<const T*>(p.k) + bh * p.kv_len * D, k0, p.kv_len,
-                               p.vector_loads);
-  load_tile<M, D, S::kThreads>(smem + S::v, static_cast<const T*>(p.v) + bh * p.kv_len * D, k0, p.kv_len,
-                               p.vector_loads);
-  if (steps > 0) load_step(0);
+  // Group 1: this CTA's K and V with query step 0 (nothing when no query sees these keys: dK = dV = 0).
+  if (steps > 0) {
+    load_tile<M, D, S::kThreads>(smem + S::k, static_cast<const T*>(p.k) + bh * p.kv_len * D, k0, p.kv_len,
+                                 p.vector_loads);
+    load_tile<M, D, S::kThreads>(smem + S::v, static_cast<const T*>(p.v) + bh * p.kv_len * D, k0, p.kv_len,
+                                 p.vector_loads);
+    load_step(0);
+  }
   cp_async_commit();
 
   // Warp-uniform step schedule (queries i0 = i_begin + step N against keys j0..j0+15):
@@ -803,6 +806,7 @@ __global__ void __launch_bounds__(DkdvShape<D>::kThreads, kDropout ? 1 : DkdvSha
     }
     __syncthreads();  // every warp is done with this stage before step + 2 loads into it
   }
+  cp_async_wait<0>();  // no copy may be in flight when the CTA exits
 
   T* dk_out = static_cast<T*>(p.dk);
   T* dv_out = static_cast<T*>(p.dv);
@@ -911,6 +915,7 @@ __global__ void __launch_bounds__(DqShape<D>::kThreads, kDropout ? 1 : DqShape<D
     }
     __syncthreads();  // every warp is done with this stage before block + 2 loads into it
   }
+  cp_async_wait<0>();  // no copy may be in flight when the CTA exits (Q and dO when there are no keys)
 
   T* dq_out = static_cast<T*>(p.dq);
 #pragma unroll
