@@ -320,11 +320,13 @@ TEST_CASE("attention: the tensor-core kernels match the reference kernels and th
     bool unaligned = false;  // q, k, v start 2 bytes past a 16-byte boundary
   };
   // The CUDA parity case's list, then: six full 64-key blocks and a partial
-  // 128-row block; rows without keys; the unaligned path, causal and masked.
+  // 128-row block; rows without keys; the unaligned path, causal and masked;
+  // 16 key blocks per CTA through the double buffer, causal.
   const std::vector<Case> cases = {{2, 3, 5, 7, false, 0},      {1, 2, 130, 70, false, 0},  {2, 2, 257, 257, true, 0},
                                    {1, 1, 70, 200, true, 0},    {2, 2, 33, 97, false, 1},   {2, 2, 64, 65, false, 2},
                                    {1, 1, 3, 0, false, 0},      {1, 2, 300, 384, false, 0}, {1, 2, 40, 90, false, 3},
-                                   {1, 2, 70, 90, true, 0, true}, {2, 1, 129, 200, false, 2, true}};
+                                   {1, 2, 70, 90, true, 0, true}, {2, 1, 129, 200, false, 2, true},
+                                   {1, 2, 1024, 1024, true, 0}};
   for (DType dtype : {DType::f16, DType::bf16}) {
     const Tolerance tol = parity_tolerance(dtype);
     const double rtol = 2 * tol.rtol, atol = dtype == DType::f16 ? 1e-3 : 5e-3;
