@@ -1,6 +1,7 @@
 // CPU strided copy with conversion, and fill. Contiguous same-dtype copies are
 // memcpy; the rest convert element by element through the destination type.
 #include <cstring>
+#include <type_traits>
 
 #include "kernels/copy.h"
 
@@ -59,10 +60,18 @@ void copy_cpu(const IterShape& input_shape, const Operand& input_dst, const Oper
 
 void fill_cpu(void* data, DType dtype, int64_t count, double value) {
   dispatch_all(dtype, "fill", [&]<typename T>() {
-    T* out = static_cast<T*>(data);
     const T v = convert<T>(value);
+    if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>) {
+      // Through the bits: GCC 12 leaves a loop of 2-byte struct copies scalar (bfloat16 fill at 37% of memcpy).
+      auto* out = static_cast<uint16_t*>(data);
+      const uint16_t bits = v.bits;
 #pragma omp parallel for if (count > 1 << 16) schedule(static)
-    for (int64_t i = 0; i < count; ++i) out[i] = v;
+      for (int64_t i = 0; i < count; ++i) out[i] = bits;
+    } else {
+      T* out = static_cast<T*>(data);
+#pragma omp parallel for if (count > 1 << 16) schedule(static)
+      for (int64_t i = 0; i < count; ++i) out[i] = v;
+    }
   });
 }
 
