@@ -57,10 +57,9 @@ class TrialRunner {
     return !out_of_memory;
   }
 
-  // Hands the failed trial's cached blocks back to the device (Lightning's garbage_collection_cuda).
-  void release_cached_memory() {
-    if (optimizer_.device().is_cuda()) cuda_allocator(optimizer_.device().index).empty_cache();
-  }
+  // Hands the failed trial's cached blocks back (Lightning's garbage_collection_cuda;
+  // on the CPU, the cache of large blocks of core/allocator.h).
+  void release_cached_memory() { empty_cache(optimizer_.device()); }
 
   std::vector<BatchSizeTrial> trials;
 
