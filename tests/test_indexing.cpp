@@ -4,6 +4,7 @@
 // op table (tests/ops_indexing.cpp, tests/ops_shape.cpp) adds gradcheck.
 #include <omp.h>
 
+#include <algorithm>
 #include <random>
 
 #include "kernels/indexing.h"
@@ -267,13 +268,15 @@ TEST_CASE("errors: cat, stack, split and chunk") {
 
 TEST_CASE("CUDA: indexing ops match the CPU on large repeated indices [gpu]") {
   KILN_REQUIRE_GPU();
+  // Width 67: rows copied element by element; 64: rows copied in 16-byte vectors (gather_rows_kernel).
+  for (int64_t width : {67, 64}) {
   for (DType dtype : {DType::f32, DType::f16, DType::bf16}) {
     for (DType index_dtype : {DType::i64, DType::i32}) {
-      INFO("dtype " << dtype_name(dtype) << ", index " << dtype_name(index_dtype));
+      INFO("dtype " << dtype_name(dtype) << ", index " << dtype_name(index_dtype) << ", width " << width);
       const Tolerance tolerance = parity_tolerance(dtype);
-      const Tensor weight = random_floats({1000, 67}, 21).to(dtype);
+      const Tensor weight = random_floats({1000, width}, 21).to(dtype);
       const Tensor index = random_indices({5000}, 1000, 22, index_dtype);
-      const Tensor grad = random_floats({5000, 67}, 23).to(dtype);
+      const Tensor grad = random_floats({5000, width}, 23).to(dtype);
       for (int64_t dim : {0, 1}) {
         Tensor x = dim == 0 ? weight : weight.t();
         Tensor cpu_leaf = x.detach().requires_grad_(), gpu_leaf = x.cuda().detach().requires_grad_();
@@ -287,12 +290,13 @@ TEST_CASE("CUDA: indexing ops match the CPU on large repeated indices [gpu]") {
       }
       Tensor cpu_weight = weight.detach().requires_grad_(), gpu_weight = weight.cuda().detach().requires_grad_();
       Tensor tokens = index.reshape({50, 100});
-      embedding(cpu_weight, tokens).backward(grad.reshape({50, 100, 67}));
-      embedding(gpu_weight, tokens.cuda()).backward(grad.reshape({50, 100, 67}).cuda());
+      KILN_CHECK_CLOSE(embedding(gpu_weight, tokens.cuda()).cpu(), embedding(cpu_weight, tokens), 0.0, 0.0);
+      embedding(cpu_weight, tokens).backward(grad.reshape({50, 100, width}));
+      embedding(gpu_weight, tokens.cuda()).backward(grad.reshape({50, 100, width}).cuda());
       KILN_CHECK_CLOSE(gpu_weight.grad().cpu(), cpu_weight.grad(), tolerance.rtol * 4, tolerance.atol * 4);
 
-      const Tensor gather_index = random_indices({3000, 67}, 1000, 24, index_dtype);
-      const Tensor src = random_floats({3000, 67}, 25).to(dtype);
+      const Tensor gather_index = random_indices({3000, width}, 1000, 24, index_dtype);
+      const Tensor src = random_floats({3000, width}, 25).to(dtype);
       Tensor cpu_x = weight.detach().requires_grad_(), gpu_x = weight.cuda().detach().requires_grad_();
       Tensor cpu_gathered = gather(cpu_x, 0, gather_index);
       Tensor gpu_gathered = gather(gpu_x, 0, gather_index.cuda());
@@ -303,6 +307,7 @@ TEST_CASE("CUDA: indexing ops match the CPU on large repeated indices [gpu]") {
       KILN_CHECK_CLOSE(scatter_add(weight.cuda(), 0, gather_index.cuda(), src.cuda()).cpu(),
                        scatter_add(weight, 0, gather_index, src), tolerance.rtol * 4, tolerance.atol * 4);
     }
+  }
   }
   // Integer scatter (atomics, exact) and integer gather.
   Tensor counts = scatter_add(zeros({10}, {.dtype = DType::i64}).cuda(), 0, random_indices({5000}, 10, 26).cuda(),
@@ -340,6 +345,15 @@ TEST_CASE("CUDA: an out-of-range index sets the device flag; anomaly mode throws
   CHECK(error.size == 3);
   CHECK(out.cpu().to_vector<float>() == Floats{1, 1, 0, 0});
   CHECK_FALSE(kernels::index_error_cuda(0, cuda::current_stream(0)).found);  // reading clears it
+  // Rows of 8 floats (32 bytes) take the vector row copy: the bad row is zeros there too.
+  Tensor wide = ones({3, 8}).cuda();
+  Tensor wide_out = index_select(wide, 0, bad);
+  const kernels::IndexError wide_error = kernels::index_error_cuda(0, cuda::current_stream(0));
+  CHECK(wide_error.found);
+  CHECK(wide_error.value == 9);
+  std::vector<float> expected(16, 0.0f);
+  std::fill(expected.begin(), expected.begin() + 8, 1.0f);
+  CHECK(wide_out.cpu().to_vector<float>() == expected);
   AnomalyGuard anomaly;
   check_error([&] { index_select(x, 0, bad); }, {"index_select", "index 9", "dim 0", "size 3"});
 }

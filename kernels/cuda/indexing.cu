@@ -14,6 +14,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cub/device/device_radix_sort.cuh>
 #include <type_traits>
 
@@ -278,14 +279,80 @@ __global__ void index_add_runs_kernel(T* data, const T* values, const uint64_t* 
   }
 }
 
+// index_select and embedding: the flattened iteration's last dim is a row
+// contiguous in data and values, with one index per row (index stride 0
+// there). One warp per row reads the index once and copies the row, in
+// 16-byte vectors when every row start is 16-byte aligned (RowGather), so
+// that an embedding lookup moves memory at copy speed instead of one element
+// (and one index load and check) per thread. A bad index zero-fills its row.
+// Compiled, not yet run on a GPU: test_indexing's [gpu] cases check it.
+struct RowGather {
+  bool rows = false;     // the layout above
+  bool vectors = false;  // rows copied as uint4
+  int64_t row_length = 0, row_count = 0;
+};
+
+template <typename T, typename I>
+__global__ void gather_rows_kernel(Flat flat, RowGather rows) {
+  const T* data = static_cast<const T*>(flat.ops[0].data);
+  const I* index = static_cast<const I*>(flat.ops[1].data);
+  T* values = static_cast<T*>(flat.ops[2].data);
+  const int lane = threadIdx.x % 32, warps_per_block = blockDim.x / 32;
+  const int64_t warps = int64_t{gridDim.x} * warps_per_block;
+  for (int64_t row = int64_t{blockIdx.x} * warps_per_block + threadIdx.x / 32; row < rows.row_count; row += warps) {
+    int64_t offsets[3];
+    offsets_of(row * rows.row_length, flat.shape, flat.ops, 3, offsets);
+    int64_t at = 0;
+    const bool ok = load_index(index, offsets[1], flat.dim_size, &at);  // every lane: one broadcast load
+    const T* src = data + offsets[0] + (ok ? at : 0) * flat.dim_stride;
+    T* dst = values + offsets[2];
+    if (rows.vectors) {
+      constexpr int kVec = 16 / static_cast<int>(sizeof(T));
+      const int64_t chunks = rows.row_length / kVec;
+      const auto* src_vectors = reinterpret_cast<const uint4*>(src);
+      auto* dst_vectors = reinterpret_cast<uint4*>(dst);
+      for (int64_t j = lane; j < chunks; j += 32) dst_vectors[j] = ok ? src_vectors[j] : make_uint4(0, 0, 0, 0);
+    } else {
+      for (int64_t j = lane; j < rows.row_length; j += 32) dst[j] = ok ? src[j] : T{};
+    }
+  }
+}
+
+RowGather row_gather(const Flat& flat, size_t element, const IndexArgs& args) {
+  RowGather rows;
+  const int last = flat.shape.ndim - 1;
+  if (last < 0 || flat.ops[0].strides[last] != 1 || flat.ops[2].strides[last] != 1 || flat.ops[1].strides[last] != 0) {
+    return rows;
+  }
+  rows.row_length = flat.shape.sizes[last];
+  if (rows.row_length < 8) return rows;  // short rows: one element per thread is as good
+  rows.rows = true;
+  rows.row_count = flat.shape.numel() / rows.row_length;
+  // Every row start aligned: the bases, the indexed stride and the outer strides of data and values.
+  auto aligned = [&](int64_t elements) { return (static_cast<size_t>(elements) * element) % 16 == 0; };
+  rows.vectors = aligned(rows.row_length) && aligned(flat.dim_stride) &&
+                 reinterpret_cast<uintptr_t>(args.data.data) % 16 == 0 &&
+                 reinterpret_cast<uintptr_t>(args.values.data) % 16 == 0;
+  for (int d = 0; d < last; ++d) rows.vectors = rows.vectors && aligned(flat.ops[0].strides[d]) && aligned(flat.ops[2].strides[d]);
+  return rows;
+}
+
 }  // namespace
 
 void gather_cuda(const IndexArgs& args, cuda::Stream stream) {
   const int64_t n = args.shape.numel();
   if (n == 0) return;
   const Flat flat = flatten_args(args);
+  const RowGather rows = row_gather(flat, dtype_size(args.data.dtype), args);
   auto launch = [&]<typename T>() {
     dispatch_index(args.index.dtype, "gather", [&]<typename I>() {
+      if (rows.rows) {
+        constexpr int64_t kWarpsPerBlock = kThreads / 32;
+        const auto blocks = static_cast<int>(std::min<int64_t>((rows.row_count + kWarpsPerBlock - 1) / kWarpsPerBlock, kMaxBlocks));
+        gather_rows_kernel<T, I><<<blocks, kThreads, 0, static_cast<cudaStream_t>(stream)>>>(flat, rows);
+        cuda::check_last_launch("gather_rows_kernel");
+        return;
+      }
       gather_kernel<T, I><<<blocks_for(n), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(flat, n);
       cuda::check_last_launch("gather_kernel");
     });
