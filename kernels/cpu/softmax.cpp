@@ -11,6 +11,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "kernels/cpu/float_convert.h"
 #include "kernels/softmax.h"
 
 namespace kiln::kernels {
@@ -32,7 +33,7 @@ template <typename T>
 const compute_t<T>* widen(const T* row, int64_t n, std::vector<float>& buffer) {
   if constexpr (is_16bit_v<T>) {
     buffer.resize(static_cast<size_t>(n));
-    for (int64_t i = 0; i < n; ++i) buffer[i] = static_cast<float>(row[i]);
+    cpu::widen_to_float(row, buffer.data(), n);
     return buffer.data();
   } else {
     (void)n;
@@ -57,7 +58,7 @@ compute_t<T>* scratch_row(T* row, int64_t n, std::vector<float>& buffer) {
 template <typename T>
 void narrow_row(const compute_t<T>* values, T* row, int64_t n) {
   if constexpr (is_16bit_v<T>) {
-    for (int64_t i = 0; i < n; ++i) row[i] = T(values[i]);
+    cpu::narrow_from_float(values, row, n);
   } else {
     (void)values;
     (void)row;
