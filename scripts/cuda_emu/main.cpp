@@ -1,0 +1,243 @@
+// Runs attention_tc.cu's kernels (emulated on the CPU) against a float64
+// reference: out, lse, dq, dk, dv, every element written.
+#include "prelude.h"
+#include "emu_attention_tc.inc"
+
+#include <chrono>
+#include <limits>
+#include <random>
+#include <string>
+
+using namespace kiln;
+using namespace kiln::kernels;
+using kiln::kernels::attention_tc::emu_to_float;
+
+struct Problem {
+  int64_t B, H, L, S;
+  bool causal;
+  int mask;  // 0 none, 1 additive (L, S), 2 key padding (B, 1, 1, S), 3 (L, S) with rows that allow no key
+  float dropout = 0.0f;
+  bool unaligned = false;
+};
+
+template <typename T>
+uint16_t bits_of(float x) {
+  T h;
+  if constexpr (std::is_same_v<T, __half>) h = __float2half_rn(x); else h = __float2bfloat16_rn(x);
+  uint16_t b;
+  std::memcpy(&b, &h, 2);
+  return b;
+}
+
+// A buffer of 16-bit values, optionally starting 2 bytes past a 16-byte boundary.
+struct Buffer16 {
+  std::vector<uint16_t> storage;
+  uint16_t* data;
+  Buffer16(size_t n, bool unaligned, uint16_t fill) : storage(n + 16, fill) {
+    auto base = reinterpret_cast<uintptr_t>(storage.data());
+    size_t skip = (16 - base % 16) % 16 / 2 + (unaligned ? 1 : 0);
+    data = storage.data() + skip;
+  }
+};
+
+int failures = 0;
+
+void compare(const char* what, const std::vector<double>& got, const std::vector<double>& want, double rtol, double atol,
+             const std::string& label) {
+  int64_t bad = 0, worst = -1;
+  double worst_excess = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (std::isinf(want[i]) && got[i] == want[i]) continue;
+    const double err = std::abs(got[i] - want[i]), allowed = atol + rtol * std::abs(want[i]);
+    if (!(err <= allowed)) {
+      ++bad;
+      const double excess = std::isnan(err) ? INFINITY : err - allowed;
+      if (worst < 0 || excess > worst_excess) { worst_excess = excess; worst = static_cast<int64_t>(i); }
+    }
+  }
+  if (bad > 0) {
+    ++failures;
+    std::printf("FAIL %s %s: %ld of %zu differ; worst at %ld: %g vs %g\n", label.c_str(), what, bad, got.size(), worst,
+                got[worst], want[worst]);
+    if (std::getenv("EMU_STOP")) std::exit(1);
+  }
+}
+
+template <typename T>
+void run(const Problem& c, int64_t E, DType dtype) {
+  const bool f16 = std::is_same_v<T, __half>;
+  std::string label = std::string(f16 ? "f16" : "bf16") + " E" + std::to_string(E) + " B" + std::to_string(c.B) + " H" +
+                      std::to_string(c.H) + " L" + std::to_string(c.L) + " S" + std::to_string(c.S) +
+                      (c.causal ? " causal" : "") + " mask" + std::to_string(c.mask) +
+                      (c.dropout > 0 ? " dropout" : "") + (c.unaligned ? " unaligned" : "") + (emu::eager ? " eager" : "");
+  const auto start = std::chrono::steady_clock::now();
+  const int64_t BH = c.B * c.H, L = c.L, S = c.S;
+  std::mt19937_64 engine(static_cast<uint64_t>(L * 1000 + S * 7 + E + c.mask));
+  std::normal_distribution<float> normal;
+  auto fill = [&](Buffer16& b, std::vector<double>& values, size_t n) {
+    values.resize(n);
+    for (size_t i = 0; i < n; ++i) {
+      b.data[i] = bits_of<T>(normal(engine));
+      values[i] = emu_to_float<T>(b.data[i]);
+    }
+  };
+  std::vector<double> q, k, v, dout;
+  Buffer16 qb(BH * L * E, c.unaligned, 0), kb(BH * S * E, c.unaligned, 0), vb(BH * S * E, c.unaligned, 0),
+      dob(BH * L * E, false, 0);
+  fill(qb, q, BH * L * E);
+  fill(kb, k, BH * S * E);
+  fill(vb, v, BH * S * E);
+  fill(dob, dout, BH * L * E);
+  // The additive mask, float32, and its strides over (B, H, L, S).
+  std::vector<float> mask;
+  int64_t sb = 0, sq = 0, sk = 0;
+  const float ninf = -std::numeric_limits<float>::infinity();
+  if (c.mask == 1 || c.mask == 3) {
+    mask.resize(L * S);
+    sq = S;
+    sk = 1;
+    for (int64_t i = 0; i < L; ++i) {
+      const bool row_allowed = normal(engine) > -0.5f;
+      for (int64_t j = 0; j < S; ++j) {
+        const float x = normal(engine);
+        mask[i * S + j] = c.mask == 1 ? x : (row_allowed && x > -1.0f ? 0.0f : ninf);
+      }
+    }
+  } else if (c.mask == 2) {
+    mask.resize(c.B * S);
+    sb = S;
+    sk = 1;
+    for (auto& m : mask) m = normal(engine) > -1.0f ? 0.0f : ninf;
+  }
+  const auto mask_at = [&](int64_t bh, int64_t i, int64_t j) -> double {
+    return mask.empty() ? 0.0 : mask[(bh / c.H) * sb + i * sq + j * sk];
+  };
+
+  AttentionArgs args;
+  args.dtype = dtype;
+  args.batch = c.B;
+  args.heads = c.H;
+  args.q_len = L;
+  args.kv_len = S;
+  args.head_dim = E;
+  args.q = qb.data;
+  args.k = kb.data;
+  args.v = vb.data;
+  if (!mask.empty()) {
+    args.mask.data = mask.data();
+    args.mask.stride_b = sb;
+    args.mask.stride_q = sq;
+    args.mask.stride_k = sk;
+  }
+  args.causal = c.causal;
+  args.scale = 1.0 / std::sqrt(static_cast<double>(E));
+  args.dropout_p = c.dropout;
+  args.seed = 1234;
+  args.offset = 77;
+  Buffer16 outb(BH * L * E, false, 0xffff);
+  std::vector<float> lse(BH * L, std::numeric_limits<float>::quiet_NaN());
+  attention_tc::forward(args, outb.data, lse.data(), nullptr);
+  std::vector<double> out(BH * L * E);
+  for (size_t i = 0; i < out.size(); ++i) out[i] = emu_to_float<T>(outb.data[i]);
+  // delta as attention.cu's delta kernel computes it: float sums of dout * out.
+  std::vector<float> delta(BH * L);
+  for (int64_t r = 0; r < BH * L; ++r) {
+    float sum = 0;
+    for (int64_t d = 0; d < E; ++d) sum += static_cast<float>(dout[r * E + d] * out[r * E + d]);
+    delta[r] = sum;
+  }
+  AttentionGradArgs grad;
+  grad.forward = args;
+  grad.out = outb.data;
+  grad.lse = lse.data();
+  grad.dout = dob.data;
+  Buffer16 dqb(BH * L * E, false, 0xffff), dkb(BH * S * E, false, 0xffff), dvb(BH * S * E, false, 0xffff);
+  grad.dq = dqb.data;
+  grad.dk = dkb.data;
+  grad.dv = dvb.data;
+  if (S > 0) attention_tc::backward(grad, delta.data(), nullptr);
+
+  // float64 reference.
+  std::vector<double> ref_out(BH * L * E, 0), ref_lse(BH * L), ref_dq(BH * L * E, 0), ref_dk(BH * S * E, 0),
+      ref_dv(BH * S * E, 0);
+  const double p = c.dropout, keep_scale = p > 0 ? 1.0 / (1.0 - p) : 1.0;
+  for (int64_t bh = 0; bh < BH; ++bh) {
+    for (int64_t i = 0; i < L; ++i) {
+      std::vector<double> s(S), P(S, 0.0), keep(S, 1.0);
+      double m = -INFINITY;
+      for (int64_t j = 0; j < S; ++j) {
+        double dot = 0;
+        for (int64_t d = 0; d < E; ++d) dot += q[(bh * L + i) * E + d] * k[(bh * S + j) * E + d];
+        s[j] = (c.causal && j > i) ? -INFINITY : dot * args.scale + mask_at(bh, i, j);
+        m = std::max(m, s[j]);
+        if (p > 0) {
+          const uint64_t index = (static_cast<uint64_t>(bh) * L + i) * S + j;
+          keep[j] = dropout_keep(philox::word_at(args.seed, args.offset, index), c.dropout) ? 1.0 : 0.0;
+        }
+      }
+      double sum = 0;
+      if (m != -INFINITY) {
+        for (int64_t j = 0; j < S; ++j) sum += P[j] = std::exp(s[j] - m);
+        for (int64_t j = 0; j < S; ++j) P[j] /= sum;
+      }
+      ref_lse[bh * L + i] = m == -INFINITY ? -INFINITY : m + std::log(sum);
+      std::vector<double> o(E, 0.0);
+      for (int64_t j = 0; j < S; ++j) {
+        for (int64_t d = 0; d < E; ++d) o[d] += P[j] * keep[j] * keep_scale * v[(bh * S + j) * E + d];
+      }
+      double dl = 0;
+      for (int64_t d = 0; d < E; ++d) {
+        ref_out[(bh * L + i) * E + d] = o[d];
+        dl += o[d] * dout[(bh * L + i) * E + d];
+      }
+      for (int64_t j = 0; j < S; ++j) {
+        double dp = 0;
+        for (int64_t d = 0; d < E; ++d) dp += dout[(bh * L + i) * E + d] * v[(bh * S + j) * E + d];
+        dp *= keep[j] * keep_scale;
+        const double ds = P[j] * (dp - dl);
+        for (int64_t d = 0; d < E; ++d) {
+          ref_dq[(bh * L + i) * E + d] += args.scale * ds * k[(bh * S + j) * E + d];
+          ref_dk[(bh * S + j) * E + d] += args.scale * ds * q[(bh * L + i) * E + d];
+          ref_dv[(bh * S + j) * E + d] += P[j] * keep[j] * keep_scale * dout[(bh * L + i) * E + d];
+        }
+      }
+    }
+  }
+  const double rtol = f16 ? 2e-3 : 3.2e-2, atol = f16 ? 1e-3 : 5e-3;
+  compare("out", out, ref_out, rtol, atol, label);
+  std::vector<double> lse_d(lse.begin(), lse.end());
+  compare("lse", lse_d, ref_lse, 1e-3, 1e-3, label);
+  if (S > 0) {
+    auto widen = [&](const Buffer16& b, size_t n) {
+      std::vector<double> x(n);
+      for (size_t i = 0; i < n; ++i) x[i] = emu_to_float<T>(b.data[i]);
+      return x;
+    };
+    compare("dq", widen(dqb, BH * L * E), ref_dq, 4 * rtol, 4 * atol, label);
+    compare("dk", widen(dkb, BH * S * E), ref_dk, 4 * rtol, 4 * atol, label);
+    compare("dv", widen(dvb, BH * S * E), ref_dv, 4 * rtol, 4 * atol, label);
+  }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::printf("done %s (%.1f s)\n", label.c_str(), seconds);
+  std::fflush(stdout);
+}
+
+int main(int argc, char** argv) {
+  const std::vector<Problem> cases = {{2, 3, 5, 7, false, 0},       {1, 2, 130, 70, false, 0},   {2, 2, 257, 257, true, 0},
+                                      {1, 1, 70, 200, true, 0},     {2, 2, 33, 97, false, 1},    {2, 2, 64, 65, false, 2},
+                                      {1, 1, 3, 0, false, 0},       {1, 2, 300, 384, false, 0},  {1, 2, 40, 90, false, 3},
+                                      {1, 2, 70, 90, true, 0, 0.0f, true}, {2, 1, 129, 200, false, 2, 0.0f, true},
+                                      {2, 2, 70, 90, true, 0, 0.2f},       {2, 2, 70, 90, false, 1, 0.2f}};
+  const int only = argc > 1 ? std::atoi(argv[1]) : -1;  // a head dim, or all
+  emu::eager = argc > 2 && std::string(argv[2]) == "eager";
+  for (int64_t E : {32, 64, 96, 128}) {
+    if (only > 0 && E != only) continue;
+    for (const Problem& c : cases) {
+      run<__half>(c, E, DType::f16);
+      run<__nv_bfloat16>(c, E, DType::bf16);
+    }
+  }
+  std::printf("%d failures; %ld mma, %ld ldmatrix, %ld copies emulated\n", failures, emu::mma_count.load(),
+              emu::ldmatrix_count.load(), emu::copy_count.load());
+  return failures == 0 ? 0 : 1;
+}

@@ -1,0 +1,85 @@
+// Host emulation of what attention_tc.cu's kernels use from CUDA: one OS
+// thread per CUDA thread, __syncthreads as a barrier, warp shuffles and the
+// PTX fragment instructions through per-warp exchange buffers.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <vector_types.h>
+
+#include <atomic>
+#include <barrier>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#undef __launch_bounds__
+#define __launch_bounds__(...)
+#undef __global__
+#define __global__
+#undef __shared__
+#define __shared__
+#undef __device__
+#define __device__
+#undef __forceinline__
+#define __forceinline__ inline
+
+#define EMU_REQUIRE(cond, ...)                                                   \
+  do {                                                                         \
+    if (!(cond)) {                                                             \
+      std::fprintf(stderr, "EMU FAILURE %s:%d: %s\n", __FILE__, __LINE__, #cond); \
+      std::abort();                                                            \
+    }                                                                          \
+  } while (0)
+
+inline thread_local uint3 threadIdx, blockIdx;
+
+namespace emu {
+struct Warp {
+  std::barrier<> bar{32};
+  const void* addr[32];
+  float f[32];
+  uint32_t a[32][4];
+  uint32_t b[32][2];
+};
+struct Cta {
+  explicit Cta(int threads) : bar(threads) {}
+  std::barrier<> bar;
+  Warp warps[8];
+};
+struct Copy {
+  void* to;
+  const void* from;
+  int bytes;
+};
+inline thread_local Cta* cta = nullptr;
+inline thread_local std::vector<std::vector<Copy>> groups;  // committed, not yet waited
+inline thread_local std::vector<Copy> open_group;
+inline bool eager = false;  // perform copies at issue (else at the wait that covers them)
+inline unsigned char* smem_begin = nullptr;
+inline size_t smem_bytes = 0;
+inline std::atomic<long> mma_count{0}, ldmatrix_count{0}, copy_count{0};
+
+inline Warp& warp() { return cta->warps[threadIdx.x / 32]; }
+inline int lane() { return static_cast<int>(threadIdx.x % 32); }
+inline void require_smem(const void* p, size_t bytes, size_t align) {
+  auto* c = static_cast<const unsigned char*>(p);
+  EMU_REQUIRE(c >= smem_begin && c + bytes <= smem_begin + smem_bytes);
+  EMU_REQUIRE(reinterpret_cast<uintptr_t>(p) % align == 0);
+}
+}  // namespace emu
+
+inline void __syncthreads() { emu::cta->bar.arrive_and_wait(); }
+inline float __shfl_xor_sync(unsigned mask, float x, int lane_mask) {
+  EMU_REQUIRE(mask == 0xffffffffu);
+  emu::Warp& w = emu::warp();
+  w.f[emu::lane()] = x;
+  w.bar.arrive_and_wait();
+  const float y = w.f[emu::lane() ^ lane_mask];
+  w.bar.arrive_and_wait();
+  return y;
+}

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Runs kernels/cuda/attention_tc.cu's kernels on the CPU under a PTX emulation
+# (one OS thread per CUDA thread; mma.sync m16n8k16, ldmatrix and cp.async
+# emulated from the PTX ISA's tables; shared memory and outputs start as NaN)
+# and compares out, lse, dq, dk and dv with a float64 reference. A development
+# tool for sessions without a GPU, not part of CI: it shares the author's
+# reading of the PTX fragment layouts, so it checks the schedule, indexing,
+# masking, synchronization and pipelining, not the hardware's layouts.
+#   bash scripts/cuda_emu/run.sh            # every head dim, both dtypes (tens of minutes: hundreds of threads)
+#   bash scripts/cuda_emu/run.sh 64         # one head dim; extra arguments go to the test program
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+root="$(cd "$here/../.." && pwd)"
+work="${KILN_EMU_DIR:-/tmp/kiln-cuda-emu}"
+mkdir -p "$work"
+python3 "$here/gen.py" "$work/emu_attention_tc.inc" >/dev/null
+g++ -std=c++20 -O2 -pthread -I"$work" -I"$here" -I"$root" -I/usr/local/cuda/include \
+  "$here/main.cpp" -o "$work/emu_main"
+"$work/emu_main" "$@"
