@@ -9,6 +9,10 @@
 //               (vectorizable), then combines the lanes in a fixed tree.
 //   inner  > 1: a leaf folds kColumnLeaf rows of a block of kColumns columns, one
 //               accumulator per column (vectorizable over columns).
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
 #include <Eigen/Core>
 #include <algorithm>
 #include <cmath>
@@ -80,6 +84,38 @@ struct SumReducer {
   {
     return ConstArray<T>(x, n).sum();
   }
+#if defined(__AVX2__) && defined(__F16C__)
+  // 16-bit leaves: eight values widened per instruction into four float
+  // accumulators (32 interleaved lanes, as the generic loop, which GCC left at
+  // a third of the memory bandwidth), then the lanes folded in a fixed order.
+  State leaf_contiguous(const T* x, int64_t n, int64_t) const
+    requires(std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>)
+  {
+    auto widen8 = [](const T* at) {
+      const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(at));
+      if constexpr (std::is_same_v<T, BFloat16>) {
+        return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(raw), 16));
+      } else {
+        return _mm256_cvtph_ps(raw);
+      }
+    };
+    __m256 lanes[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    int64_t i = 0;
+    for (; i + 64 <= n; i += 64) {  // two cache lines per step: more loads in flight
+      for (int k = 0; k < 8; ++k) lanes[k % 4] = _mm256_add_ps(lanes[k % 4], widen8(x + i + 8 * k));
+    }
+    for (; i + 32 <= n; i += 32) {
+      for (int k = 0; k < 4; ++k) lanes[k] = _mm256_add_ps(lanes[k], widen8(x + i + 8 * k));
+    }
+    alignas(32) float folded[32];
+    for (int k = 0; k < 4; ++k) _mm256_store_ps(folded + 8 * k, lanes[k]);
+    for (int j = 0; i < n; ++i, ++j) folded[j] += static_cast<float>(x[i]);
+    for (int width = 16; width > 0; width /= 2) {
+      for (int j = 0; j < width; ++j) folded[j] += folded[j + width];
+    }
+    return static_cast<State>(folded[0]);
+  }
+#endif
 };
 
 // (x - mean[out])^2, the second pass of var.
