@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
+#include <vector>
 
 #include "kernels/dtype.h"
 
@@ -68,6 +69,40 @@ inline void narrow_from_float(const float* in, T* out, int64_t n) {
 #endif
     for (; i < n; ++i) out[i] = T(in[i]);
   }
+}
+
+// Rows of a row-wise kernel (softmax, layer norm) in its compute type
+// compute_t<T>: float and double rows are used in place; 16-bit rows go
+// through a float buffer (resized to the row on first use).
+
+// The row as compute-type values: the row itself, or widened into `buffer`.
+template <typename T>
+const compute_t<T>* compute_row(const T* row, int64_t n, std::vector<float>& buffer) {
+  if constexpr (std::is_same_v<T, compute_t<T>>) {
+    return row;
+  } else {
+    buffer.resize(static_cast<size_t>(n));
+    widen_to_float(row, buffer.data(), n);
+    return buffer.data();
+  }
+}
+
+// Where to compute a row of results: the output row itself, or `buffer`
+// (store_result_row then rounds it into the output row).
+template <typename T>
+compute_t<T>* result_row(T* row, int64_t n, std::vector<float>& buffer) {
+  if constexpr (std::is_same_v<T, compute_t<T>>) {
+    return row;
+  } else {
+    buffer.resize(static_cast<size_t>(n));
+    return buffer.data();
+  }
+}
+
+// Rounds a row computed in result_row's buffer into `row` (nothing when it was computed in place).
+template <typename T>
+void store_result_row(const compute_t<T>* values, T* row, int64_t n) {
+  if constexpr (!std::is_same_v<T, compute_t<T>>) narrow_from_float(values, row, n);
 }
 
 }  // namespace kiln::kernels::cpu

@@ -9,7 +9,6 @@
 // in double across planes, in a fixed order: no dependence on the thread count.
 #include <algorithm>
 #include <cmath>
-#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -313,58 +312,21 @@ void batch_norm_backward(const BatchNormArgs& args, const T* x, const T* dy, con
 }
 
 // ---------------------------------------------------------------- layer norm
-// Rows are widened once into compute-type buffers (kernels/cpu/float_convert.h
-// for 16-bit), so that every pass over a row is a vectorized loop in L1 and
-// the sums are the same as over the stored values. The backward computes dx
-// and accumulates dweight/dbias in the same pass over x and dy, in the fixed
-// chunks of kRowChunks rows (no dependence on the thread count).
+// Rows in the compute type (cpu::compute_row: float rows in place, 16-bit rows
+// widened once into a buffer), so that every pass over a row is a vectorized
+// loop in L1 and the sums are the same as over the stored values. Results go
+// to a buffer of their own (an in-place write over the widened row kept the
+// loop scalar). The backward computes dx and accumulates dweight/dbias in the
+// same pass over x and dy, in the fixed chunks of kRowChunks rows (no
+// dependence on the thread count).
 
-template <typename T>
-void to_compute(const T* in, compute_t<T>* out, int64_t n) {
-  if constexpr (std::is_same_v<T, compute_t<T>>) {
-    std::copy(in, in + n, out);
-  } else {
-    cpu::widen_to_float(in, out, n);
-  }
-}
-
-template <typename T>
-void from_compute(const compute_t<T>* in, T* out, int64_t n) {
-  if constexpr (std::is_same_v<T, compute_t<T>>) {
-    std::copy(in, in + n, out);
-  } else {
-    cpu::narrow_from_float(in, out, n);
-  }
-}
-
+// weight or bias (n values, or null) in the compute type; empty for null.
 template <typename T>
 std::vector<compute_t<T>> widened(const T* values, int64_t n) {
-  std::vector<compute_t<T>> out(values != nullptr ? static_cast<size_t>(n) : 0);
-  if (values != nullptr) to_compute(values, out.data(), n);
-  return out;
-}
-
-// The row as compute-type values: the stored row itself when T is the
-// compute type, else widened into `buffer`.
-template <typename T>
-const compute_t<T>* row_values(const T* row, int64_t n, compute_t<T>* buffer) {
-  if constexpr (std::is_same_v<T, compute_t<T>>) {
-    return row;
-  } else {
-    to_compute(row, buffer, n);
-    return buffer;
-  }
-}
-
-// Where a row's compute-type results go: the output row itself when T is the
-// compute type, else `buffer` (then narrowed with from_compute).
-template <typename T>
-compute_t<T>* row_results(T* row, compute_t<T>* buffer) {
-  if constexpr (std::is_same_v<T, compute_t<T>>) {
-    return row;
-  } else {
-    return buffer;
-  }
+  if (values == nullptr) return {};
+  std::vector<float> buffer;
+  const compute_t<T>* row = cpu::compute_row(values, n, buffer);
+  return std::vector<compute_t<T>>(row, row + n);
 }
 
 template <typename T>
@@ -377,11 +339,11 @@ void layer_norm_forward(const LayerNormArgs& args, const T* x, const T* weight, 
   const A* __restrict__ bs = bias != nullptr ? b.data() : nullptr;
 #pragma omp parallel if (rows * D > (1 << 15))
   {
-    std::vector<A> buffers(static_cast<size_t>(2 * D));
+    std::vector<float> x_buffer, out_buffer;
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < rows; ++r) {
-      const A* __restrict__ xs = row_values(x + r * D, D, buffers.data());
-      A* __restrict__ out = row_results(y + r * D, buffers.data() + D);
+      const A* __restrict__ xs = cpu::compute_row(x + r * D, D, x_buffer);
+      A* __restrict__ out = cpu::result_row(y + r * D, D, out_buffer);
       const double mean = lane_sum<A>(D, [&](int64_t i) { return xs[i]; }) / static_cast<double>(D);
       const A mean_a = static_cast<A>(mean);
       const double var = lane_sum<A>(D, [&](int64_t i) {
@@ -401,7 +363,7 @@ void layer_norm_forward(const LayerNormArgs& args, const T* x, const T* weight, 
       } else {
         for (int64_t i = 0; i < D; ++i) out[i] = (xs[i] - mean_a) * rstd;
       }
-      if constexpr (!std::is_same_v<T, A>) from_compute(out, y + r * D, D);
+      cpu::store_result_row(out, y + r * D, D);
     }
   }
 }
@@ -421,7 +383,8 @@ void layer_norm_backward(const LayerNormArgs& args, const T* x, const T* dy, con
   std::vector<double> partial(want_params ? static_cast<size_t>(2 * chunks * D) : 0);
 #pragma omp parallel if (rows * D > (1 << 15))
   {
-    std::vector<A> buffers(static_cast<size_t>(4 * D));
+    std::vector<float> x_buffer, dy_buffer, out_buffer;
+    std::vector<A> g_buffer(ws != nullptr && dx != nullptr ? static_cast<size_t>(D) : 0);  // dy * weight
 #pragma omp for schedule(static)
     for (int64_t chunk = 0; chunk < chunks; ++chunk) {
       double* __restrict__ acc_w = want_params ? partial.data() + 2 * chunk * D : nullptr;
@@ -430,8 +393,8 @@ void layer_norm_backward(const LayerNormArgs& args, const T* x, const T* dy, con
       const int64_t end = std::min(rows, (chunk + 1) * per_chunk);
       for (int64_t r = chunk * per_chunk; r < end; ++r) {
         const A mean = save_mean[r], rstd = save_rstd[r];
-        const A* __restrict__ xs = row_values(x + r * D, D, buffers.data());
-        const A* __restrict__ dys = row_values(dy + r * D, D, buffers.data() + D);
+        const A* __restrict__ xs = cpu::compute_row(x + r * D, D, x_buffer);
+        const A* __restrict__ dys = cpu::compute_row(dy + r * D, D, dy_buffer);
         if (want_params) {
           for (int64_t i = 0; i < D; ++i) {
             acc_w[i] += static_cast<double>(dys[i] * ((xs[i] - mean) * rstd));
@@ -440,20 +403,20 @@ void layer_norm_backward(const LayerNormArgs& args, const T* x, const T* dy, con
         }
         if (dx == nullptr) continue;
         // g = dy * weight (dy itself without a weight).
-        A* __restrict__ g_buffer = buffers.data() + 2 * D;
+        A* __restrict__ g_weighted = g_buffer.data();
         if (ws != nullptr) {
-          for (int64_t i = 0; i < D; ++i) g_buffer[i] = dys[i] * ws[i];
+          for (int64_t i = 0; i < D; ++i) g_weighted[i] = dys[i] * ws[i];
         }
-        const A* __restrict__ gs = ws != nullptr ? g_buffer : dys;
+        const A* __restrict__ gs = ws != nullptr ? g_weighted : dys;
         const A mean_g = static_cast<A>(lane_sum<A>(D, [&](int64_t i) { return gs[i]; }) / static_cast<double>(D));
         const A mean_g_xhat = static_cast<A>(
             lane_sum<A>(D, [&](int64_t i) { return gs[i] * (xs[i] - mean) * rstd; }) / static_cast<double>(D));
-        A* __restrict__ out = row_results(dx + r * D, buffers.data() + 3 * D);
+        A* __restrict__ out = cpu::result_row(dx + r * D, D, out_buffer);
         for (int64_t i = 0; i < D; ++i) {
           const A xhat = (xs[i] - mean) * rstd;
           out[i] = rstd * (gs[i] - mean_g - xhat * mean_g_xhat);
         }
-        if constexpr (!std::is_same_v<T, A>) from_compute(out, dx + r * D, D);
+        cpu::store_result_row(out, dx + r * D, D);
       }
     }
   }

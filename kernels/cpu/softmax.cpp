@@ -25,47 +25,6 @@ using Row = Eigen::Map<Eigen::Array<A, Eigen::Dynamic, 1>>;
 template <typename A>
 using ConstRow = Eigen::Map<const Eigen::Array<A, Eigen::Dynamic, 1>>;
 
-template <typename T>
-constexpr bool is_16bit_v = std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>;
-
-// A row of T as Acc values: the row itself when T is Acc, else widened into `buffer`.
-template <typename T>
-const compute_t<T>* widen(const T* row, int64_t n, std::vector<float>& buffer) {
-  if constexpr (is_16bit_v<T>) {
-    buffer.resize(static_cast<size_t>(n));
-    cpu::widen_to_float(row, buffer.data(), n);
-    return buffer.data();
-  } else {
-    (void)n;
-    (void)buffer;
-    return row;
-  }
-}
-
-// Where to compute an output row: the output itself, or a float buffer for 16-bit types.
-template <typename T>
-compute_t<T>* scratch_row(T* row, int64_t n, std::vector<float>& buffer) {
-  if constexpr (is_16bit_v<T>) {
-    buffer.resize(static_cast<size_t>(n));
-    return buffer.data();
-  } else {
-    (void)n;
-    (void)buffer;
-    return row;
-  }
-}
-
-template <typename T>
-void narrow_row(const compute_t<T>* values, T* row, int64_t n) {
-  if constexpr (is_16bit_v<T>) {
-    cpu::narrow_from_float(values, row, n);
-  } else {
-    (void)values;
-    (void)row;
-    (void)n;
-  }
-}
-
 // Remembers the out-of-range target of the lowest row (deterministic message).
 struct BadTarget {
   std::atomic<int64_t> row{std::numeric_limits<int64_t>::max()};
@@ -106,8 +65,8 @@ void softmax_typed(const SoftmaxArgs& a) {
     std::vector<float> in_buffer, out_buffer;
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < a.rows; ++r) {
-      ConstRow<A> xr(widen(x + r * n, n, in_buffer), n);
-      A* out = scratch_row(y + r * n, n, out_buffer);
+      ConstRow<A> xr(cpu::compute_row(x + r * n, n, in_buffer), n);
+      A* out = cpu::result_row(y + r * n, n, out_buffer);
       Row<A> yr(out, n);
       const A m = xr.maxCoeff();
       if (a.log) {
@@ -117,7 +76,7 @@ void softmax_typed(const SoftmaxArgs& a) {
         yr = (xr - m).exp();
         yr *= A(1) / yr.sum();
       }
-      narrow_row(out, y + r * n, n);
+      cpu::store_result_row(out, y + r * n, n);
     }
   }
 }
@@ -134,16 +93,16 @@ void softmax_grad_typed(const SoftmaxGradArgs& a) {
     std::vector<float> y_buffer, dy_buffer, out_buffer;
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < a.rows; ++r) {
-      ConstRow<A> yr(widen(y + r * n, n, y_buffer), n);
-      ConstRow<A> gr(widen(dy + r * n, n, dy_buffer), n);
-      A* out = scratch_row(dx + r * n, n, out_buffer);
+      ConstRow<A> yr(cpu::compute_row(y + r * n, n, y_buffer), n);
+      ConstRow<A> gr(cpu::compute_row(dy + r * n, n, dy_buffer), n);
+      A* out = cpu::result_row(dx + r * n, n, out_buffer);
       Row<A> dr(out, n);
       if (a.log) {
         dr = gr - yr.exp() * gr.sum();
       } else {
         dr = yr * (gr - (gr * yr).sum());
       }
-      narrow_row(out, dx + r * n, n);
+      cpu::store_result_row(out, dx + r * n, n);
     }
   }
 }
@@ -178,7 +137,7 @@ void cross_entropy_typed(const CrossEntropyArgs& a) {
         loss[r] = row_weight[r] = lse_out[r] = A(0);
         continue;
       }
-      ConstRow<A> xr(widen(logits + r * C, C, buffer), C);
+      ConstRow<A> xr(cpu::compute_row(logits + r * C, C, buffer), C);
       const A m = xr.maxCoeff();
       const A lse = m + std::log((xr - m).exp().sum());
       A value = (A(1) - ls) * w[t] * (lse - xr[t]);
@@ -215,18 +174,18 @@ void cross_entropy_grad_typed(const CrossEntropyGradArgs& a) {
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < a.rows; ++r) {
       const int64_t t = a.target[r];
-      A* out = scratch_row(dlogits + r * C, C, out_buffer);
+      A* out = cpu::result_row(dlogits + r * C, C, out_buffer);
       Row<A> dr(out, C);
       if (t == a.ignore_index || t < 0 || t >= C) {
         dr.setZero();
       } else {
-        ConstRow<A> xr(widen(logits + r * C, C, in_buffer), C);
+        ConstRow<A> xr(cpu::compute_row(logits + r * C, C, in_buffer), C);
         const A g = static_cast<A>(static_cast<compute_t<T>>(grad[a.per_row_grad ? r : 0])) / divisor;
         const A nll = (A(1) - ls) * w[t];
         dr = (g * (nll + smooth * W)) * (xr - lse[r]).exp() - (g * smooth) * wr;
         dr[t] -= g * nll;
       }
-      narrow_row(out, dlogits + r * C, C);
+      cpu::store_result_row(out, dlogits + r * C, C);
     }
   }
 }
