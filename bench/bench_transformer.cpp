@@ -39,6 +39,7 @@ int main(int argc, char** argv) {
   std::string model_name = "vit", accelerator = "cpu", precision = "32-true";
   int64_t batch_size = 0, steps = 20, warmup_steps = 3;
   uint64_t seed = 42;
+  bool profile_step = false;
   app.add_option("--model", model_name, "vit, gpt or gpt2-124m")
       ->capture_default_str()
       ->check(CLI::IsMember({"vit", "gpt", "gpt2-124m"}));
@@ -50,8 +51,12 @@ int main(int argc, char** argv) {
   app.add_option("--precision", precision, "32-true, bf16-mixed or 16-mixed (GPU)")
       ->capture_default_str()
       ->check(CLI::IsMember({"32-true", "bf16-mixed", "16-mixed"}));
+  app.add_flag("--profile-step", profile_step,
+               "After the warm-up, run one more step between cudaProfilerStart and cudaProfilerStop (for ncu "
+               "--profile-from-start off: bench/profile_step.py)");
   CLI11_PARSE(app, argc, argv);
   try {
+    KILN_CHECK(!profile_step || accelerator == "gpu", "--profile-step: brackets GPU work; give --accelerator gpu");
     const Device device = accelerator == "gpu" ? Device::cuda(0) : Device::cpu();
     manual_seed(seed);
     std::shared_ptr<nn::Module> model;
@@ -115,6 +120,13 @@ int main(int argc, char** argv) {
       return loss;
     };
     for (int64_t i = 0; i < warmup_steps; ++i) step();
+    if (profile_step) {
+      cuda::device_synchronize(device.index);
+      cuda::profiler_start();
+      step();
+      cuda::device_synchronize(device.index);
+      cuda::profiler_stop();
+    }
     Tensor last;
     if (device.is_cuda()) cuda::device_synchronize(device.index);
     const auto start = std::chrono::steady_clock::now();

@@ -103,6 +103,9 @@ def main():
     parser.add_argument("--accelerator", default="cpu", choices=["cpu", "gpu"])
     parser.add_argument("--precision", default="32-true", choices=["32-true", "bf16-mixed", "16-mixed"])
     parser.add_argument("--compile", action="store_true")
+    parser.add_argument("--profile-step", action="store_true",
+                        help="after the warm-up, one more step between cudaProfilerStart and cudaProfilerStop "
+                        "(for ncu --profile-from-start off: bench/profile_step.py)")
     args = parser.parse_args()
     torch.manual_seed(args.seed)
     torch.set_num_threads(args.threads)
@@ -146,6 +149,14 @@ def main():
 
     for _ in range(args.warmup_steps):
         step()
+    if args.profile_step:
+        if device.type != "cuda":
+            parser.error("--profile-step brackets GPU work; give --accelerator gpu")
+        torch.cuda.synchronize()
+        torch.cuda.cudart().cudaProfilerStart()
+        step()
+        torch.cuda.synchronize()
+        torch.cuda.cudart().cudaProfilerStop()
     if device.type == "cuda":
         torch.cuda.synchronize()
     start = time.perf_counter()

@@ -14,16 +14,17 @@
 #        carry [".gpu-kit"]; default steps: preflight tests bench compare memcheck, within the
 #        deadline (default 450 s; each step bounded by the time left, a failed step never stops
 #        the next). Optional steps: racecheck, compile (torch.compile rows in compare), train
-#        (train_fashion --accelerator gpu with no other flag). --tests test_a,test_b limits the
-#        tests, memcheck and racecheck steps to those files (a rerun of the failures).
-# run writes at most 6 files to $OUT (default /tmp/kiln-kit-out): summary.md (device, driver,
+#        (train_fashion --accelerator gpu with no other flag), profile (one GPT-2 124M step of kiln
+#        and of PyTorch under ncu: kernel time by family, profile.md). --tests test_a,test_b
+#        limits the tests, memcheck and racecheck steps to those files (a rerun of the failures).
+# run writes at most 7 files to $OUT (default /tmp/kiln-kit-out): summary.md (device, driver,
 # commit, each step's verdict, each failing case with its first error lines, what did not run
-# for lack of time), bench.md, compare.md, train.md and logs.tar.xz (every log).
+# for lack of time), bench.md, compare.md, train.md, profile.md and logs.tar.xz (every log).
 # Environment: KILN_GPU_KIT (kit folder, default .gpu-kit), KILN_TORCH_PYTHON (the Python with
 # CUDA torch; default: /opt/*/.venv/bin/python3, else python3).
 set -euo pipefail
 
-case "${1:-}" in -h | --help | "") sed -n '2,26p' "$0"; exit 0 ;; esac
+case "${1:-}" in -h | --help | "") sed -n '2,24p' "$0"; exit 0 ;; esac
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 kit="${KILN_GPU_KIT:-$repo/.gpu-kit}"
@@ -126,7 +127,7 @@ cmd_pack() {
   for gz in "$data"/*-ubyte.gz; do zcat "$gz" | xz -9 -T2 >"$kit/data/$(basename "${gz%.gz}").xz"; done
   cp "$repo/scripts/check_torch_interop.py" "$repo/scripts/check_tensorboard.py" "$kit/scripts/"
   cp "$repo/bench/compare_fashion.py" "$repo/bench/torch_fashion.py" "$repo/bench/compare_transformers.py" \
-    "$repo/bench/torch_transformer.py" "$repo/bench/torch_attention.py" "$kit/bench/"
+    "$repo/bench/torch_transformer.py" "$repo/bench/torch_attention.py" "$repo/bench/profile_step.py" "$kit/bench/"
 
   # The GPU cases per test file, as the binary lists them; the test files.
   local source test_name
@@ -368,6 +369,24 @@ step_compare() {
   fi
 }
 
+# One GPT-2 124M training step (batch 16 x 1024, bf16-mixed) of kiln and of
+# PyTorch eager under ncu, kernel by kernel: where kiln's step loses to torch's.
+step_profile() {
+  local out="$OUT/profile.md" rc=0 ncu
+  ncu="$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -n 1 || true)"
+  if [ -z "$ncu" ]; then
+    verdict profile FAILED "no ncu on this machine"
+    return 0
+  fi
+  run_bounded "$out" 180 "$torch_python" "$kit/bench/profile_step.py" --kiln "$bins/bench_transformer" \
+    --python "$torch_python" --ncu "$ncu" --out-dir "$logs/profile" || rc=$?
+  if [ "$rc" -eq 0 ]; then
+    verdict profile ok "GPT-2 124M step, kernel time by family, kiln and torch eager (profile.md)"
+  else
+    verdict profile FAILED "exit $rc (see profile.md)"
+  fi
+}
+
 step_train() {
   local out="$OUT/train.md" rc=0 start
   start="$(now)"
@@ -438,9 +457,9 @@ cmd_run() {
       --tests) only_tests="$2"; shift 2 ;;
       --deadline) deadline_s="$2"; shift 2 ;;
       --rehearsal) rehearsal=1; shift ;;  # dry-run's: no GPU expected, skips are not failures
-      preflight | tests | bench | compare | memcheck | racecheck | train) steps+=("$1"); shift ;;
+      preflight | tests | bench | compare | memcheck | racecheck | train | profile) steps+=("$1"); shift ;;
       compile) with_compile=1; steps+=(compare); shift ;;
-      *) die "run: unknown argument '$1' (steps: preflight tests bench compare memcheck racecheck compile train; --tests FILES, --deadline SECONDS)" ;;
+      *) die "run: unknown argument '$1' (steps: preflight tests bench compare memcheck racecheck compile train profile; --tests FILES, --deadline SECONDS)" ;;
     esac
   done
   [ ${#steps[@]} -gt 0 ] || steps=(preflight tests bench compare memcheck)
@@ -494,6 +513,7 @@ cmd_run() {
       bench) step_bench ;;
       compare) step_compare ;;
       train) step_train ;;
+      profile) step_profile ;;
       memcheck | racecheck) step_sanitizer "$step" ;;
     esac
   done

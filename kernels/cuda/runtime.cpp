@@ -14,6 +14,7 @@
 //    first CUDA call, instead of the CUDA default 0 (see adopt_process_device).
 #include "kernels/cuda/runtime.h"
 
+#include <cuda_profiler_api.h>
 #include <cuda_runtime_api.h>
 
 #include <atomic>
@@ -299,6 +300,9 @@ void device_synchronize(int device) {
   synchronizations.fetch_add(1, std::memory_order_relaxed);
   KILN_CUDA_CHECK(cudaDeviceSynchronize());
 }
+
+void profiler_start() { KILN_CUDA_CHECK(cudaProfilerStart()); }
+void profiler_stop() { KILN_CUDA_CHECK(cudaProfilerStop()); }
 
 Event create_event(int device, bool timing) {
   DeviceGuard guard(device, "create_event");

@@ -98,6 +98,10 @@ Stream create_stream(int device);
 void destroy_stream(Stream stream);
 void stream_synchronize(Stream stream);
 void device_synchronize(int device);
+// cudaProfilerStart/Stop: brackets the work an external profiler started
+// with --profile-from-start off (ncu, nsys) records, e.g. one training step.
+void profiler_start();
+void profiler_stop();
 
 // An event of `device` (events belong to the device current at creation, and a
 // record on a stream of another device fails).

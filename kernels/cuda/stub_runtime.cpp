@@ -36,6 +36,8 @@ Stream create_stream(int) { no_cuda("create_stream"); }
 void destroy_stream(Stream) {}
 void stream_synchronize(Stream) { no_cuda("stream_synchronize"); }
 void device_synchronize(int) { no_cuda("device_synchronize"); }
+void profiler_start() { no_cuda("profiler_start"); }
+void profiler_stop() { no_cuda("profiler_stop"); }
 DeviceScope::DeviceScope(int device, const char* what) : guard_(device, what), stream(nullptr) {}
 Event create_event(int, bool) { no_cuda("create_event"); }
 void launch_host_function(Stream, void (*)(void*), void*) { no_cuda("launch_host_function"); }
