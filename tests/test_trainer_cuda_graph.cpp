@@ -181,6 +181,44 @@ TEST_CASE("CudaGraphStep::decide: another batch shape or accumulation factor run
   CHECK_FALSE(graph.static_batch().input.defined());
 }
 
+TEST_CASE("CudaGraphStep::fits_static: past the warm-up a fitting host batch goes straight into the static buffers") {
+  CudaGraphStep graph(0);
+  const int64_t k = 2;
+  // During the warm-up there are no buffers: the Trainer copies to the device itself.
+  CHECK_FALSE(graph.fits_static(cpu_batch(16), DType::f32, DType::i64, k));
+  for (int64_t i = 0; i < 2 * kCudaGraphWarmupSteps; ++i) {
+    REQUIRE(graph.decide(micro_batch_kind(i, k, false), k, cpu_batch(16)).action == Action::warm_up);
+  }
+  const Batch& buffers = graph.static_batch();
+  REQUIRE(buffers.input.defined());
+  const Tensor input_memory = buffers.input, target_memory = buffers.target;
+  CHECK(graph.fits_static(cpu_batch(16), DType::f32, DType::i64, k));
+  // What the batch would be on the device decides: the dtypes the Trainer converts to, the shapes, the factor.
+  CHECK_FALSE(graph.fits_static(cpu_batch(16), DType::bf16, DType::i64, k));
+  CHECK_FALSE(graph.fits_static(cpu_batch(16), DType::f32, DType::f32, k));
+  CHECK_FALSE(graph.fits_static(cpu_batch(8), DType::f32, DType::i64, k));
+  CHECK_FALSE(graph.fits_static(cpu_batch(16), DType::f32, DType::i64, 3));
+  Batch no_target = cpu_batch(16);
+  no_target.target = Tensor();
+  CHECK_FALSE(graph.fits_static(no_target, DType::f32, DType::i64, k));
+  // A float64 host batch converted on its way (as to_device would), into the same memory.
+  Batch host{full({16, 4}, 2.5, {.dtype = DType::f64}), full({16}, 3, {.dtype = DType::i32})};
+  CHECK(graph.fits_static(host, DType::f32, DType::i64, k));
+  graph.load_from_host(host);
+  CHECK(graph.static_batch().input.same(input_memory));
+  CHECK(graph.static_batch().target.same(target_memory));
+  CHECK(graph.static_batch().input.dtype() == DType::f32);
+  KILN_CHECK_CLOSE(graph.static_batch().input, full({16, 4}, 2.5), 0, 0);
+  KILN_CHECK_CLOSE(graph.static_batch().target, full({16}, 3, {.dtype = DType::i64}), 0, 0);
+  // The static batch itself then passes the decision and load() copies nothing onto itself.
+  CHECK(graph.decide(MicroBatchKind::accumulate, k, graph.static_batch()).action == Action::capture);
+  CHECK_NOTHROW(graph.load(graph.static_batch()));
+  KILN_CHECK_CLOSE(graph.static_batch().input, full({16, 4}, 2.5), 0, 0);
+  // Given up: no buffers, every batch through to_device again.
+  graph.give_up("test", false);
+  CHECK_FALSE(graph.fits_static(cpu_batch(16), DType::f32, DType::i64, k));
+}
+
 TEST_CASE("CudaGraphStep::clear_gradients: kept gradients hold -0.0, so a first micro-batch adds to the eager bits") {
   // A gradient with -0.0 in it: d(sum(p * c))/dp = c.
   const Tensor c = tensor<float>({-0.0f, 0.0f, 1.5f, -2.0f}, {4});

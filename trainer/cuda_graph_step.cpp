@@ -84,8 +84,30 @@ std::string CudaGraphStep::mismatch(const Batch& batch) const {
 void CudaGraphStep::load(const Batch& batch) {
   KILN_CHECK(mismatch(batch).empty(), "CudaGraphStep::load: ", mismatch(batch));
   NoGradGuard no_grad;
-  if (static_.input.defined()) static_.input.copy_(batch.input);
-  if (static_.target.defined()) static_.target.copy_(batch.target);
+  if (static_.input.defined() && !static_.input.same(batch.input)) static_.input.copy_(batch.input);
+  if (static_.target.defined() && !static_.target.same(batch.target)) static_.target.copy_(batch.target);
+}
+
+namespace {
+bool field_fits(const Tensor& fixed, const Tensor& host, DType dtype) {
+  if (fixed.defined() != host.defined()) return false;
+  return !fixed.defined() || (fixed.shape() == host.shape() && fixed.dtype() == dtype);
+}
+}  // namespace
+
+bool CudaGraphStep::fits_static(const Batch& host, DType input_dtype, DType target_dtype, int64_t accumulate) const {
+  if (given_up_ || warmup_left_ > 0 || accumulate != accumulation_) return false;
+  return field_fits(static_.input, host.input, input_dtype) && field_fits(static_.target, host.target, target_dtype);
+}
+
+void CudaGraphStep::load_from_host(const Batch& host) {
+  const auto dtype_of = [](const Tensor& t) { return t.defined() ? t.dtype() : DType::f32; };
+  KILN_ASSERT(fits_static(host, dtype_of(static_.input), dtype_of(static_.target), accumulation_),
+              "CudaGraphStep::load_from_host: a batch that does not fit the static buffers");
+  NoGradGuard no_grad;
+  // Ordered on the current stream after the last replay, which read the buffers.
+  if (static_.input.defined()) static_.input.copy_(host.input, /*non_blocking=*/true);
+  if (static_.target.defined()) static_.target.copy_(host.target, /*non_blocking=*/true);
 }
 
 cuda::Graph& CudaGraphStep::graph(MicroBatchKind kind) {

@@ -132,8 +132,19 @@ class CudaGraphStep {
   std::string mismatch(const Batch& batch) const;
   // The static buffers (allocated when the warm-up ended).
   const Batch& static_batch() const { return static_; }
-  // Copies `batch` into the static buffers (mismatch(batch) must be "").
+  // Copies `batch` into the static buffers (mismatch(batch) must be ""); nothing
+  // when `batch` is the static batch itself (load_from_host put it there).
   void load(const Batch& batch);
+  // Whether the micro-batch `host`, not yet on the device, goes straight into
+  // the static buffers: the graphs are past the warm-up and not given up,
+  // `accumulate` is their factor, and its tensors, converted to the dtypes
+  // the Trainer gives a batch on the device (`input_dtype`, `target_dtype`),
+  // fit the buffers. The Trainer then skips its own copy to the device (one
+  // allocation and one device-to-device copy less per replayed step).
+  bool fits_static(const Batch& host, DType input_dtype, DType target_dtype, int64_t accumulate) const;
+  // Copies `host` into the static buffers, converting dtypes, without waiting
+  // for the copy when the host memory is pinned (fits_static(host, ...) must hold).
+  void load_from_host(const Batch& host);
   // Graph A (accumulate) or B (step); created on first use.
   cuda::Graph& graph(MicroBatchKind kind);
   // The log calls a captured graph made; apply_logs() re-applies them after its replay.

@@ -247,16 +247,32 @@ bool Trainer::minimum_done() const {
   return epoch_ >= options_.min_epochs && global_step_ >= options_.min_steps;
 }
 
+// As Lightning's precision plugins (convert_input): every floating tensor of
+// the batch takes the parameters' dtype (a float32 regression target meets
+// bfloat16 outputs under "bf16-true"); integer targets become int64.
+DType Trainer::device_input_dtype(const Batch& batch) const {
+  return is_floating(batch.input.dtype()) ? param_dtype_ : batch.input.dtype();
+}
+
+DType Trainer::device_target_dtype(const Batch& batch) const {
+  return is_floating(batch.target.dtype()) ? param_dtype_ : DType::i64;
+}
+
 Batch Trainer::to_device(const Batch& batch) const {
   Batch moved;
-  const DType input_dtype = is_floating(batch.input.dtype()) ? param_dtype_ : batch.input.dtype();
-  moved.input = batch.input.to(device_, input_dtype, /*non_blocking=*/true);
-  // As Lightning's precision plugins (convert_input): every floating tensor
-  // of the batch takes the parameters' dtype (a float32 regression target
-  // meets bfloat16 outputs under "bf16-true").
-  moved.target = batch.target.to(device_, is_floating(batch.target.dtype()) ? param_dtype_ : DType::i64,
-                                 /*non_blocking=*/true);
+  moved.input = batch.input.to(device_, device_input_dtype(batch), /*non_blocking=*/true);
+  moved.target = batch.target.to(device_, device_target_dtype(batch), /*non_blocking=*/true);
   return moved;
+}
+
+Batch Trainer::stage_training_batch(const Batch& batch, int64_t accumulate) {
+  CudaGraphStep* graph = graph_step_.get();
+  if (graph != nullptr && !manual_ &&
+      graph->fits_static(batch, device_input_dtype(batch), device_target_dtype(batch), accumulate)) {
+    graph->load_from_host(batch);
+    return graph->static_batch();
+  }
+  return to_device(batch);
 }
 
 void Trainer::setup(TrainModule& module) {
@@ -488,7 +504,7 @@ void Trainer::train_epoch(TrainModule& module, DataLoader& train_loader, DataLoa
     Batch moved;
     {
       auto to_device_scope = profiler_->profile(strategy_action("batch_to_device"));
-      moved = to_device(*batch);
+      moved = stage_training_batch(*batch, accumulate);
     }
     // Lightning's run_training_batch: the batch-start hooks, training_step, backward, the optimizer step.
     std::optional<Profiler::Scope> batch_scope;

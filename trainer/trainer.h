@@ -277,6 +277,13 @@ class Trainer {
   // Agrees the stop decisions of all ranks; returns whether the epoch must end now.
   bool agree_to_stop();
   Batch to_device(const Batch& batch) const;
+  // The dtypes to_device gives a batch's input and target.
+  DType device_input_dtype(const Batch& batch) const;
+  DType device_target_dtype(const Batch& batch) const;
+  // A training micro-batch on the device: with cuda_graph past its warm-up,
+  // copied from the host straight into the graphs' static buffers when it
+  // fits them (the static batch is returned); else to_device(batch).
+  Batch stage_training_batch(const Batch& batch, int64_t accumulate);
   int64_t limit(const BatchesOrFraction& value, int64_t available, std::string_view name) const;
   int64_t train_limit(int64_t available) const;
   int64_t val_limit(int64_t available) const;  // under limit_val_batches (overfit_batches aside)
