@@ -40,7 +40,7 @@ DevicePrefetcher::~DevicePrefetcher() {
   try {
     cuda::stream_synchronize(copy_stream_);
     if (pending_) free_events_.push_back(pending_->copied);
-    for (InFlight& entry : returned_) free_events_.push_back(entry.copied);
+    returned_.release_all();
     for (cuda::Event event : free_events_) cuda::destroy_event(event);
     cuda::destroy_event(order_event_);
     cuda::destroy_stream(copy_stream_);
@@ -53,13 +53,6 @@ cuda::Event DevicePrefetcher::take_event() {
   cuda::Event event = free_events_.back();
   free_events_.pop_back();
   return event;
-}
-
-void DevicePrefetcher::reap_completed() {
-  while (!returned_.empty() && cuda::event_query(returned_.front().copied)) {
-    free_events_.push_back(returned_.front().copied);
-    returned_.pop_front();  // the host buffers return to the loader's pool
-  }
 }
 
 void DevicePrefetcher::prefetch() {
@@ -107,8 +100,9 @@ std::optional<Batch> DevicePrefetcher::next() {
   InFlight current = std::move(*pending_);
   pending_.reset();
   cuda::stream_wait_event(cuda::current_stream(device_.index), current.copied);
+  free_events_.push_back(current.copied);  // the wait above took the event as recorded: free to record again
   Batch batch = std::move(current.device);
-  returned_.push_back(std::move(current));
+  returned_.hold_until_done(std::move(current.host), device_.index, copy_stream_);
   try {
     prefetch();  // overlaps with the step the caller is about to run
   } catch (...) {
@@ -117,7 +111,6 @@ std::optional<Batch> DevicePrefetcher::next() {
     pending_.reset();
     started_ = false;
   }
-  reap_completed();
   return batch;
 }
 

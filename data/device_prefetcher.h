@@ -6,12 +6,12 @@
 // but each copy then synchronizes).
 #pragma once
 
-#include <deque>
 #include <exception>
 #include <optional>
 #include <vector>
 
 #include "data/dataloader.h"
+#include "data/host_batch_holder.h"
 
 namespace kiln {
 
@@ -39,7 +39,6 @@ class DevicePrefetcher {
     cuda::Event copied = nullptr;
   };
   void prefetch();
-  void reap_completed();
   cuda::Event take_event();
 
   DataLoader& loader_;
@@ -49,7 +48,7 @@ class DevicePrefetcher {
   bool started_ = false;
   std::exception_ptr deferred_error_;
   std::optional<InFlight> pending_;
-  std::deque<InFlight> returned_;  // handed out; host buffers held until their copies complete
+  HostBatchHolder returned_;  // handed out: their host buffers held until their copies complete
   std::vector<cuda::Event> free_events_;
 };
 

@@ -10,6 +10,8 @@
 #include "data/batch_buffer.h"
 #include "data/dataloader.h"
 #include "data/device_prefetcher.h"
+#include "data/host_batch_holder.h"
+#include "kernels/cuda/runtime.h"
 #include "tests/support/test_util.h"
 
 using namespace kiln;
@@ -354,4 +356,47 @@ TEST_CASE("dataloader: the device prefetcher delivers the loader's batches on th
     if (epoch == 0) CHECK(got == expected);
     if (epoch == 1) CHECK(got == epoch_snapshots(reference));
   }
+}
+
+TEST_CASE("HostBatchHolder: a batch in pageable memory is dropped at once (its copies waited for themselves)") {
+  std::vector<float> memory(8, 1.0f);
+  bool released = false;
+  Batch host{from_blob(memory.data(), {8}, DType::f32, Device::cpu(), [&](void*) { released = true; }), Tensor()};
+  HostBatchHolder holder;
+  holder.hold_until_done(std::move(host), 0, nullptr);
+  CHECK(holder.held() == 0);
+  CHECK(released);
+}
+
+namespace {
+void sleep_on_stream(void* milliseconds) {
+  std::this_thread::sleep_for(std::chrono::milliseconds(*static_cast<int*>(milliseconds)));
+}
+}  // namespace
+
+TEST_CASE("HostBatchHolder: pinned batches copied behind a busy stream keep their bytes until the copies ran [gpu]") {
+  KILN_REQUIRE_GPU();
+  // The Trainer's pattern: the host runs ahead of a busy GPU, copies each
+  // pinned batch non_blocking and lets the batch go; the loader's workers
+  // refill a released buffer at once. Held, every copy reads its own batch.
+  auto data = numbered(40);
+  DataLoader reference(data, {.batch_size = 4, .shuffle = true, .seed = 3});
+  const auto expected = epoch_snapshots(reference);
+  DataLoader pinned(data, {.batch_size = 4, .shuffle = true, .seed = 3, .num_workers = 2, .pin_memory = true});
+  const cuda::Stream stream = cuda::current_stream(0);
+  static int busy_ms = 30;
+  HostBatchHolder holder;
+  std::vector<Batch> on_device;
+  while (auto batch = pinned.next()) {
+    REQUIRE(batch->input.is_pinned());
+    cuda::launch_host_function(stream, sleep_on_stream, &busy_ms);  // the previous step, still running
+    on_device.push_back({batch->input.to(Device::cuda(0), true), batch->target.to(Device::cuda(0), true)});
+    holder.hold_until_done(std::move(*batch), 0, stream);
+    CHECK(holder.held() >= 1);  // its copy waits behind the sleep
+  }
+  holder.release_all();
+  CHECK(holder.held() == 0);
+  std::vector<Snapshot> got;
+  for (const Batch& b : on_device) got.push_back({b.input.to_vector<float>(), b.target.to_vector<int64_t>()});
+  CHECK(got == expected);
 }

@@ -275,6 +275,10 @@ Batch Trainer::stage_training_batch(const Batch& batch, int64_t accumulate) {
   return to_device(batch);
 }
 
+void Trainer::hold_host_batch(Batch&& host) {
+  if (device_.is_cuda()) host_batches_.hold_until_done(std::move(host), device_.index, cuda::current_stream(device_.index));
+}
+
 void Trainer::setup(TrainModule& module) {
   if (options_.seed) manual_seed(*options_.seed);
   set_deterministic_algorithms(options_.deterministic);
@@ -392,6 +396,7 @@ std::map<std::string, double> Trainer::evaluate(TrainModule& module, DataLoader&
     {
       auto to_device_scope = profiler_->profile(strategy_action("batch_to_device"));
       moved = to_device(*batch);
+      hold_host_batch(std::move(*batch));
     }
     auto step_scope = profiler_->profile(step_action);
     const auto autocast = autocast_region();
@@ -402,6 +407,7 @@ std::map<std::string, double> Trainer::evaluate(TrainModule& module, DataLoader&
     }
     ++index;
   }
+  host_batches_.release_all();
   if (stage != "test") {
     // Lightning's order: on_validation_epoch_end, then the epoch's metrics
     // (what it logs included), then on_validation_end (in the callers).
@@ -505,6 +511,7 @@ void Trainer::train_epoch(TrainModule& module, DataLoader& train_loader, DataLoa
     {
       auto to_device_scope = profiler_->profile(strategy_action("batch_to_device"));
       moved = stage_training_batch(*batch, accumulate);
+      hold_host_batch(std::move(*batch));
     }
     // Lightning's run_training_batch: the batch-start hooks, training_step, backward, the optimizer step.
     std::optional<Profiler::Scope> batch_scope;
@@ -548,6 +555,7 @@ void Trainer::train_epoch(TrainModule& module, DataLoader& train_loader, DataLoa
     }
     if (stop) break;
   }
+  host_batches_.release_all();  // the loader's pinned buffers back before its next epoch
   progress_bar_.end_epoch();
   log_epoch_metrics(module);
   if (batch_in_epoch_ >= train_batches_) {  // not when a limit stopped the epoch midway
@@ -820,8 +828,11 @@ std::vector<Tensor> Trainer::predict(TrainModule& module, DataLoader& loader) {
     while (std::optional<Batch> batch = loader.next()) {
       auto step_scope = profiler_->profile(strategy_action("predict_step"));
       const auto autocast = autocast_region();
-      predictions.push_back(module.predict_step(to_device(*batch), index++));
+      Batch moved = to_device(*batch);
+      hold_host_batch(std::move(*batch));
+      predictions.push_back(module.predict_step(moved, index++));
     }
+    host_batches_.release_all();
   }
   call_callbacks("on_predict_end", [&](Callback& c) { c.on_predict_end(*this, module); });
   profiled.finish(/*report=*/is_global_zero());

@@ -17,6 +17,7 @@
 
 #include "core/autocast.h"
 #include "data/dataloader.h"
+#include "data/host_batch_holder.h"
 #include "optim/grad_scaler.h"
 #include "trainer/batches_or_fraction.h"
 #include "trainer/callbacks.h"
@@ -284,6 +285,9 @@ class Trainer {
   // copied from the host straight into the graphs' static buffers when it
   // fits them (the static batch is returned); else to_device(batch).
   Batch stage_training_batch(const Batch& batch, int64_t accumulate);
+  // Keeps a batch whose pinned memory a non_blocking copy to the GPU may not
+  // have read yet until the stream has run the copy (HostBatchHolder).
+  void hold_host_batch(Batch&& host);
   int64_t limit(const BatchesOrFraction& value, int64_t available, std::string_view name) const;
   int64_t train_limit(int64_t available) const;
   int64_t val_limit(int64_t available) const;  // under limit_val_batches (overfit_batches aside)
@@ -372,6 +376,7 @@ class Trainer {
   std::chrono::steady_clock::time_point start_;
   std::optional<std::chrono::seconds> max_time_;
   ProgressBar progress_bar_;
+  HostBatchHolder host_batches_;  // pinned batches until their copies to the GPU have run
   std::unique_ptr<CudaGraphStep> graph_step_;  // this fit's, with cuda_graph and nothing in the way
   TrainingCurves curves_;  // what the loggers got this fit, for training_curves_path()
   std::shared_ptr<Profiler> profiler_;
