@@ -110,14 +110,15 @@ Tensor FinderLoop::step() {
   const int64_t accumulate = settings_.accumulate_grad_batches;
   module_.model().train();
   while (true) {
-    const Batch batch = next_batch();
+    Batch batch = next_batch();
     const int64_t batch_idx = batch_in_epoch_++;
-    // As Trainer::to_device: floating inputs take the parameters' dtype, integer targets become int64.
+    // As Trainer::to_device: floating tensors take the parameters' dtype, integer targets become int64.
     Batch moved;
     moved.input = batch.input.to(device_, is_floating(batch.input.dtype()) ? param_dtype_ : batch.input.dtype(),
                                  /*non_blocking=*/true);
-    moved.target = batch.target.to(device_, is_floating(batch.target.dtype()) ? batch.target.dtype() : DType::i64,
+    moved.target = batch.target.to(device_, is_floating(batch.target.dtype()) ? param_dtype_ : DType::i64,
                                    /*non_blocking=*/true);
+    if (device_.is_cuda()) host_batches_.hold_until_done(std::move(batch), device_.index, cuda::current_stream(device_.index));
     Tensor loss;
     {
       std::optional<AutocastGuard> autocast;  // as Trainer::autocast_region(); backward runs outside it

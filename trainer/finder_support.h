@@ -12,6 +12,7 @@
 
 #include "core/generator.h"
 #include "data/dataloader.h"
+#include "data/host_batch_holder.h"
 #include "optim/grad_scaler.h"
 #include "trainer/train_module.h"
 
@@ -95,6 +96,7 @@ class FinderLoop {
   Device device_;
   DType param_dtype_ = DType::f32;
   std::optional<optim::GradScaler> scaler_;
+  HostBatchHolder host_batches_;  // pinned batches until their copies to the GPU have run (as the Trainer's)
 };
 
 }  // namespace detail
