@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 #include <regex>
+#include <set>
 #include <sstream>
 
 #include "core/autograd.h"
@@ -526,4 +527,31 @@ TEST_CASE("lr_find under 16-mixed: scaled losses, skipped overflowing steps, eve
   MESSAGE("sweep loss: first " << module.losses.front() << ", last " << module.losses.back());
   CHECK(module.losses.back() < 0.75 * module.losses.front());
   check_equal(module.model().state_dict(), weights);
+}
+
+TEST_CASE("lr_find under bf16-true: the trials run a bfloat16 model on bfloat16 batches, as fit does") {
+  // Lightning's tuner runs its trials through fit, under the precision
+  // plugin: bf16-true converts the module, and every floating tensor of a
+  // batch takes the parameters' dtype (convert_input). A float32 target too.
+  struct TargetDtypes : testing::Regression {
+    TargetDtypes() : testing::Regression({.lr = 0.01, .log_losses = false}) {}
+    Tensor training_step(const Batch& batch, int64_t batch_idx) override {
+      seen.insert(batch.target.dtype());
+      seen.insert(batch.input.dtype());
+      for (const Tensor& parameter : model().parameters()) seen.insert(parameter.dtype());
+      return testing::Regression::training_step(batch, batch_idx);
+    }
+    std::set<DType> seen;
+  };
+  auto data = regression_data(64);
+  DataLoader loader(data, loader_options());
+  REQUIRE(loader.next()->target.dtype() == DType::f32);
+  TargetDtypes module;
+  TrainerOptions options = quiet_options();
+  options.precision = "bf16-true";
+  Trainer trainer(options);
+  LRFinderOptions finder;
+  finder.num_training = 5;
+  lr_find(trainer, module, loader, finder);
+  CHECK(module.seen == std::set<DType>{DType::bf16});
 }

@@ -160,7 +160,7 @@ BatchSizeFinderResult scale_batch_size(Trainer& trainer, TrainModule& module, co
     return result;
   }
   detail::check_supported(trainer, module, "scale_batch_size");
-  module.model().to(trainer.device());
+  module.model().to(trainer.device(), trainer.param_dtype());  // as fit's setup: bf16-true trials in bfloat16
   OptimizerConfig config = module.configure_optimizers();
   KILN_CHECK(config.optimizer != nullptr, "scale_batch_size: configure_optimizers returned no optimizer");
   return search(module, *config.optimizer, train_loader, detail::step_settings(trainer), options, "scale_batch_size");

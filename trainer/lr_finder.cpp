@@ -157,7 +157,7 @@ LRFinder lr_find(Trainer& trainer, TrainModule& module, DataLoader& train_loader
   check_options(options);
   if (trainer.options().fast_dev_run > 0) return LRFinder(options);
   detail::check_supported(trainer, module, "lr_find");
-  module.model().to(trainer.device());
+  module.model().to(trainer.device(), trainer.param_dtype());  // as fit's setup: bf16-true trials in bfloat16
   OptimizerConfig config = module.configure_optimizers();
   KILN_CHECK(config.optimizer != nullptr, "lr_find: configure_optimizers returned no optimizer");
   LRFinder result = sweep(module, *config.optimizer, train_loader, detail::limited_train_batches(trainer, train_loader),

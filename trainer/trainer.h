@@ -161,6 +161,9 @@ class Trainer {
 
   const TrainerOptions& options() const { return options_; }
   Device device() const { return device_; }
+  // The parameters' dtype under options().precision (float32 in the mixed
+  // precisions, whose master weights are float32; bfloat16 under bf16-true).
+  DType param_dtype() const { return param_dtype_; }
   int64_t current_epoch() const { return epoch_; }
   // Optimizer steps taken (manual optimization: every OptimizerHandle::step()).
   int64_t global_step() const { return global_step_; }
