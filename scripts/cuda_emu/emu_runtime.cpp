@@ -1,0 +1,30 @@
+// The kiln::cuda runtime pieces the emulated kernel files call, on host
+// memory: launches are checked against emu::last_error, copies are memcpy,
+// streams are ignored (every emulated launch has finished when it returns).
+#include "emu_cuda.h"
+#include "kernels/cuda/runtime.h"
+#include "kernels/error.h"
+
+namespace kiln::cuda {
+
+void check_last_launch(const char* what) {
+  if (!emu::last_error.empty()) {
+    const std::string error = emu::last_error;
+    emu::last_error.clear();
+    throw Error(std::string(what) + ": " + error, __FILE__, __LINE__);
+  }
+}
+
+DeviceGuard::DeviceGuard(int device, const char* what) {
+  KILN_CHECK(device == 0, what, ": the emulation has one device, not ", device);
+}
+DeviceGuard::~DeviceGuard() = default;
+
+void memcpy_async(void* dst, const void* src, size_t bytes, CopyKind, Stream) { std::memcpy(dst, src, bytes); }
+void memset_async(void* dst, int value, size_t bytes, Stream) { std::memset(dst, value, bytes); }
+void stream_synchronize(Stream) {}
+
+}  // namespace kiln::cuda
+
+extern "C" const char* cudaGetErrorString(cudaError_t) { return "(emulated)"; }
+extern "C" const char* cudaGetErrorName(cudaError_t) { return "(emulated)"; }

@@ -1,0 +1,102 @@
+// Helpers of the emulated kernel tests (test_*.cpp): element conversions and
+// a comparison against a float64 reference that reports the largest error.
+#pragma once
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "emu_cuda.h"
+#include "kernels/dtype.h"
+
+namespace emu_test {
+
+template <typename T>
+double to_double(T value) {
+  if constexpr (std::is_same_v<T, __half>) {
+    return __half2float(value);
+  } else if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    return __bfloat162float(value);
+  } else {
+    return static_cast<double>(value);
+  }
+}
+
+template <typename T>
+T from_double(double value) {
+  if constexpr (std::is_same_v<T, __half>) {
+    return __float2half_rn(static_cast<float>(value));
+  } else if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    return __float2bfloat16_rn(static_cast<float>(value));
+  } else {
+    return static_cast<T>(value);
+  }
+}
+
+// Unit roundoff of T (half an ulp at 1).
+template <typename T>
+double roundoff() {
+  if constexpr (std::is_same_v<T, __half>) return std::ldexp(1.0, -11);
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) return std::ldexp(1.0, -8);
+  if constexpr (std::is_same_v<T, float>) return std::ldexp(1.0, -24);
+  return std::ldexp(1.0, -53);
+}
+
+template <typename T>
+const char* name_of() {
+  if constexpr (std::is_same_v<T, __half>) return "f16";
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) return "bf16";
+  if constexpr (std::is_same_v<T, float>) return "f32";
+  return "f64";
+}
+
+template <typename T>
+kiln::DType emu_dtype() {
+  if constexpr (std::is_same_v<T, __half>) return kiln::DType::f16;
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) return kiln::DType::bf16;
+  if constexpr (std::is_same_v<T, float>) return kiln::DType::f32;
+  return kiln::DType::f64;
+}
+
+inline int failures = 0;
+inline int checks = 0;
+
+// got vs want, elementwise: |got - want| <= rtol |want| + atol * max|want|.
+// Returns the largest |got - want| / max(max|want|, tiny) (relative to the scale of the output)
+// and prints a FAIL line naming the worst element when any is off or not finite.
+inline double compare(const std::string& label, const char* what, const std::vector<double>& got,
+                      const std::vector<double>& want, double rtol, double atol) {
+  ++checks;
+  double scale = 0;
+  for (double w : want) scale = std::max(scale, std::abs(w));
+  if (scale == 0) scale = 1;
+  double worst_error = 0;
+  long bad = 0, worst = -1;
+  double worst_excess = -1;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double error = std::abs(got[i] - want[i]);
+    const bool same_special = !std::isfinite(want[i]) && (got[i] == want[i] || (std::isnan(got[i]) && std::isnan(want[i])));
+    if (same_special) continue;
+    if (std::isfinite(error)) worst_error = std::max(worst_error, error / scale);
+    const double allowed = rtol * std::abs(want[i]) + atol * scale;
+    if (!(error <= allowed)) {
+      ++bad;
+      const double excess = std::isfinite(error) ? error - allowed : INFINITY;
+      if (excess > worst_excess) {
+        worst_excess = excess;
+        worst = static_cast<long>(i);
+      }
+    }
+  }
+  if (bad > 0) {
+    ++failures;
+    std::printf("FAIL %s %s: %ld of %zu differ; worst at %ld: %.9g vs %.9g\n", label.c_str(), what, bad, got.size(),
+                worst, got[worst], want[worst]);
+    if (std::getenv("EMU_STOP")) std::exit(1);
+  }
+  return worst_error;
+}
+
+}  // namespace emu_test

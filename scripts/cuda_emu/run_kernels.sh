@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Runs a plain CUDA C++ kernel file's kernels on the CPU (gen_cu.py rewrites the
+# launches and __shared__ arrays, emu_cuda.h emulates threads, warps, shuffles,
+# atomics and guarded memory) and compares them with a float64 reference.
+# A development tool for sessions without a GPU, not part of CI.
+#   bash scripts/cuda_emu/run_kernels.sh norm       # layer norm, forward and backward (test_norm.cpp)
+#   bash scripts/cuda_emu/run_kernels.sh indexing   # gather_rows_kernel / gather_kernel (test_indexing.cpp)
+#   bash scripts/cuda_emu/run_kernels.sh selftest   # the emulator's primitives vs CUDA's semantics (selftest.cu)
+#   EMU_REV=HEAD bash scripts/cuda_emu/run_kernels.sh softmax
+#                       # softmax, its backward, cross-entropy as committed at EMU_REV (HEAD = f518d36's file ran
+#                       # on an H200: the emulator's own check); without EMU_REV the work tree's file
+#   extra arguments go to the test program (e.g. `norm 768`: one width); EMU_STOP=1 stops at the first
+#   failure, EMU_TRACE=1 prints every launch's configuration. Each test runs twice: buffers end at a
+#   guard page (overruns fault), then start at one (EMU_GUARD_FRONT=1: underruns fault).
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+root="$(cd "$here/../.." && pwd)"
+work="${KILN_EMU_DIR:-/tmp/kiln-cuda-emu}"
+family="${1:?usage: run_kernels.sh norm|indexing|softmax|selftest [args]}"
+shift
+mkdir -p "$work"
+src="kernels/cuda/$family.cu"
+[ "$family" = selftest ] && src="scripts/cuda_emu/selftest.cu"
+if [ -n "${EMU_REV:-}" ]; then  # the file as committed at EMU_REV (headers still from the work tree)
+  mkdir -p "$work/rev"
+  git -C "$root" show "$EMU_REV:$src" > "$work/rev/$family.cu"
+  python3 "$here/gen_cu.py" "$work/rev/$family.cu" "$work/emu_$family.inc" "$src@$EMU_REV"
+else
+  (cd "$root" && python3 "$here/gen_cu.py" "$src" "$work/emu_$family.inc")
+fi
+nice -n 10 g++ -std=c++20 -O1 -g -pthread -Wall -Wno-unknown-pragmas -Wno-unused-function \
+  -I"$work" -I"$here" -I"$root" -I/usr/local/cuda/include \
+  "$here/test_$family.cpp" "$here/emu_runtime.cpp" "$root/kernels/dtype.cpp" "$root/kernels/strided.cpp" \
+  -o "$work/test_$family"
+# Twice: buffers end at a guard page (overruns fault), then start at one (underruns fault).
+# A deadlock (e.g. __syncthreads reached by some threads only) hangs the emulation: hence the timeout.
+timeout "${EMU_TIMEOUT:-1800}" "$work/test_$family" "$@"
+echo "-- again with the guard pages before the buffers (EMU_GUARD_FRONT=1)"
+EMU_GUARD_FRONT=1 timeout "${EMU_TIMEOUT:-1800}" "$work/test_$family" "$@" | tail -n 1
