@@ -13,6 +13,7 @@
 #include <utility>
 
 #include "tests/support/run_binary.h"
+#include "tests/support/test_util.h"
 
 namespace fs = std::filesystem;
 
@@ -190,4 +191,27 @@ TEST_CASE("train_fashion: every validation is reported with the progress bar off
   CHECK(run.exit_code == 0);
   CHECK(run.output.find("val_acc 0.") == std::string::npos);
   fs::remove_all(root);
+}
+
+TEST_CASE("train_fashion --deterministic on the GPU: two runs print the same test metrics, batches pinned [gpu]") {
+  KILN_REQUIRE_GPU();
+  // On the first H200 run two such runs ended with different test losses.
+  // A candidate cause, fixed since (HostBatchHolder): a pinned batch went back
+  // to the loader's pool while its non_blocking copy still waited on the
+  // stream, and the next batch was written over it. Workers and pinned
+  // memory on, as the main job runs.
+  auto test_line = [](const std::string& tag) {
+    const fs::path root = fresh_root("gpu_deterministic_" + tag);
+    Run run = run_train_fashion("--accelerator gpu --deterministic --seed 11 --max-epochs 1 --limit-train-batches 150 "
+                                "--limit-val-batches 4 --num-workers 2 --pin-memory true --enable-progress-bar false "
+                                "--default-root-dir " + root.string());
+    INFO(run.output);
+    CHECK(run.exit_code == 0);
+    fs::remove_all(root);
+    const size_t at = run.output.find("test_acc ");
+    REQUIRE(at != std::string::npos);
+    return run.output.substr(at, run.output.find("  (", run.output.find("test_loss", at)) - at);
+  };
+  const std::string first = test_line("a");
+  CHECK(test_line("b") == first);
 }
