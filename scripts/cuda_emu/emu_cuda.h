@@ -93,7 +93,7 @@ inline int lane() { return linear_thread % 32; }
 
 // ---------------------------------------------------------------- guarded buffers
 
-// One mapping: [guard page][canary slack][data][canary slack < 16 + misalign][guard page].
+// One mapping: [guard page][canary slack][data][canary slack < align + misalign][guard page].
 struct Guarded {
   unsigned char* region;
   size_t region_bytes;
@@ -136,9 +136,12 @@ inline void install_fault_handler() {
   sigaction(SIGBUS, &action, nullptr);
 }
 
-// `bytes` of device-like memory whose address is `misalign` bytes past a
-// 16-byte boundary, filled with `fill` (0xff: NaN in every float type).
-inline void* guarded_alloc(size_t bytes, size_t misalign, unsigned char fill, const std::string& name) {
+// `bytes` of device-like memory whose address is `misalign` bytes past an
+// `align`-byte boundary (16, or a larger power of two up to 64), filled with
+// `fill` (0xff: NaN in every float type).
+inline void* guarded_alloc(size_t bytes, size_t misalign, unsigned char fill, const std::string& name,
+                           size_t align = 16) {
+  EMU_REQUIRE(align >= 16 && align <= 64 && (align & (align - 1)) == 0);
   const size_t page = page_size();
   const size_t body = (bytes + 64 + misalign + page - 1) / page * page;
   auto* region = static_cast<unsigned char*>(
@@ -147,11 +150,11 @@ inline void* guarded_alloc(size_t bytes, size_t misalign, unsigned char fill, co
   mprotect(region, page, PROT_NONE);
   mprotect(region + page + body, page, PROT_NONE);
   std::memset(region + page, kCanary, body);
-  // The data ends at the guard page after it (within 15 + misalign bytes), or with
+  // The data ends at the guard page after it (within align - 1 + misalign bytes), or with
   // EMU_GUARD_FRONT set starts right after the guard page before it (+ misalign).
   const uintptr_t end = reinterpret_cast<uintptr_t>(region + page + body);
   const uintptr_t start = guard_front ? reinterpret_cast<uintptr_t>(region + page) + misalign
-                                      : ((end - bytes - misalign) & ~uintptr_t{15}) + misalign;
+                                      : ((end - bytes - misalign) & ~uintptr_t{align - 1}) + misalign;
   auto* data = reinterpret_cast<unsigned char*>(start);
   std::memset(data, fill, bytes);
   std::lock_guard lock(guarded_mutex);
@@ -195,8 +198,9 @@ struct Buffer {
   T* data = nullptr;
   size_t n = 0;
   Buffer() = default;
-  Buffer(size_t count, const std::string& name, size_t misalign = 0, unsigned char fill = 0xff) : n(count) {
-    data = static_cast<T*>(guarded_alloc(count * sizeof(T), misalign, fill, name));
+  Buffer(size_t count, const std::string& name, size_t misalign = 0, unsigned char fill = 0xff, size_t align = 16)
+      : n(count) {
+    data = static_cast<T*>(guarded_alloc(count * sizeof(T), misalign, fill, name, align));
   }
   Buffer(const Buffer&) = delete;
   Buffer& operator=(const Buffer&) = delete;
@@ -378,6 +382,28 @@ inline double rsqrt(double x) { return 1.0 / std::sqrt(x); }
 inline float __expf(float x) { return std::exp(x); }
 inline float __logf(float x) { return std::log(x); }
 inline float __fdividef(float x, float y) { return x / y; }
+// CUDA's device min/max: integer overloads (mixed types compare in their common type) and
+// fminf/fmaxf for floating point.
+template <typename A, typename B>
+  requires(std::is_integral_v<A> && std::is_integral_v<B>)
+std::common_type_t<A, B> min(A a, B b) {
+  using C = std::common_type_t<A, B>;
+  return static_cast<C>(b) < static_cast<C>(a) ? static_cast<C>(b) : static_cast<C>(a);
+}
+template <typename A, typename B>
+  requires(std::is_integral_v<A> && std::is_integral_v<B>)
+std::common_type_t<A, B> max(A a, B b) {
+  using C = std::common_type_t<A, B>;
+  return static_cast<C>(a) < static_cast<C>(b) ? static_cast<C>(b) : static_cast<C>(a);
+}
+inline float min(float a, float b) { return std::fmin(a, b); }
+inline float max(float a, float b) { return std::fmax(a, b); }
+inline double min(double a, double b) { return std::fmin(a, b); }
+inline double max(double a, double b) { return std::fmax(a, b); }
+// Rounded once (round to nearest even): the host's own float/double multiply (x86-64 SSE, no
+// contraction into an FMA under -std=c++20), as __fmul_rn/__dmul_rn promise on the device.
+inline float __fmul_rn(float x, float y) { return x * y; }
+inline double __dmul_rn(double x, double y) { return x * y; }
 
 // ---------------------------------------------------------------- cub (indexing.cu's sort; not emulated)
 

@@ -24,6 +24,22 @@ void memcpy_async(void* dst, const void* src, size_t bytes, CopyKind, Stream) { 
 void memset_async(void* dst, int value, size_t bytes, Stream) { std::memset(dst, value, bytes); }
 void stream_synchronize(Stream) {}
 
+// One device shaped like an H100 SXM (132 multiprocessors; EMU_SM_COUNT=n for another
+// count): plans that scale with the multiprocessor count (reduction.cu's chunking) then
+// split work as they would on that GPU.
+DeviceProperties device_properties(int device) {
+  KILN_CHECK(device == 0, "device_properties: the emulation has one device, not ", device);
+  DeviceProperties p{};
+  std::snprintf(p.name, sizeof p.name, "kiln CUDA emulator (H100-like)");
+  const char* sms = std::getenv("EMU_SM_COUNT");
+  p.multiprocessor_count = sms != nullptr && *sms != 0 ? std::atoi(sms) : 132;
+  p.l2_cache_bytes = size_t{50} << 20;
+  p.shared_memory_per_block_optin = 227 * 1024;
+  p.major = 9;
+  p.minor = 0;
+  return p;
+}
+
 }  // namespace kiln::cuda
 
 extern "C" const char* cudaGetErrorString(cudaError_t) { return "(emulated)"; }

@@ -5,7 +5,8 @@
 # production source, and line numbers are kept (#line) so that diagnostics and
 # EMU failures point into the .cu file:
 #   kernel<T><<<grid, block[, smem[, stream]]>>>(args)
-#       -> ::emu::launch(::emu::Config(grid, block, ...), "kernel<T>", kernel<T>, args)
+#       -> ::emu::launch(::emu::Config(grid, block, ...), "kernel<T>",
+#                        [](auto&... a) { kernel<T>(a...); }, args)   (deduces the rest, as nvcc)
 #   __shared__ T a[n], b[m];   -> static T a[n], b[m]; (per CTA: CTAs run one at a time)
 #                                 plus a call that NaN-poisons each array once per CTA
 #   extern __shared__ T s[];   -> T* s = the CTA's dynamic shared memory (NaN-poisoned)
@@ -140,7 +141,10 @@ def rewrite_launches(src):
         end = matching_forward(src, paren, '(', ')')
         args = src[paren + 1:end]
         name = ' '.join(kernel.split())
-        launch = f'::emu::launch(::emu::Config({config}), "{name}", {kernel}'
+        # The kernel through a generic lambda: template arguments the launch leaves to deduction
+        # (reduction.cu's reduce_kernel<T><<<...>>>(x, g, red, write, partial)) are deduced from the
+        # arguments at the call, as nvcc does; a bare template name could not be passed.
+        launch = f'::emu::launch(::emu::Config({config}), "{name}", [](auto&... emu_args) {{ {kernel}(emu_args...); }}'
         launch += (', ' + args if args.strip() else '') + ')'
         # Keep the line count: the newlines of the original span stay in `launch`'s pieces.
         removed = src[kernel_start:end + 1].count('\n') - launch.count('\n')

@@ -5,10 +5,15 @@
 # A development tool for sessions without a GPU, not part of CI.
 #   bash scripts/cuda_emu/run_kernels.sh norm       # layer norm, forward and backward (test_norm.cpp)
 #   bash scripts/cuda_emu/run_kernels.sh indexing   # gather_rows_kernel / gather_kernel (test_indexing.cpp)
+#   bash scripts/cuda_emu/run_kernels.sh random     # dropout forward/backward, uniform/normal/randint vs
+#                                                   # kernels/cpu/random.cpp bit for bit (test_random.cpp)
+#   bash scripts/cuda_emu/run_kernels.sh reduction  # reduce_cuda (sum/mean/var/amax/amin/arg/norm/all) vs
+#                                                   # kernels/cpu/reduction.cpp (test_reduction.cpp)
 #   bash scripts/cuda_emu/run_kernels.sh selftest   # the emulator's primitives vs CUDA's semantics (selftest.cu)
 #   EMU_REV=HEAD bash scripts/cuda_emu/run_kernels.sh softmax
 #                       # softmax, its backward, cross-entropy as committed at EMU_REV (HEAD = f518d36's file ran
 #                       # on an H200: the emulator's own check); without EMU_REV the work tree's file
+#   EMU_SRC=/tmp/broken.cu bash scripts/cuda_emu/run_kernels.sh random   # that file instead (mutation checks)
 #   extra arguments go to the test program (e.g. `norm 768`: one width); EMU_STOP=1 stops at the first
 #   failure, EMU_TRACE=1 prints every launch's configuration. Each test runs twice: buffers end at a
 #   guard page (overruns fault), then start at one (EMU_GUARD_FRONT=1: underruns fault).
@@ -16,22 +21,40 @@ set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
 work="${KILN_EMU_DIR:-/tmp/kiln-cuda-emu}"
-family="${1:?usage: run_kernels.sh norm|indexing|softmax|selftest [args]}"
+family="${1:?usage: run_kernels.sh norm|indexing|softmax|random|reduction|selftest [args]}"
 shift
 mkdir -p "$work"
 src="kernels/cuda/$family.cu"
 [ "$family" = selftest ] && src="scripts/cuda_emu/selftest.cu"
-if [ -n "${EMU_REV:-}" ]; then  # the file as committed at EMU_REV (headers still from the work tree)
+if [ -n "${EMU_SRC:-}" ]; then  # another file in the family's place (e.g. a deliberately broken copy)
+  python3 "$here/gen_cu.py" "$EMU_SRC" "$work/emu_$family.inc"
+elif [ -n "${EMU_REV:-}" ]; then  # the file as committed at EMU_REV (headers still from the work tree)
   mkdir -p "$work/rev"
   git -C "$root" show "$EMU_REV:$src" > "$work/rev/$family.cu"
   python3 "$here/gen_cu.py" "$work/rev/$family.cu" "$work/emu_$family.inc" "$src@$EMU_REV"
 else
   (cd "$root" && python3 "$here/gen_cu.py" "$src" "$work/emu_$family.inc")
 fi
-nice -n 10 g++ -std=c++20 -O1 -g -pthread -Wall -Wno-unknown-pragmas -Wno-unused-function \
+# The CPU kernels some drivers compare with (bit for bit), built as the project builds them
+# (x86-64-v3 where the host has AVX2; no OpenMP: the CPU results never depend on the thread count).
+cpu_src=()
+case "$family" in
+  random) cpu_src=(kernels/cpu/random.cpp) ;;
+  reduction) cpu_src=(kernels/cpu/reduction.cpp) ;;
+esac
+cpu_obj=()
+arch=()
+grep -qw avx2 /proc/cpuinfo && grep -qw f16c /proc/cpuinfo && grep -qw fma /proc/cpuinfo && arch=(-march=x86-64-v3)
+for s in "${cpu_src[@]}"; do
+  obj="$work/cpu_$(basename "$s" .cpp).o"
+  nice -n 10 g++ -std=c++20 -O2 "${arch[@]}" -Wno-unknown-pragmas -I"$root" -I/usr/local/cuda/include \
+    -I/usr/include/eigen3 -c "$root/$s" -o "$obj"
+  cpu_obj+=("$obj")
+done
+nice -n 10 g++ -std=c++20 -O1 -g -pthread -Wall -Wno-unknown-pragmas -Wno-unused-function -Wno-class-memaccess \
   -I"$work" -I"$here" -I"$root" -I/usr/local/cuda/include \
   "$here/test_$family.cpp" "$here/emu_runtime.cpp" "$root/kernels/dtype.cpp" "$root/kernels/strided.cpp" \
-  -o "$work/test_$family"
+  "${cpu_obj[@]}" -o "$work/test_$family"
 # Twice: buffers end at a guard page (overruns fault), then start at one (underruns fault).
 # A deadlock (e.g. __syncthreads reached by some threads only) hangs the emulation: hence the timeout.
 timeout "${EMU_TIMEOUT:-1800}" "$work/test_$family" "$@"
