@@ -6,6 +6,8 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <cstdint>
+#include <cstring>
 
 #include "kernels/cuda/check.h"
 #include "kernels/random.h"
@@ -81,39 +83,117 @@ __global__ void randint_kernel(T* out, int64_t count, int64_t counters, int64_t 
   }
 }
 
+// Four consecutive elements (one Philox counter's) as one access: 8 bytes of
+// 16-bit values, 16 of float, 32 of double (two 16-byte accesses). The
+// callers use these only where the base pointer is aligned to the quad's size.
+template <typename T>
+__device__ __forceinline__ void load_quad(const T* p, T (&v)[4]) {
+  static_assert(sizeof(T) == 2 || sizeof(T) == 4 || sizeof(T) == 8);
+  if constexpr (sizeof(T) == 2) {
+    const uint2 bits = *reinterpret_cast<const uint2*>(p);
+    memcpy(v, &bits, sizeof(bits));
+  } else if constexpr (sizeof(T) == 4) {
+    const uint4 bits = *reinterpret_cast<const uint4*>(p);
+    memcpy(v, &bits, sizeof(bits));
+  } else {
+    const uint4 low = reinterpret_cast<const uint4*>(p)[0], high = reinterpret_cast<const uint4*>(p)[1];
+    memcpy(v, &low, sizeof(low));
+    memcpy(v + 2, &high, sizeof(high));
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ void store_quad(T* p, const T (&v)[4]) {
+  if constexpr (sizeof(T) == 2) {
+    uint2 bits;
+    memcpy(&bits, v, sizeof(bits));
+    *reinterpret_cast<uint2*>(p) = bits;
+  } else if constexpr (sizeof(T) == 4) {
+    uint4 bits;
+    memcpy(&bits, v, sizeof(bits));
+    *reinterpret_cast<uint4*>(p) = bits;
+  } else {
+    uint4 low, high;
+    memcpy(&low, v, sizeof(low));
+    memcpy(&high, v + 2, sizeof(high));
+    reinterpret_cast<uint4*>(p)[0] = low;
+    reinterpret_cast<uint4*>(p)[1] = high;
+  }
+}
+
+// x * scale rounded once: never contracted into an FMA, so the product equals the CPU's.
+template <typename T>
+__device__ __forceinline__ T dropped_value(T x, bool keep, compute_t<T> scale) {
+  using C = compute_t<T>;
+  if constexpr (std::is_same_v<C, double>) {
+    return keep ? T(__dmul_rn(static_cast<C>(x), scale)) : T(C(0));
+  } else {
+    return keep ? T(__fmul_rn(static_cast<C>(x), scale)) : T(C(0));
+  }
+}
+
+// One thread per Philox counter: its four words decide four consecutive
+// elements. `quads`: x, out (and mask, 4 bytes) are aligned for whole-quad
+// accesses, so a full quad moves as one load, one store and one 4-byte mask
+// store instead of four of each (the byte floor: read x, write out and mask).
 template <typename T>
 __global__ void dropout_kernel(const T* x, T* out, uint8_t* mask, int64_t count, int64_t counters, float p,
-                               compute_t<T> scale, uint64_t seed, uint64_t offset,
+                               compute_t<T> scale, uint64_t seed, uint64_t offset, bool quads,
                                const philox::ReplayState* replay) {
-  using C = compute_t<T>;
   seed = philox::seed_of(seed, replay);
   offset = philox::offset_of(offset, replay);
   KILN_GRID_STRIDE(c, counters) {
     const philox::Uint4 w = philox::philox4x32(seed, offset + static_cast<uint64_t>(c));
-    for (int lane = 0; lane < 4 && 4 * c + lane < count; ++lane) {
-      const int64_t i = 4 * c + lane;
-      const bool keep = dropout_keep(philox::lane(w, lane), p);
-      // __fmul_rn: never contracted into an FMA, so the product equals the CPU's.
-      if constexpr (std::is_same_v<C, double>) {
-        out[i] = keep ? T(__dmul_rn(static_cast<C>(x[i]), scale)) : T(C(0));
-      } else {
-        out[i] = keep ? T(__fmul_rn(static_cast<C>(x[i]), scale)) : T(C(0));
+    const int64_t first = 4 * c;
+    if (quads && first + 3 < count) {
+      T in[4], result[4];
+      load_quad(x + first, in);
+      uint32_t keep_bytes = 0;  // little-endian: byte `lane` is element first + lane's mask
+#pragma unroll
+      for (int lane = 0; lane < 4; ++lane) {
+        const bool keep = dropout_keep(philox::lane(w, lane), p);
+        result[lane] = dropped_value(in[lane], keep, scale);
+        keep_bytes |= static_cast<uint32_t>(keep) << (8 * lane);
       }
+      store_quad(out + first, result);
+      if (mask != nullptr) *reinterpret_cast<uint32_t*>(mask + first) = keep_bytes;
+      continue;
+    }
+    for (int lane = 0; lane < 4 && first + lane < count; ++lane) {
+      const int64_t i = first + lane;
+      const bool keep = dropout_keep(philox::lane(w, lane), p);
+      out[i] = dropped_value(x[i], keep, scale);
       if (mask != nullptr) mask[i] = keep ? 1 : 0;
     }
   }
 }
 
+// dx = mask ? dout * scale : 0, four elements per thread (quads as above).
 template <typename T>
-__global__ void dropout_backward_kernel(const T* dout, const uint8_t* mask, T* dx, int64_t count, compute_t<T> scale) {
-  using C = compute_t<T>;
-  KILN_GRID_STRIDE(i, count) {
-    if constexpr (std::is_same_v<C, double>) {
-      dx[i] = mask[i] ? T(__dmul_rn(static_cast<C>(dout[i]), scale)) : T(C(0));
-    } else {
-      dx[i] = mask[i] ? T(__fmul_rn(static_cast<C>(dout[i]), scale)) : T(C(0));
+__global__ void dropout_backward_kernel(const T* dout, const uint8_t* mask, T* dx, int64_t count, compute_t<T> scale,
+                                        bool quads) {
+  KILN_GRID_STRIDE(q, (count + 3) / 4) {
+    const int64_t first = 4 * q;
+    if (quads && first + 3 < count) {
+      T in[4], result[4];
+      load_quad(dout + first, in);
+      const uint32_t keep_bytes = *reinterpret_cast<const uint32_t*>(mask + first);
+#pragma unroll
+      for (int lane = 0; lane < 4; ++lane) {
+        result[lane] = dropped_value(in[lane], ((keep_bytes >> (8 * lane)) & 0xffu) != 0, scale);
+      }
+      store_quad(dx + first, result);
+      continue;
     }
+    for (int64_t i = first; i < first + 4 && i < count; ++i) dx[i] = dropped_value(dout[i], mask[i] != 0, scale);
   }
+}
+
+// Whether every pointer allows whole-quad accesses of T (and 4-byte mask words).
+template <typename T>
+bool quad_aligned(const void* a, const void* b, const uint8_t* mask) {
+  const auto aligned = [](const void* p, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; };
+  return aligned(a, 4 * sizeof(T)) && aligned(b, 4 * sizeof(T)) && (mask == nullptr || aligned(mask, 4));
 }
 
 }  // namespace
@@ -177,7 +257,7 @@ void dropout_cuda(const void* x, void* out, uint8_t* mask, DType dtype, int64_t 
   dispatch_floating(dtype, "dropout", [&]<typename T>() {
     dropout_kernel<T><<<blocks_for(counters), kThreads, 0, native(stream)>>>(
         static_cast<const T*>(x), static_cast<T*>(out), mask, count, static_cast<int64_t>(counters), p,
-        static_cast<compute_t<T>>(scale), seed, offset, replay);
+        static_cast<compute_t<T>>(scale), seed, offset, quad_aligned<T>(x, out, mask), replay);
     cuda::check_last_launch("dropout (dropout_kernel)");
   });
 }
@@ -186,8 +266,9 @@ void dropout_backward_cuda(const void* dout, const uint8_t* mask, void* dx, DTyp
                            cuda::Stream stream) {
   if (count == 0) return;
   dispatch_floating(dtype, "dropout backward", [&]<typename T>() {
-    dropout_backward_kernel<T><<<blocks_for(static_cast<uint64_t>(count)), kThreads, 0, native(stream)>>>(
-        static_cast<const T*>(dout), mask, static_cast<T*>(dx), count, static_cast<compute_t<T>>(scale));
+    dropout_backward_kernel<T><<<blocks_for(static_cast<uint64_t>((count + 3) / 4)), kThreads, 0, native(stream)>>>(
+        static_cast<const T*>(dout), mask, static_cast<T*>(dx), count, static_cast<compute_t<T>>(scale),
+        quad_aligned<T>(dout, dx, mask));
     cuda::check_last_launch("dropout backward (dropout_backward_kernel)");
   });
 }
