@@ -8,7 +8,10 @@
 // partials go to a workspace and a second kernel folds them in chunk order.
 // No atomics: the result is the same bits on every run (for a given GPU model,
 // whose multiprocessor count sets the chunking).
-//   inner == 1: bx = 1, consecutive ty read consecutive values (coalesced).
+//   inner == 1: bx = 1, consecutive ty read consecutive values (coalesced);
+//               when the rows allow, 16-byte vectors of consecutive values
+//               (Geometry::vectors: eight bf16 per load instead of one, so
+//               enough bytes are in flight to reach the memory's bandwidth).
 //   inner  > 1: bx <= 32 columns side by side (coalesced across tx).
 // Accumulation: float for f16/bf16/f32, double for f64, int64 for integer sums.
 #include <cuda_bf16.h>
@@ -17,6 +20,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 #include <type_traits>
 
 #include "kernels/cuda/check.h"
@@ -31,6 +36,7 @@ constexpr int kThreads = 256;
 constexpr int64_t kMaxChunks = 1024;
 constexpr int64_t kMinRowsPerThread = 32;  // chunk only when each thread still folds this many rows
 constexpr size_t kMaxStateBytes = 16;      // ValueIndex<double>
+constexpr int kVectorBytes = 16;           // one load of consecutive values (inner == 1)
 
 // ---------------------------------------------------------------- types
 
@@ -236,8 +242,11 @@ struct NormWriter {
 struct Geometry {
   int64_t outer, reduced, inner;
   int64_t column_blocks;   // ceil(inner / bx)
-  int64_t rows_per_chunk;  // rows of the reduced dim per grid.y index
+  int64_t rows_per_chunk;  // rows of the reduced dim per grid.y index (a multiple of the vector with vectors)
   int64_t chunks;
+  // inner == 1 and every row and chunk starts on a kVectorBytes boundary:
+  // thread ty folds vectors ty, ty + by, ... of kVectorBytes / sizeof(T) rows each.
+  bool vectors;
 };
 
 template <typename T, typename R, typename W>
@@ -254,7 +263,25 @@ __global__ void reduce_kernel(const T* __restrict__ x, Geometry g, R red, W writ
   State s = red.identity();
   if (c < g.inner) {
     const T* base = x + o * g.reduced * g.inner + c;
-    for (int64_t r = chunk * g.rows_per_chunk + ty; r < r_end; r += by) s = red.combine(s, red.load_one(base[r * g.inner], r, out));
+    if (g.vectors) {
+      constexpr int kWidth = static_cast<int>(kVectorBytes / sizeof(T));
+#pragma unroll 4
+      for (int64_t r = chunk * g.rows_per_chunk + int64_t{kWidth} * ty; r < r_end; r += int64_t{kWidth} * by) {
+        if (r + kWidth <= r_end) {
+          const uint4 bits = *reinterpret_cast<const uint4*>(base + r);
+          T v[kWidth];
+          memcpy(v, &bits, sizeof(bits));
+#pragma unroll
+          for (int k = 0; k < kWidth; ++k) s = red.combine(s, red.load_one(v[k], r + k, out));
+        } else {
+          for (int64_t k = r; k < r_end; ++k) s = red.combine(s, red.load_one(base[k], k, out));
+        }
+      }
+    } else {
+      for (int64_t r = chunk * g.rows_per_chunk + ty; r < r_end; r += by) {
+        s = red.combine(s, red.load_one(base[r * g.inner], r, out));
+      }
+    }
   }
   shared[ty * bx + tx] = s;
   __syncthreads();
@@ -296,8 +323,12 @@ struct LaunchPlan {
 
 LaunchPlan plan_launch(const ReduceArgs& a) {
   LaunchPlan plan;
+  const auto width = static_cast<int64_t>(kVectorBytes / dtype_size(a.in_dtype));
+  const bool vectors = a.inner == 1 && reinterpret_cast<uintptr_t>(a.in) % kVectorBytes == 0 &&
+                       (a.outer == 1 || a.reduced % width == 0);
+  const int64_t loads = vectors ? (a.reduced + width - 1) / width : a.reduced;  // per row
   const int bx = a.inner == 1 ? 1 : std::min(32, next_pow2(a.inner));
-  const int by = std::max(1, std::min(kThreads / bx, next_pow2(a.reduced)));
+  const int by = std::max(1, std::min(kThreads / bx, next_pow2(loads)));
   plan.block = dim3(bx, by);
   Geometry& g = plan.geometry;
   g.outer = a.outer;
@@ -307,10 +338,16 @@ LaunchPlan plan_launch(const ReduceArgs& a) {
   g.chunks = 1;
   const int64_t blocks = a.outer * g.column_blocks;
   const int64_t target = int64_t{cuda::device_properties(a.device).multiprocessor_count} * (2048 / kThreads);
+  // Chunks by elements, vectors or not: a thread's vector loads then still
+  // number at least kMinRowsPerThread / width, and the chunks keep enough
+  // blocks in flight (counting vector loads here left a bfloat16 sum of 100K
+  // elements to one block).
   if (blocks < target && a.reduced > by * kMinRowsPerThread) {
     g.chunks = std::min({(target + blocks - 1) / blocks, a.reduced / (by * kMinRowsPerThread), kMaxChunks});
   }
+  g.vectors = vectors;
   g.rows_per_chunk = std::max<int64_t>(1, (a.reduced + g.chunks - 1) / g.chunks);
+  if (vectors) g.rows_per_chunk = (g.rows_per_chunk + width - 1) / width * width;  // chunks start on vectors
   g.chunks = std::max<int64_t>(1, (a.reduced + g.rows_per_chunk - 1) / g.rows_per_chunk);
   KILN_CHECK(blocks <= INT32_MAX, "reduce: too many outputs (", a.outer, " x ", a.inner, ") for one launch");
   return plan;
