@@ -377,6 +377,9 @@ inline double __longlong_as_double(long long x) { return std::bit_cast<double>(x
 inline long long __double_as_longlong(double x) { return std::bit_cast<long long>(x); }
 template <typename T>
 T __ldg(const T* p) { return *p; }
+// Cache-hinted stores: plain stores here.
+template <typename T>
+void __stwb(T* p, T value) { *p = value; }
 inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
 inline double rsqrt(double x) { return 1.0 / std::sqrt(x); }
 inline float __expf(float x) { return std::exp(x); }

@@ -10,9 +10,11 @@
 #   bash scripts/cuda_emu/run_kernels.sh reduction  # reduce_cuda (sum/mean/var/amax/amin/arg/norm/all) vs
 #                                                   # kernels/cpu/reduction.cpp (test_reduction.cpp)
 #   bash scripts/cuda_emu/run_kernels.sh selftest   # the emulator's primitives vs CUDA's semantics (selftest.cu)
-#   EMU_REV=HEAD bash scripts/cuda_emu/run_kernels.sh softmax
-#                       # softmax, its backward, cross-entropy as committed at EMU_REV (HEAD = f518d36's file ran
+#   EMU_REV=f518d36 bash scripts/cuda_emu/run_kernels.sh softmax
+#                       # softmax, its backward, cross-entropy as committed at EMU_REV (f518d36's file ran
 #                       # on an H200: the emulator's own check); without EMU_REV the work tree's file
+#   bash scripts/cuda_emu/run_kernels.sh softmax_paths  # softmax.cu's launch paths (every row layout, widths
+#                       # to 50257, offset buffers, label smoothing) vs float64 (softmax_paths.cpp)
 #   EMU_SRC=/tmp/broken.cu bash scripts/cuda_emu/run_kernels.sh random   # that file instead (mutation checks)
 #   extra arguments go to the test program (e.g. `norm 768`: one width); EMU_STOP=1 stops at the first
 #   failure, EMU_TRACE=1 prints every launch's configuration. Each test runs twice: buffers end at a
@@ -21,9 +23,11 @@ set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
 work="${KILN_EMU_DIR:-/tmp/kiln-cuda-emu}"
-family="${1:?usage: run_kernels.sh norm|indexing|softmax|random|reduction|selftest [args]}"
+family="${1:?usage: run_kernels.sh norm|indexing|softmax|softmax_paths|random|reduction|selftest [args]}"
 shift
 mkdir -p "$work"
+driver="test_$family.cpp"
+if [ "$family" = softmax_paths ]; then family=softmax; driver=softmax_paths.cpp; fi  # a second softmax driver
 src="kernels/cuda/$family.cu"
 [ "$family" = selftest ] && src="scripts/cuda_emu/selftest.cu"
 if [ -n "${EMU_SRC:-}" ]; then  # another file in the family's place (e.g. a deliberately broken copy)
@@ -53,10 +57,10 @@ for s in "${cpu_src[@]}"; do
 done
 nice -n 10 g++ -std=c++20 -O1 -g -pthread -Wall -Wno-unknown-pragmas -Wno-unused-function -Wno-class-memaccess \
   -I"$work" -I"$here" -I"$root" -I/usr/local/cuda/include \
-  "$here/test_$family.cpp" "$here/emu_runtime.cpp" "$root/kernels/dtype.cpp" "$root/kernels/strided.cpp" \
-  "${cpu_obj[@]}" -o "$work/test_$family"
+  "$here/$driver" "$here/emu_runtime.cpp" "$root/kernels/dtype.cpp" "$root/kernels/strided.cpp" \
+  "${cpu_obj[@]}" -o "$work/${driver%.cpp}"
 # Twice: buffers end at a guard page (overruns fault), then start at one (underruns fault).
 # A deadlock (e.g. __syncthreads reached by some threads only) hangs the emulation: hence the timeout.
-timeout "${EMU_TIMEOUT:-1800}" "$work/test_$family" "$@"
+timeout "${EMU_TIMEOUT:-1800}" "$work/${driver%.cpp}" "$@"
 echo "-- again with the guard pages before the buffers (EMU_GUARD_FRONT=1)"
-EMU_GUARD_FRONT=1 timeout "${EMU_TIMEOUT:-1800}" "$work/test_$family" "$@" | tail -n 1
+EMU_GUARD_FRONT=1 timeout "${EMU_TIMEOUT:-1800}" "$work/${driver%.cpp}" "$@" | tail -n 1

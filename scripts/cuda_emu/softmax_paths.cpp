@@ -7,18 +7,8 @@
 // row, logits offset by 1000 (label smoothing's sum), ignored and bad targets,
 // class weights, label smoothing, per-row and scalar gradients, a divisor.
 // Every output starts as NaN.
-//   d=/tmp/kiln-cuda-emu; mkdir -p $d
-//   python3 scripts/cuda_emu/gen_cu.py kernels/cuda/softmax.cu $d/emu_softmax.inc
-//   g++ -std=c++20 -O1 -pthread -Wall -Wno-unknown-pragmas -Wno-unused-function -I$d -Iscripts/cuda_emu
-//     -I. -I/usr/local/cuda/include scripts/cuda_emu/softmax_paths.cpp scripts/cuda_emu/emu_runtime.cpp
-//     kernels/dtype.cpp kernels/strided.cpp -o $d/softmax_paths        (one command line)
-//   $d/softmax_paths [cols]      (one width only); again with EMU_GUARD_FRONT=1
+//   bash scripts/cuda_emu/run_kernels.sh softmax_paths [cols]   (cols: one width only)
 #include "emu_test.h"
-
-// A cache-hinted store that emu_cuda.h does not emulate (yet): a plain store.
-#ifndef EMU_HAS_STWB
-inline void __stwb(uint4* address, uint4 value) { *address = value; }
-#endif
 
 #include "emu_softmax.inc"
 
