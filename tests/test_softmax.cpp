@@ -282,12 +282,24 @@ TEST_CASE("softmax and losses: CUDA matches the CPU [gpu]") {
   KILN_REQUIRE_GPU();
   for (DType dtype : {DType::f32, DType::f64, DType::f16, DType::bf16}) {
     const Tolerance tol = parity_tolerance(dtype);
-    for (const Shape& shape : std::vector<Shape>{{7, 1031}, {64, 10}, {3, 5000}, {2, 3, 4, 5}}) {
+    // Rows that take each CUDA path: a few lanes of a warp ({64, 10}), a block
+    // holding the row in registers ({8, 4096}: whole 16-byte lines), rows too
+    // long for registers ({2, 40000}: streamed, and cross-entropy's widest groups).
+    for (const Shape& shape : std::vector<Shape>{{7, 1031}, {64, 10}, {3, 5000}, {8, 4096}, {2, 40000}, {2, 3, 4, 5}}) {
       INFO("dtype " << dtype_name(dtype) << " shape " << shape_str(shape));
       Tensor x = random(shape, dtype);
       for (int64_t dim : {int64_t{-1}, int64_t{0}, int64_t{1}}) {
         KILN_CHECK_CLOSE(softmax(x.cuda(), dim).cpu(), softmax(x, dim), tol.rtol, tol.atol);
         KILN_CHECK_CLOSE(log_softmax(x.cuda(), dim).cpu(), log_softmax(x, dim), tol.rtol, 1e-4);
+      }
+      // Backward over the last dim, in this dtype.
+      const Tensor dy = random(shape, dtype, 6);
+      for (bool log : {false, true}) {
+        INFO("log " << log);
+        Tensor xc = x.detach().requires_grad_(), xg = x.cuda().detach().requires_grad_();
+        (log ? log_softmax(xc, -1) : softmax(xc, -1)).backward(dy);
+        (log ? log_softmax(xg, -1) : softmax(xg, -1)).backward(dy.cuda());
+        KILN_CHECK_CLOSE(xg.grad().cpu(), xc.grad(), tol.rtol * 4, 1e-4);
       }
       const int64_t C = shape[1];
       Shape target_shape = shape;
