@@ -105,8 +105,12 @@ def profile(label, command, ncu, csv_path):
     if result.returncode != 0:
         sys.stderr.write(result.stdout[-4000:])
         raise SystemExit(f"{label}: the profiled run exited with {result.returncode}")
-    with open(csv_path) as f:
-        return parse_ncu_csv(f.read())
+    text = open(csv_path).read() if os.path.exists(csv_path) else ""
+    if '"Kernel Name"' not in text:  # an ncu that printed the table to stdout despite --log-file
+        text = result.stdout
+        with open(csv_path, "w") as f:
+            f.write(text)
+    return parse_ncu_csv(text)
 
 
 def main():
