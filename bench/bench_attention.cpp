@@ -7,7 +7,7 @@
 // flash-attention's benchmarks do. The matmul path also writes and reads the
 // B H L S scores, which the table's bytes column shows. On the GPU the fused
 // rows run the default kernels (16-bit: the tensor-core kernels of
-// kernels/cuda/attention_tc.cu) and again the reference kernels of
+// kernels/cuda/attention_tc*.cu) and again the reference kernels of
 // attention.cu (set_attention_cuda_kernels), labelled so, in the same run.
 //
 //   bench_attention                 GPU (when present) and CPU tables

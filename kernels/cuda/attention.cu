@@ -35,7 +35,7 @@
 //    regenerated in the backward; kept probabilities scaled by 1 / (1 - p).
 //  - Outputs are written with =; dq, dk and dv only when non-null. Nothing
 //    here synchronizes or allocates; the workspace is delta (B * H * Tq floats).
-//  - float16/bfloat16 problems go to the faster kernels of attention_tc.cu
+//  - float16/bfloat16 problems go to the faster kernels of attention_tc*.cu
 //    (after the delta kernel below, in the backward) unless
 //    set_attention_cuda_kernels(reference) forces these, which stay as the
 //    reference they are tested against.

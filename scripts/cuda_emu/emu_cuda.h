@@ -1,5 +1,5 @@
 // Host emulation of the CUDA C++ that kiln's plain kernel files use (no
-// inline PTX; attention_tc.cu has its own harness, prelude.h): include this,
+// inline PTX; attention_tc*.cu have their own harness, prelude.h): include this,
 // then a file rewritten by gen_cu.py. A launch runs its CTAs one after
 // another, each CTA's threads as OS threads: __syncthreads is a CTA barrier,
 // warp shuffles go through a per-warp exchange buffer (full-mask shuffles

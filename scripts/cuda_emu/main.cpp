@@ -1,4 +1,4 @@
-// Runs attention_tc.cu's kernels (emulated on the CPU) against a float64
+// Runs attention_tc*.cu's kernels (emulated on the CPU) against a float64
 // reference: out, lse, dq, dk, dv, every element written.
 #include "prelude.h"
 #include "emu_attention_tc.inc"

@@ -1,4 +1,4 @@
-// Host emulation of what attention_tc.cu's kernels use from CUDA: one OS
+// Host emulation of what attention_tc*.cu's kernels use from CUDA: one OS
 // thread per CUDA thread, __syncthreads as a barrier, warp shuffles and the
 // PTX fragment instructions through per-warp exchange buffers.
 #pragma once

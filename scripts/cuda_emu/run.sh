@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs kernels/cuda/attention_tc.cu's kernels on the CPU under a PTX emulation
+# Runs kernels/cuda/attention_tc*.cu's kernels on the CPU under a PTX emulation
 # (one OS thread per CUDA thread; mma.sync m16n8k16, ldmatrix and cp.async
 # emulated from the PTX ISA's tables; shared memory and outputs start as NaN)
 # and compares out, lse, dq, dk and dv with a float64 reference. A development

@@ -1,0 +1,378 @@
+// What attention_tc's kernels share (attention_tc.cu has the design): the
+// launch parameters, the tile shapes and shared-memory layouts, tile loads,
+// score masking, dropout keep bits, the block schedule, each CTA's place in
+// the grid, and the host's launch helper. Params and the launchers are
+// declared in the named namespace, because attention_tc.cu calls the
+// launchers that attention_tc_forward.cu and attention_tc_backward.cu define;
+// everything else is internal to each translation unit.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime_api.h>
+
+#include <climits>
+#include <cstdint>
+
+#include "kernels/attention.h"
+#include "kernels/cuda/attention_tc_ptx.cuh"
+#include "kernels/cuda/check.h"
+#include "kernels/cuda/native_types.cuh"
+#include "kernels/philox.h"
+#include "kernels/random.h"
+
+namespace kiln::kernels::attention_tc {
+
+struct Params {
+  const void* q = nullptr;     // (B, H, Tq, D)
+  const void* k = nullptr;     // (B, H, Tk, D)
+  const void* v = nullptr;     // (B, H, Tk, D)
+  const void* dout = nullptr;  // (B, H, Tq, D), backward
+  const float* mask = nullptr;  // additive, read through the strides below; or null
+  int64_t mask_stride_b = 0, mask_stride_h = 0, mask_stride_q = 0, mask_stride_k = 0;
+  void* out = nullptr;           // (B, H, Tq, D), forward
+  float* lse_out = nullptr;      // (B, H, Tq), forward
+  const float* lse = nullptr;    // (B, H, Tq), backward: the forward's
+  const float* delta = nullptr;  // (B, H, Tq), backward: dout . out per row
+  void* dq = nullptr;            // (B, H, Tq, D) or null
+  void* dk = nullptr;            // (B, H, Tk, D) or null
+  void* dv = nullptr;            // (B, H, Tk, D) or null
+  int64_t heads = 0, q_len = 0, kv_len = 0;
+  float scale = 1.0f;       // of the scores
+  float scale_log2 = 1.0f;  // scale * log2(e)
+  float dropout_p = 0.0f, dropout_scale = 1.0f;  // dropout_scale = 1 / (1 - p)
+  uint64_t seed = 0, offset = 0;
+  const philox::ReplayState* replay = nullptr;  // a graph's seed and base offset, read at every replay
+  bool causal = false, dropout = false;
+  bool vector_loads = false;  // q, k, v and dout are 16-byte aligned: cp.async
+};
+
+// Launch one kernel of attention_tc for a dtype T (__half, __nv_bfloat16) and
+// head dim D (32, 64, 96, 128) on `heads` = B * H heads, its instantiation
+// picked by p.dropout and p.mask; p.q_len (forward, dQ) or p.kv_len (dK/dV)
+// must be positive. Defined in attention_tc_forward.cu (forward) and
+// attention_tc_backward.cu (dK/dV, dQ) for every T and D.
+template <typename T, int D>
+void launch_forward(const Params& p, int64_t heads, cuda::Stream stream);
+template <typename T, int D>
+void launch_dkdv(const Params& p, int64_t heads, cuda::Stream stream);
+template <typename T, int D>
+void launch_dq(const Params& p, int64_t heads, cuda::Stream stream);
+
+// The explicit instantiations of a launcher that attention_tc.cu's dispatch needs.
+#define KILN_ATTENTION_TC_INSTANTIATE(launcher)                                     \
+  template void launcher<__half, 32>(const Params&, int64_t, cuda::Stream);         \
+  template void launcher<__half, 64>(const Params&, int64_t, cuda::Stream);         \
+  template void launcher<__half, 96>(const Params&, int64_t, cuda::Stream);         \
+  template void launcher<__half, 128>(const Params&, int64_t, cuda::Stream);        \
+  template void launcher<__nv_bfloat16, 32>(const Params&, int64_t, cuda::Stream);  \
+  template void launcher<__nv_bfloat16, 64>(const Params&, int64_t, cuda::Stream);  \
+  template void launcher<__nv_bfloat16, 96>(const Params&, int64_t, cuda::Stream);  \
+  template void launcher<__nv_bfloat16, 128>(const Params&, int64_t, cuda::Stream);
+
+namespace {
+
+constexpr float kNegInf = -__builtin_huge_valf();
+constexpr float kPosInf = __builtin_huge_valf();
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+constexpr int kPad = 8;  // elements: 16 bytes per row
+
+__host__ __device__ constexpr int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// ---------------------------------------------------------------- shapes and shared memory layouts
+// Offsets in elements of the 16-bit type; every tile has row stride kLd = D + kPad.
+
+template <int D>
+struct ForwardShape {
+  static constexpr int kWarps = 8, kThreads = kWarps * 32;
+  static constexpr int kRows = kWarps * 16;  // queries per CTA
+  static constexpr int kCols = 64;           // keys per block
+  static constexpr int kMinBlocks = D <= 64 ? 2 : 1;
+  static constexpr int kLd = D + kPad;
+  static constexpr int q = 0;                           // (kRows, D)
+  static constexpr int kv = q + kRows * kLd;            // stage s: K (kCols, D) at kv + s * kStage, V after it
+  static constexpr int kStage = 2 * kCols * kLd;
+  static constexpr size_t kBytes = size_t{kv + 2 * kStage} * 2;
+};
+
+template <int D>
+struct DkdvShape {
+  static constexpr int kWarps = 4, kThreads = kWarps * 32;
+  static constexpr int kRows = kWarps * 16;        // keys per CTA
+  static constexpr int kCols = D >= 96 ? 32 : 64;  // queries per step
+  static constexpr int kMinBlocks = 1;
+  static constexpr int kLd = D + kPad;
+  static constexpr int k = 0;                           // (kRows, D)
+  static constexpr int v = k + kRows * kLd;             // (kRows, D)
+  static constexpr int qdo = v + kRows * kLd;           // stage s: Q (kCols, D) at qdo + s * kStage, dO after it
+  static constexpr int kStage = 2 * kCols * kLd;
+  static constexpr size_t kFloats = size_t{qdo + 2 * kStage} * 2;  // bytes; stage s: lse (kCols), delta (kCols)
+  static constexpr size_t kBytes = kFloats + 2 * 2 * kCols * sizeof(float);
+};
+
+template <int D>
+struct DqShape {
+  static constexpr int kWarps = 4, kThreads = kWarps * 32;
+  static constexpr int kRows = kWarps * 16;  // queries per CTA
+  static constexpr int kCols = 64;           // keys per step
+  static constexpr int kMinBlocks = 1;
+  static constexpr int kLd = D + kPad;
+  static constexpr int q = 0;                  // (kRows, D)
+  static constexpr int dout = q + kRows * kLd;  // (kRows, D)
+  static constexpr int kv = dout + kRows * kLd;  // stage s: K (kCols, D) at kv + s * kStage, V after it
+  static constexpr int kStage = 2 * kCols * kLd;
+  static constexpr size_t kBytes = size_t{kv + 2 * kStage} * 2;
+};
+
+constexpr size_t kMaxSmem = 227 * 1024;  // sm_90's opt-in limit per block
+static_assert(ForwardShape<128>::kBytes <= kMaxSmem && DkdvShape<128>::kBytes <= kMaxSmem &&
+              DqShape<128>::kBytes <= kMaxSmem && DkdvShape<64>::kBytes <= kMaxSmem);
+static_assert(DkdvShape<128>::kFloats % 16 == 0, "the float region starts 16-byte aligned");
+
+// ---------------------------------------------------------------- tile loads
+
+// Rows [row0, row0 + kRows) of a dense (rows, D) matrix into a shared tile of
+// row stride D + kPad, by all kThreads threads: cp.async when `async`, else
+// plain loads and stores. Rows past `rows` become zeros with a plain store (a
+// NaN left in shared memory would survive a multiplication by p = 0). Either
+// way the tile is complete for every thread after this thread's
+// cp_async_wait covering it and a __syncthreads().
+template <int kRows, int D, int kThreads, typename T>
+__device__ __forceinline__ void load_tile(T* tile, const T* src, int64_t row0, int64_t rows, bool async) {
+  constexpr int kChunks = D / 8;  // 16-byte chunks per row
+  static_assert(kRows * kChunks % kThreads == 0, "every thread copies the same number of chunks");
+#pragma unroll
+  for (int it = 0; it < kRows * kChunks / kThreads; ++it) {
+    const int c = it * kThreads + static_cast<int>(threadIdx.x);
+    const int r = c / kChunks, col = c % kChunks * 8;
+    T* to = tile + r * (D + kPad) + col;
+    const int64_t row = row0 + r;
+    if (row >= rows) {
+      *reinterpret_cast<uint4*>(to) = make_uint4(0, 0, 0, 0);
+    } else if (async) {
+      cp_async_16(to, src + row * D + col);
+    } else {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) to[e] = src[row * D + col + e];
+    }
+  }
+}
+
+// kCount floats [i0, i0 + kCount) of `src` into shared memory, zeros past `count`.
+template <int kCount, int kThreads>
+__device__ __forceinline__ void load_floats(float* to, const float* src, int64_t i0, int64_t count) {
+  for (int c = static_cast<int>(threadIdx.x); c < kCount; c += kThreads) {
+    if (i0 + c < count) {
+      cp_async_4(to + c, src + i0 + c);
+    } else {
+      to[c] = 0.0f;
+    }
+  }
+}
+
+__device__ __forceinline__ float quad_max(float x) {
+  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+
+__device__ __forceinline__ float quad_sum(float x) {
+  x += __shfl_xor_sync(0xffffffffu, x, 1);
+  return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+
+// ---------------------------------------------------------------- scores and dropout
+
+// The masking of one warp's block of scores, in 32-bit coordinates local to
+// the block: query qi = query0 + ql, key j = key0 + kl (ql and kl below 128).
+struct BlockMask {
+  int queries_left = 0;  // ql < queries_left: query in bounds (Tq - query0, clamped)
+  int keys_left = 0;     // kl < keys_left: key in bounds (Tk - key0, clamped)
+  int diagonal = 0;      // causal: kl - ql <= diagonal (query0 - key0, clamped); without causal always true
+  const float* mask = nullptr;  // the additive mask at (query0, key0), or null
+  int64_t stride_q = 0, stride_k = 0;
+};
+
+// Clamped to [-256, 256]: beyond, a 128 x 128 block is all on one side.
+__device__ __forceinline__ int clamp_offset(int64_t x) { return x < -256 ? -256 : x > 256 ? 256 : static_cast<int>(x); }
+
+__device__ __forceinline__ BlockMask block_mask(const Params& p, int64_t mask_base, int64_t query0, int64_t key0) {
+  BlockMask b;
+  b.queries_left = clamp_offset(p.q_len - query0);
+  b.keys_left = clamp_offset(p.kv_len - key0);
+  b.diagonal = p.causal ? clamp_offset(query0 - key0) : 256;
+  if (p.mask != nullptr && b.queries_left > 0 && b.keys_left > 0) {
+    b.mask = p.mask + mask_base + query0 * p.mask_stride_q + key0 * p.mask_stride_k;
+  }
+  b.stride_q = p.mask_stride_q;
+  b.stride_k = p.mask_stride_k;
+  return b;
+}
+
+// Score of (query0 + ql, key0 + kl) in log2 units, for blocks that need
+// masking: -inf where the key is not one of the query's (key >= Tk, query
+// >= Tq, causal key > query), else (scale * dot + mask) * log2(e). The mask
+// is read only in bounds.
+template <bool kMask>
+__device__ __forceinline__ float masked_score(const BlockMask& b, float scale_log2, int ql, int kl, float dot) {
+  if (ql >= b.queries_left || kl >= b.keys_left || kl - ql > b.diagonal) return kNegInf;
+  float x = dot * scale_log2;
+  if constexpr (kMask) x = fmaf(b.mask[ql * b.stride_q + kl * b.stride_k], kLog2e, x);
+  return x;
+}
+
+// Masks the (16, 8 NT) scores s of a warp (masked_score), or scales them
+// when the block needs no masking, into log2 units. rows_are_queries: the
+// rows are queries (forward, dQ), else keys (dK/dV).
+template <bool kMask, bool kRowsAreQueries, int NT>
+__device__ __forceinline__ void scores_log2(float (&s)[NT][4], bool masked, const Params& p, int64_t mask_base,
+                                            int64_t query0, int64_t key0, int lane) {
+  const int g = lane / 4, t = lane % 4;
+  if (masked) {
+    const BlockMask b = block_mask(p, mask_base, query0, key0);
+#pragma unroll
+    for (int n = 0; n < NT; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int row = g + 8 * (e / 2), col = 8 * n + 2 * t + e % 2;
+        s[n][e] = kRowsAreQueries ? masked_score<kMask>(b, p.scale_log2, row, col, s[n][e])
+                                  : masked_score<kMask>(b, p.scale_log2, col, row, s[n][e]);
+      }
+    }
+  } else {
+#pragma unroll
+    for (int n = 0; n < NT; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[n][e] *= p.scale_log2;
+    }
+  }
+}
+
+// lse in log2 units for p = exp2(x - lse2); +inf for a row without keys
+// (lse = -inf), so that its p is 0 and never exp2(-inf + inf) = NaN.
+__device__ __forceinline__ float lse_log2(float lse) { return lse == kNegInf ? kPosInf : lse * kLog2e; }
+
+// The Philox stream of a launch: seed and offset read once (a graph's replay state lives in device memory).
+struct DropoutStream {
+  uint64_t seed = 0, offset = 0;
+  float p = 0.0f;
+};
+
+__device__ __forceinline__ DropoutStream dropout_stream(const Params& p) {
+  DropoutStream stream;
+  if (p.dropout) {
+    stream.seed = philox::seed_of(p.seed, p.replay);
+    stream.offset = philox::offset_of(p.offset, p.replay);
+    stream.p = p.dropout_p;
+  }
+  return stream;
+}
+
+// Dropout word of score (i, j) of head bh: ((b * H + h) * Tq + i) * Tk + j (attention.h).
+__device__ __forceinline__ uint64_t dropout_index(const Params& p, int64_t bh, int64_t i, int64_t j) {
+  return (static_cast<uint64_t>(bh) * p.q_len + i) * p.kv_len + j;
+}
+
+__device__ __forceinline__ bool keep_one(const DropoutStream& s, uint64_t index) {
+  return dropout_keep(philox::word_at(s.seed, s.offset, index), s.p);
+}
+
+// keep(index) and keep(index + 1); one Philox block serves both unless index % 4 == 3.
+__device__ __forceinline__ void keep_two(const DropoutStream& s, uint64_t index, bool& keep0, bool& keep1) {
+  const philox::Uint4 words = philox::philox4x32(s.seed, s.offset + index / 4);
+  const int at = static_cast<int>(index % 4);
+  keep0 = dropout_keep(philox::lane(words, at), s.p);
+  const uint32_t next = at == 3 ? philox::philox4x32(s.seed, s.offset + index / 4 + 1).x : philox::lane(words, at + 1);
+  keep1 = dropout_keep(next, s.p);
+}
+
+// Keep bits of a lane's (16, 8 NT) block of scores, bit 4 n + e for element
+// (row g + 8 (e / 2), col 8 n + 2 t + e % 2). Rows are queries: the words of
+// row h are row_index[h] + col (adjacent columns, adjacent words). Not
+// unrolled over n: one Philox block at a time keeps the registers free.
+template <int NT>
+__device__ __forceinline__ uint32_t keep_bits_query_rows(const DropoutStream& s, const uint64_t (&row_index)[2]) {
+  static_assert(NT * 4 <= 32, "one bit per score of the lane");
+  uint32_t kept = 0;
+#pragma unroll 1
+  for (int n = 0; n < NT; ++n) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      bool keep0, keep1;
+      keep_two(s, row_index[h] + 8 * n, keep0, keep1);
+      kept |= (keep0 ? 1u : 0u) << (4 * n + 2 * h);
+      kept |= (keep1 ? 1u : 0u) << (4 * n + 2 * h + 1);
+    }
+  }
+  return kept;
+}
+
+// The same with keys as rows and queries as columns (dK/dV): element (row
+// kr, col qc) has word index0 + qc * Tk + kr, adjacent columns Tk words apart.
+template <int NT>
+__device__ __forceinline__ uint32_t keep_bits_key_rows(const DropoutStream& s, uint64_t index0, int64_t kv_len,
+                                                       int lane) {
+  static_assert(NT * 4 <= 32, "one bit per score of the lane");
+  const int g = lane / 4, t = lane % 4;
+  uint32_t kept = 0;
+#pragma unroll 1
+  for (int n = 0; n < NT; ++n) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const uint64_t index = index0 + static_cast<uint64_t>(8 * n + 2 * t + e % 2) * kv_len + (g + 8 * (e / 2));
+      kept |= (keep_one(s, index) ? 1u : 0u) << (4 * n + e);
+    }
+  }
+  return kept;
+}
+
+__device__ __forceinline__ bool kept_bit(uint32_t kept, int bit) { return ((kept >> bit) & 1u) != 0; }
+
+// ---------------------------------------------------------------- block schedule
+
+// Which key blocks of a warp's 16 query rows (r0..r0+15) need the
+// per-element masking, and which it skips, as key block indices (blocks of
+// kCols keys from key 0): computed once, so the loop compares one int.
+struct QueryRowBlocks {
+  int64_t first_masked;   // blocks >= this cross Tk or touch the causal diagonal
+  int64_t first_skipped;  // blocks >= this lie above the diagonal (causal): every key after every row
+  bool all_masked;        // an additive mask, or rows past Tq
+};
+
+template <int kCols, bool kMask>
+__device__ __forceinline__ QueryRowBlocks query_row_blocks(const Params& p, int64_t r0) {
+  QueryRowBlocks b;
+  // k0 + kCols > Tk  <=>  block >= Tk / kCols.
+  b.first_masked = p.kv_len / kCols;
+  b.first_skipped = INT64_MAX;
+  if (p.causal) {
+    // Some key after some row: k0 + kCols - 1 > r0  <=>  block >= (r0 + 1) / kCols.
+    b.first_masked = (r0 + 1) / kCols < b.first_masked ? (r0 + 1) / kCols : b.first_masked;
+    // Every key after every row: k0 > r0 + 15  <=>  block >= (r0 + 15) / kCols + 1.
+    b.first_skipped = (r0 + 15) / kCols + 1;
+  }
+  b.all_masked = kMask || r0 + 16 > p.q_len;
+  return b;
+}
+
+// ---------------------------------------------------------------- host side
+
+template <typename Kernel>
+void launch(Kernel kernel, int64_t blocks, int threads, size_t smem, cuda::Stream stream, const Params& p,
+            const char* what) {
+  KILN_CHECK(blocks <= INT32_MAX, what, ": ", blocks, " thread blocks exceed one launch (at most ", INT32_MAX, ")");
+  if (smem > 48 * 1024) {  // above the default limit: opt in (per device, so on every launch)
+    KILN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+  }
+  kernel<<<static_cast<unsigned>(blocks), static_cast<unsigned>(threads), smem, static_cast<cudaStream_t>(stream)>>>(p);
+  cuda::check_last_launch(what);
+}
+
+// The instantiation of a kernel template for the problem's dropout and mask.
+template <template <bool, bool> class Kernels>
+auto pick(const Params& p) {
+  if (p.dropout) return p.mask != nullptr ? Kernels<true, true>::kernel : Kernels<true, false>::kernel;
+  return p.mask != nullptr ? Kernels<false, true>::kernel : Kernels<false, false>::kernel;
+}
+
+}  // namespace
+}  // namespace kiln::kernels::attention_tc

@@ -1,0 +1,159 @@
+// attention_tc's forward kernel (the design is in attention_tc.cu): out and
+// lse of 128 queries per CTA, 8 warps of 16 query rows each, K/V blocks of 64
+// keys double-buffered with cp.async. Writes out (=) and lse (=) of every
+// query row; reads nothing it writes.
+#include "kernels/cuda/attention_tc_common.cuh"
+
+namespace kiln::kernels::attention_tc {
+
+namespace {
+
+// ---------------------------------------------------------------- forward
+
+// One CTA per (128 queries, b * H + h); warp w owns rows q0 + 16 w .. + 15.
+// kDropout = p.dropout, kMask = (p.mask != null): kernels of their own keep
+// the Philox code and the mask loads out of the common kernel's registers.
+template <typename T, int D, bool kDropout, bool kMask>
+__global__ void __launch_bounds__(ForwardShape<D>::kThreads, kDropout || kMask ? 1 : ForwardShape<D>::kMinBlocks)
+    attention_tc_forward_kernel(Params p) {
+  using S = ForwardShape<D>;
+  constexpr int M = S::kRows, N = S::kCols, NT = N / 8, DT = D / 8, KD = D / 16, KN = N / 16, LD = S::kLd;
+  extern __shared__ __align__(16) unsigned char attention_tc_smem[];
+  T* smem = reinterpret_cast<T*>(attention_tc_smem);
+  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+  const int g = lane / 4, t = lane % 4;
+
+  // Largest query block first: under causal masking it has the most keys.
+  const int64_t q_blocks = ceil_div(p.q_len, M);
+  const int64_t bh = blockIdx.x / q_blocks;
+  const int64_t q0 = (q_blocks - 1 - blockIdx.x % q_blocks) * M;
+  const int64_t r0 = q0 + warp * 16;  // the warp's first row; the lane's are r0 + g and r0 + g + 8
+  const int64_t mask_base = bh / p.heads * p.mask_stride_b + bh % p.heads * p.mask_stride_h;
+  const T* q = static_cast<const T*>(p.q) + bh * p.q_len * D;   // (Tq, D)
+  const T* k = static_cast<const T*>(p.k) + bh * p.kv_len * D;  // (Tk, D)
+  const T* v = static_cast<const T*>(p.v) + bh * p.kv_len * D;  // (Tk, D)
+  // Causal: row i sees keys j <= i, so the CTA needs keys below q0 + M.
+  const int64_t k_end = p.causal && q0 + M < p.kv_len ? q0 + M : p.kv_len;
+  const int64_t blocks = ceil_div(k_end, N);
+  const DropoutStream dropout = dropout_stream(p);
+
+  auto load_kv = [&](int64_t block) {
+    T* stage = smem + S::kv + (block % 2) * S::kStage;
+    load_tile<N, D, S::kThreads>(stage, k, block * N, p.kv_len, p.vector_loads);
+    load_tile<N, D, S::kThreads>(stage + N * LD, v, block * N, p.kv_len, p.vector_loads);
+  };
+
+  // Group 1: Q; group 2: K/V block 0 (empty when there are no keys).
+  load_tile<M, D, S::kThreads>(smem + S::q, q, q0, p.q_len, p.vector_loads);
+  cp_async_commit();
+  if (blocks > 0) load_kv(0);
+  cp_async_commit();
+  cp_async_wait<1>();  // Q is in
+  __syncthreads();
+  uint32_t qf[KD][4];  // (16, D): the warp's rows of Q as A fragments, for the whole loop
+#pragma unroll
+  for (int kk = 0; kk < KD; ++kk) load_a(qf[kk], smem + S::q + warp * 16 * LD, LD, 16 * kk, lane);
+
+  const QueryRowBlocks schedule = query_row_blocks<N, kMask>(p, r0);
+  float m[2] = {kNegInf, kNegInf};  // running max of rows g, g + 8 (log2 units)
+  float l[2] = {0.0f, 0.0f};        // this lane's part of the running sum of exp2(x - m)
+  float acc[DT][4] = {};            // (16, D) unnormalized output
+  for (int64_t block = 0; block < blocks; ++block) {
+    // Block + 1 loads while this one is computed. The stage it overwrites was
+    // last read in block - 1, before that iteration's closing __syncthreads().
+    if (block + 1 < blocks) load_kv(block + 1);
+    cp_async_commit();   // possibly empty: one group per iteration keeps the count below right
+    cp_async_wait<1>();  // all but the newest group: this block's K/V are in (this thread's copies)
+    __syncthreads();     // ... and every thread's
+
+    // Warp-uniform: the warp's rows r0..r0+15 against keys k0..k0+N-1.
+    if (block < schedule.first_skipped) {
+      const int64_t k0 = block * N;
+      const T* k_tile = smem + S::kv + (block % 2) * S::kStage;  // (N, D)
+      const T* v_tile = k_tile + N * LD;                         // (N, D)
+      uint32_t kept = 0;  // bit 4 n + e: keep of s[n][e]; first, before s holds registers
+      if constexpr (kDropout) {
+        const uint64_t row_index[2] = {dropout_index(p, bh, r0 + g, k0 + 2 * t), dropout_index(p, bh, r0 + g + 8, k0 + 2 * t)};
+        kept = keep_bits_query_rows<NT>(dropout, row_index);
+      }
+      float s[NT][4] = {};  // (16, N) scores, then probabilities
+      mma_regs_nt<T, NT, KD>(s, qf, k_tile, LD, lane);
+      const bool masked = schedule.all_masked || block >= schedule.first_masked;
+      scores_log2<kMask, true>(s, masked, p, mask_base, r0, k0, lane);
+
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        float block_max = kNegInf;
+#pragma unroll
+        for (int n = 0; n < NT; ++n) block_max = fmaxf(block_max, fmaxf(s[n][2 * h], s[n][2 * h + 1]));
+        const float m_new = fmaxf(m[h], quad_max(block_max));
+        // While a row has seen only -inf, subtract 0: exp2(-inf - -inf) would be NaN.
+        const float m_use = m_new == kNegInf ? 0.0f : m_new;
+        const float alpha = exp2f(m[h] - m_use);  // 0 while m[h] = -inf; acc and l are 0 then
+        m[h] = m_new;
+        l[h] *= alpha;
+#pragma unroll
+        for (int n = 0; n < DT; ++n) {
+          acc[n][2 * h] *= alpha;
+          acc[n][2 * h + 1] *= alpha;
+        }
+#pragma unroll
+        for (int n = 0; n < NT; ++n) {
+          s[n][2 * h] = exp2f(s[n][2 * h] - m_use);
+          s[n][2 * h + 1] = exp2f(s[n][2 * h + 1] - m_use);
+          l[h] += s[n][2 * h] + s[n][2 * h + 1];
+          if constexpr (kDropout) {  // the sum counts every probability; the product only the kept ones
+            if (!kept_bit(kept, 4 * n + 2 * h)) s[n][2 * h] = 0.0f;
+            if (!kept_bit(kept, 4 * n + 2 * h + 1)) s[n][2 * h + 1] = 0.0f;
+          }
+        }
+      }
+
+      uint32_t pf[KN][4];  // (16, N) P as A fragments (pack_a)
+#pragma unroll
+      for (int kk = 0; kk < KN; ++kk) pack_a<T>(pf[kk], s, kk);
+      mma_regs_nn<T, DT, KN>(acc, pf, v_tile, LD, lane);
+    }
+    __syncthreads();  // every warp is done with this stage before block + 2 loads into it
+  }
+  cp_async_wait<0>();  // no copy may be in flight when the CTA exits (the last group is empty unless blocks = 0)
+
+  T* out = static_cast<T*>(p.out) + bh * p.q_len * D;  // (Tq, D)
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const float sum = quad_sum(l[h]);
+    const int64_t row = r0 + g + 8 * h;
+    if (row >= p.q_len) continue;
+    const bool empty = m[h] == kNegInf;  // no allowed key: out = 0, lse = -inf
+    const float inv = empty ? 0.0f : p.dropout_scale / sum;
+    T* out_row = out + row * D;
+#pragma unroll
+    for (int n = 0; n < DT; ++n) {
+      out_row[8 * n + 2 * t] = from_acc<T>(acc[n][2 * h] * inv);
+      out_row[8 * n + 2 * t + 1] = from_acc<T>(acc[n][2 * h + 1] * inv);
+    }
+    // lse = ln(sum_j exp(s_ij)) = (m + log2(sum)) ln 2, m in log2 units.
+    if (t == 0) p.lse_out[bh * p.q_len + row] = empty ? kNegInf : m[h] * kLn2 + logf(sum);
+  }
+}
+
+template <typename T, int D>
+struct ForwardKernel {
+  template <bool kDropout, bool kMask>
+  struct Of {
+    static constexpr auto kernel = attention_tc_forward_kernel<T, D, kDropout, kMask>;
+  };
+};
+
+}  // namespace
+
+template <typename T, int D>
+void launch_forward(const Params& p, int64_t heads, cuda::Stream stream) {
+  using S = ForwardShape<D>;
+  launch(pick<ForwardKernel<T, D>::template Of>(p), heads * ceil_div(p.q_len, S::kRows), S::kThreads, S::kBytes, stream, p,
+         "scaled_dot_product_attention forward (tensor cores)");
+}
+
+KILN_ATTENTION_TC_INSTANTIATE(launch_forward)
+
+}  // namespace kiln::kernels::attention_tc
