@@ -22,6 +22,8 @@ __global__ void __launch_bounds__(DkdvShape<D>::kThreads, kDropout ? 1 : DkdvSha
   extern __shared__ __align__(16) unsigned char attention_tc_smem[];
   T* smem = reinterpret_cast<T*>(attention_tc_smem);
   float* floats = reinterpret_cast<float*>(attention_tc_smem + S::kFloats);  // stage s: lse at 2 N s, delta after
+  // Written out rather than folded into a helper like query_cta: that helper,
+  // generalized to key rows, changed the SASS of this kernel's dropout variants.
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
   const int g = lane / 4, t = lane % 4;
 
@@ -168,14 +170,9 @@ __global__ void __launch_bounds__(DqShape<D>::kThreads, kDropout ? 1 : DqShape<D
   constexpr int M = S::kRows, N = S::kCols, NT = N / 8, DT = D / 8, KD = D / 16, KN = N / 16, LD = S::kLd;
   extern __shared__ __align__(16) unsigned char attention_tc_smem[];
   T* smem = reinterpret_cast<T*>(attention_tc_smem);
-  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
-  const int g = lane / 4, t = lane % 4;
-
-  const int64_t q_blocks = ceil_div(p.q_len, M);
-  const int64_t bh = blockIdx.x / q_blocks;
-  const int64_t q0 = (q_blocks - 1 - blockIdx.x % q_blocks) * M;
-  const int64_t r0 = q0 + warp * 16;  // the warp's first row; the lane's are r0 + g and r0 + g + 8
-  const int64_t mask_base = bh / p.heads * p.mask_stride_b + bh % p.heads * p.mask_stride_h;
+  const QueryCta cta = query_cta<M>(p);
+  const int warp = cta.warp, lane = cta.lane, g = cta.g, t = cta.t;
+  const int64_t bh = cta.bh, q0 = cta.q0, r0 = cta.r0, mask_base = cta.mask_base;
   const T* k = static_cast<const T*>(p.k) + bh * p.kv_len * D;  // (Tk, D)
   const T* v = static_cast<const T*>(p.v) + bh * p.kv_len * D;  // (Tk, D)
   // Rows past Tq and rows without keys get lse2 = +inf: p = 0 on every path.

@@ -1,7 +1,7 @@
 // What attention_tc's kernels share (attention_tc.cu has the design): the
 // launch parameters, the tile shapes and shared-memory layouts, tile loads,
-// score masking, dropout keep bits, the block schedule, each CTA's place in
-// the grid, and the host's launch helper. Params and the launchers are
+// score masking, dropout keep bits, the block schedule, a forward or dQ CTA's
+// place in the grid, and the host's launch helper. Params and the launchers are
 // declared in the named namespace, because attention_tc.cu calls the
 // launchers that attention_tc_forward.cu and attention_tc_backward.cu define;
 // everything else is internal to each translation unit.
@@ -352,6 +352,35 @@ __device__ __forceinline__ QueryRowBlocks query_row_blocks(const Params& p, int6
   }
   b.all_masked = kMask || r0 + 16 > p.q_len;
   return b;
+}
+
+// ---------------------------------------------------------------- CTA prologue
+
+// The place of a forward or dQ CTA in the grid: one CTA per (kRows queries,
+// head bh = b * H + h), a head's last query block first (under causal
+// masking it has the most keys); warp w owns queries q0 + 16 w .. + 15, and
+// lane l (g = l / 4, t = l % 4) the rows r0 + g and r0 + g + 8.
+struct QueryCta {
+  int warp, lane, g, t;
+  int64_t bh;         // b * H + h
+  int64_t q0;         // the CTA's first query
+  int64_t r0;         // the warp's first query
+  int64_t mask_base;  // the additive mask's offset for head bh
+};
+
+template <int kRows>
+__device__ __forceinline__ QueryCta query_cta(const Params& p) {
+  QueryCta c;
+  c.warp = static_cast<int>(threadIdx.x) / 32;
+  c.lane = static_cast<int>(threadIdx.x) % 32;
+  c.g = c.lane / 4;
+  c.t = c.lane % 4;
+  const int64_t q_blocks = ceil_div(p.q_len, kRows);
+  c.bh = blockIdx.x / q_blocks;
+  c.q0 = (q_blocks - 1 - blockIdx.x % q_blocks) * kRows;
+  c.r0 = c.q0 + c.warp * 16;
+  c.mask_base = c.bh / p.heads * p.mask_stride_b + c.bh % p.heads * p.mask_stride_h;
+  return c;
 }
 
 // ---------------------------------------------------------------- host side

@@ -20,15 +20,9 @@ __global__ void __launch_bounds__(ForwardShape<D>::kThreads, kDropout || kMask ?
   constexpr int M = S::kRows, N = S::kCols, NT = N / 8, DT = D / 8, KD = D / 16, KN = N / 16, LD = S::kLd;
   extern __shared__ __align__(16) unsigned char attention_tc_smem[];
   T* smem = reinterpret_cast<T*>(attention_tc_smem);
-  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
-  const int g = lane / 4, t = lane % 4;
-
-  // Largest query block first: under causal masking it has the most keys.
-  const int64_t q_blocks = ceil_div(p.q_len, M);
-  const int64_t bh = blockIdx.x / q_blocks;
-  const int64_t q0 = (q_blocks - 1 - blockIdx.x % q_blocks) * M;
-  const int64_t r0 = q0 + warp * 16;  // the warp's first row; the lane's are r0 + g and r0 + g + 8
-  const int64_t mask_base = bh / p.heads * p.mask_stride_b + bh % p.heads * p.mask_stride_h;
+  const QueryCta cta = query_cta<M>(p);
+  const int warp = cta.warp, lane = cta.lane, g = cta.g, t = cta.t;
+  const int64_t bh = cta.bh, q0 = cta.q0, r0 = cta.r0, mask_base = cta.mask_base;
   const T* q = static_cast<const T*>(p.q) + bh * p.q_len * D;   // (Tq, D)
   const T* k = static_cast<const T*>(p.k) + bh * p.kv_len * D;  // (Tk, D)
   const T* v = static_cast<const T*>(p.v) + bh * p.kv_len * D;  // (Tk, D)
