@@ -28,6 +28,7 @@
 #include "core/ops.h"
 #include "data/dataloader.h"
 #include "data/fashion_mnist.h"
+#include "data/host_batch_holder.h"
 #include "data/transforms.h"
 #include "examples/cli_checks.h"
 #include "kernels/cuda/runtime.h"
@@ -136,6 +137,12 @@ int main(int argc, char** argv) {
       schedule.step();
     };
     constexpr int64_t kGraphWarmupSteps = 3;  // optimizer state, cuDNN and cuBLAS set-up happen eagerly
+    // Pinned batches are copied with non_blocking: each is held until its copy
+    // ran, or the loader could refill its buffer first (data/host_batch_holder.h).
+    HostBatchHolder host_batches;
+    const auto hold_until_copied = [&](Batch&& host) {
+      if (device.is_cuda()) host_batches.hold_until_done(std::move(host), device.index, cuda::current_stream(device.index));
+    };
     std::unique_ptr<cuda::Graph> graph;
     Tensor static_input, static_target;
     int64_t steps_taken = 0;
@@ -159,6 +166,7 @@ int main(int argc, char** argv) {
         KILN_CHECK(batch.has_value(), "the training loader ended early at batch ", step);
         Tensor input = batch->input.to(device, DType::f32, true);
         Tensor target = batch->target.to(device, DType::i64, true);
+        hold_until_copied(std::move(*batch));
         if (!cuda_graph || steps_taken < kGraphWarmupSteps) {
           train_step(input, target);
         } else {
@@ -192,6 +200,7 @@ int main(int argc, char** argv) {
       Tensor target = batch->target.to(device, DType::i64, true);
       correct += sum(cast(eq(argmax(logits, 1), target), DType::i64)).item<int64_t>();
       seen += batch->size();
+      hold_until_copied(std::move(*batch));
     }
     nlohmann::json result = {{"framework", "kiln"},
                              {"model", model_name},

@@ -42,6 +42,13 @@ def main():
     parser.add_argument("--precision", default="32-true", choices=["32-true", "bf16-mixed", "16-mixed"])
     parser.add_argument("--torch-compile", action="store_true",
                         help="also run the PyTorch model under torch.compile (a third row)")
+    parser.add_argument("--torch-compile-mode", default="default",
+                        choices=["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"],
+                        help="torch.compile's mode for the --torch-compile row (issue 22: reduce-overhead for "
+                             "FashionCNN, max-autotune for ResNet-9)")
+    parser.add_argument("--peak-tflops", type=float, default=0.0,
+                        help="the device's dense peak for MFU (H100/H200 SXM bf16/fp16: 989); 0: 989 on a GPU, "
+                             "no MFU column on the CPU")
     parser.add_argument("--cuda-graph", action="store_true",
                         help="GPU: also time kiln with the step replayed as one CUDA graph (bench_fashion "
                              "--cuda-graph); the speed-ups are then the graph's")
@@ -56,7 +63,9 @@ def main():
               "--precision", args.precision] + ([] if args.augment else ["--no-augment"])
     env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="2")
     # PyTorch eager, and with --torch-compile the same under torch.compile.
-    peers = {"eager": []} | ({"torch.compile": ["--compile"]} if args.torch_compile else {})
+    compile_name = "torch.compile" + ("" if args.torch_compile_mode == "default" else f"({args.torch_compile_mode})")
+    peers = {"eager": []} | ({compile_name: ["--compile", "--compile-mode", args.torch_compile_mode]}
+                             if args.torch_compile else {})
     kiln_runs, graph_runs, peer_runs = [], [], {name: [] for name in peers}
     for round_index in range(args.rounds):
         seeded = common + ["--seed", str(42 + round_index)]
@@ -74,27 +83,44 @@ def main():
           f"load {os.getloadavg()[0]:.1f} · {' '.join(sys.argv)}")
     print(f"model {args.model}, batch {args.batch_size}, {args.epochs} epoch(s), "
           f"{kiln_runs[0]['steps']} steps, {args.accelerator}, {args.precision}"
-          f"{', torch.compile' if args.torch_compile else ''}{'' if args.augment else ', no augmentation'}, "
+          f"{', ' + compile_name if args.torch_compile else ''}{'' if args.augment else ', no augmentation'}, "
           f"{args.rounds} round(s)\n")
+    # Model FLOPs per training sample (torch_fashion.py counts the same network's
+    # convolution and linear multiply-adds, x2 x3), for TFLOP/s and MFU on a GPU.
+    flops = next(iter(peer_runs.values()))[0].get("train_flops_per_sample", 0)
+    peak = args.peak_tflops or (989.0 if args.accelerator == "gpu" else 0.0)
+
+    def throughput(rate):
+        if not peak or not flops:
+            return ""
+        tflops = rate * flops / 1e12
+        return f" {tflops:.1f} | {100 * tflops / peak:.1f}% |"
     def accuracy(runs):
         values = [r["test_acc"] * 100 for r in runs]
         return f"{statistics.mean(values):.2f}% ({min(values):.2f}–{max(values):.2f})"
 
-    print("| framework | samples/s (median) | kiln's speed-up over it | test acc, mean (range) |")
-    print("|---|---|---|---|")
+    if peak and flops:
+        print(f"model FLOPs per training sample: {flops / 1e6:.1f} M (forward multiply-adds x 2 x 3); "
+              f"MFU against {peak:g} TFLOP/s\n")
+        print("| framework | samples/s (median) | kiln's speed-up over it | test acc, mean (range) | TFLOP/s | MFU |")
+        print("|---|---|---|---|---|---|")
+    else:
+        print("| framework | samples/s (median) | kiln's speed-up over it | test acc, mean (range) |")
+        print("|---|---|---|---|")
     if graph_runs:
         graph_rate = statistics.median(r["samples_per_s"] for r in graph_runs)
-        print(f"| kiln, CUDA graph | {graph_rate:,.0f} | — | {accuracy(graph_runs)} |")
-        print(f"| kiln eager | {kiln_rate:,.0f} | {graph_rate / kiln_rate:.2f}x | {accuracy(kiln_runs)} |")
+        print(f"| kiln, CUDA graph | {graph_rate:,.0f} | — | {accuracy(graph_runs)} |{throughput(graph_rate)}")
+        print(f"| kiln eager | {kiln_rate:,.0f} | {graph_rate / kiln_rate:.2f}x | {accuracy(kiln_runs)} |"
+              f"{throughput(kiln_rate)}")
         kiln_rate = graph_rate  # the peers' speed-ups below are the graph's
     else:
-        print(f"| kiln | {kiln_rate:,.0f} | — | {accuracy(kiln_runs)} |")
+        print(f"| kiln | {kiln_rate:,.0f} | — | {accuracy(kiln_runs)} |{throughput(kiln_rate)}")
     for name, runs in peer_runs.items():
         rate = statistics.median(r["samples_per_s"] for r in runs)
         setting = (f"{runs[0]['blas']} BLAS, OPENBLAS_NUM_THREADS=1, 2 torch threads" if args.accelerator == "cpu"
                    else "CUDA" + (f", {args.precision}" if args.precision != "32-true" else ""))
         print(f"| {runs[0]['framework']} {name} ({setting}) | {rate:,.0f} | {kiln_rate / rate:.2f}x | "
-              f"{accuracy(runs)} |")
+              f"{accuracy(runs)} |{throughput(rate)}")
     if args.accelerator == "cpu" and any(runs[0]["blas"] == "blas" for runs in peer_runs.values()):
         print("\nWARNING: torch ran on the reference BLAS (several times slower than OpenBLAS): not a fair peer; "
               "install libopenblas0-pthread (issue 9).")

@@ -13,6 +13,9 @@ JSON line: samples/s of the training loop (data included, the first warm-up
 steps excluded) and the test accuracy after the epochs; --eval-every-epoch
 first prints one line per epoch with its test accuracy, as train_fashion
 validates on the test split after every epoch (bench/time_to_accuracy.py).
+--compile runs the step's model under torch.compile (--compile-mode picks its
+mode). The JSON line carries train_flops_per_sample (the network's convolution
+and linear multiply-adds x 2 x 3) for TFLOP/s and MFU in compare_fashion.py.
 
 The fair CPU peer (issue 9): Debian's python3-torch with OpenBLAS
 (libopenblas0-pthread), OPENBLAS_NUM_THREADS=1 and 2 torch threads; the harness
@@ -84,6 +87,31 @@ def resnet9():
         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(512, 10))
 
 
+def training_flops_per_sample(model, device):
+    """Multiply-adds of the convolutions and linear layers, counted with forward
+    hooks on one image, times 2 (FLOPs) and times 3 for a training step (the
+    backward's input and weight gradients cost a forward each: the usual MFU count)."""
+    flops = 0
+
+    def count(module, inputs, output):
+        nonlocal flops
+        if isinstance(module, nn.Conv2d):
+            per_output = (module.in_channels // module.groups) * module.kernel_size[0] * module.kernel_size[1]
+            flops += 2 * output.numel() * per_output
+        elif isinstance(module, nn.Linear):
+            flops += 2 * output.numel() * module.in_features
+
+    hooks = [m.register_forward_hook(count) for m in model.modules() if isinstance(m, (nn.Conv2d, nn.Linear))]
+    was_training = model.training
+    model.eval()
+    with torch.no_grad():
+        model(torch.zeros(1, 1, 28, 28, device=device))
+    model.train(was_training)
+    for hook in hooks:
+        hook.remove()
+    return 3 * flops
+
+
 def augment(images, generator, mean, std, mode, padding=2):
     """RandomCrop(28, padding) with zero fill (mode crop+flip), horizontal flip with p=0.5, Normalize."""
     n, _, h, w = images.shape
@@ -140,6 +168,9 @@ def main():
     parser.add_argument("--precision", default="32-true", choices=["32-true", "16-mixed", "bf16-mixed"],
                         help="mixed: torch.autocast (+ GradScaler for 16-mixed)")
     parser.add_argument("--compile", action="store_true", help="torch.compile the model")
+    parser.add_argument("--compile-mode", default="default",
+                        choices=["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"],
+                        help="torch.compile's mode (reduce-overhead: CUDA graphs of the compiled forward and backward)")
     parser.add_argument("--augment", default="crop+flip", choices=["crop+flip", "flip", "none"],
                         help="before Normalize: RandomCrop(28, padding=2) + RandomHorizontalFlip, the flip, or none")
     parser.add_argument("--no-augment", dest="augment", action="store_const", const="none")
@@ -161,7 +192,8 @@ def main():
 
     model = (fashion_cnn() if args.model == "cnn" else resnet9()).to(device)
     train_x, train_y, test_x, test_y = (t.to(device) for t in (train_x, train_y, test_x, test_y))
-    step_model = torch.compile(model) if args.compile else model
+    flops_per_sample = training_flops_per_sample(model, device)
+    step_model = torch.compile(model, mode=args.compile_mode) if args.compile else model
     scaler = cuda_grad_scaler(enabled=args.precision == "16-mixed")
     batches = len(train_x) // args.batch_size
     if args.limit_train_batches > 0:
@@ -220,7 +252,9 @@ def main():
         "test_acc": test_acc, "final_loss": loss.item(),
         "threads": torch.get_num_threads(), "openblas_threads": os.environ.get("OPENBLAS_NUM_THREADS", ""),
         "blas": blas_backend(),
-        "device": str(device), "precision": args.precision, "compile": args.compile, "augment": args.augment,
+        "device": str(device), "precision": args.precision, "compile": args.compile,
+        "compile_mode": args.compile_mode if args.compile else None, "augment": args.augment,
+        "train_flops_per_sample": flops_per_sample,
         "label_smoothing": args.label_smoothing, "pct_start": args.pct_start, "tta": args.tta}))
 
 
