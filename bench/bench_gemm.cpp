@@ -4,11 +4,16 @@
 //        threading on the same shapes (the ratio is kiln vs Eigen's peak here);
 //        FashionCNN shapes (batch 128) first, then squares; the two are timed
 //        alternately (median of each) so that both see the same machine load.
-//   GPU: kernels::gemm_cuda (cuBLASLt) in float32, TF32 and bfloat16: CUDA
-//        events around each call after warm-up, median of the repeats, inputs
-//        rotated through more than twice the L2 so no repeat reads a warm cache,
-//        random (never zero) inputs.
-// Usage: bench_gemm [--cpu] [--gpu]   (both by default; --gpu skips without a GPU)
+//   GPU: kernels::gemm_cuda (cuBLASLt) in float32, TF32, bfloat16 and float16
+//        (float32 accumulation): CUDA events around each call after warm-up,
+//        median of the repeats, inputs rotated through more than twice the L2
+//        so no repeat reads a warm cache, random (never zero) inputs. With
+//        --json, one JSON object per row on stdout instead of the table
+//        (precision, what, m, n, k, trans_a, trans_b, median_ms, tflops,
+//        repeats, warmup, sets, device, l2_bytes), or {"skipped": why} without
+//        a GPU; bench/compare_gemm.py times torch.matmul on those rows.
+// Usage: bench_gemm [--cpu] [--gpu] [--json]   (both by default; --gpu skips
+//        without a GPU; --json applies to the GPU part only)
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -16,6 +21,8 @@
 #include <random>
 #include <string>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #if __has_include(<Eigen/Core>)
 #include <Eigen/Core>
@@ -116,9 +123,15 @@ void bench_cpu() {
   }
 }
 
-void bench_gpu() {
+void bench_gpu(bool json) {
   if (!cuda::is_available()) {
-    std::printf("GPU GEMM: skipped (no GPU%s)\n", cuda::compiled_with_cuda() ? "" : "; kiln was built without CUDA");
+    const std::string why =
+        std::string("no GPU") + (cuda::compiled_with_cuda() ? "" : "; kiln was built without CUDA");
+    if (json) {
+      std::printf("%s\n", nlohmann::json{{"bench", "gemm"}, {"skipped", why}}.dump().c_str());
+    } else {
+      std::printf("GPU GEMM: skipped (%s)\n", why.c_str());
+    }
     return;
   }
   const int device = 0;
@@ -126,16 +139,18 @@ void bench_gpu() {
   const cuda::Stream stream = cuda::current_stream(device);
   const size_t workspace_bytes = kernels::gemm_cuda_workspace_bytes(device);
   std::shared_ptr<void> workspace = allocate_cuda(workspace_bytes, device, stream);
-  std::printf("GPU GEMM on %s (%d SMs, L2 %zu MiB), cuBLASLt through kernels::gemm_cuda\n", properties.name,
-              properties.multiprocessor_count, properties.l2_cache_bytes >> 20);
-  std::printf("%-10s %-36s %6s %6s %6s %10s %10s\n", "precision", "shape", "m", "n", "k", "median ms", "TFLOP/s");
+  if (!json) {
+    std::printf("GPU GEMM on %s (%d SMs, L2 %zu MiB), cuBLASLt through kernels::gemm_cuda\n", properties.name,
+                properties.multiprocessor_count, properties.l2_cache_bytes >> 20);
+    std::printf("%-10s %-36s %6s %6s %6s %10s %10s\n", "precision", "shape", "m", "n", "k", "median ms", "TFLOP/s");
+  }
   struct Precision {
     const char* name;
     DType dtype;
     bool tf32;
   };
   const Precision precisions[] = {{"float32", DType::f32, false}, {"tf32", DType::f32, true},
-                                  {"bfloat16", DType::bf16, false}};
+                                  {"bfloat16", DType::bf16, false}, {"float16", DType::f16, false}};
   const Shape3 shapes[] = {{128, 128, 3136, false, true, "linear fwd (fc 3136->128, batch 128)"},
                            {25088, 64, 288, false, true, "conv 32->64 3x3 im2col fwd"},
                            {4096, 4096, 4096, false, false, "square 4096"},
@@ -165,7 +180,8 @@ void bench_gpu() {
         return p;
       };
       const double flops = 2.0 * static_cast<double>(s.m) * static_cast<double>(s.n) * static_cast<double>(s.k);
-      for (int i = 0; i < 5; ++i) {  // warm-up (also fills the algorithm cache)
+      const int warmup = 5;
+      for (int i = 0; i < warmup; ++i) {  // also fills the algorithm cache
         kernels::gemm_cuda(problem_for(i % sets), precision.tf32, workspace.get(), workspace_bytes, device, stream);
       }
       const int repeats = std::clamp(static_cast<int>(2e14 / flops), 20, 200);
@@ -179,8 +195,20 @@ void bench_gpu() {
         ms.push_back(cuda::event_elapsed_ms(start, stop));
       }
       const double median_ms = median(ms);
-      std::printf("%-10s %-36s %6ld %6ld %6ld %10.4f %10.1f\n", precision.name, s.what, static_cast<long>(s.m),
-                  static_cast<long>(s.n), static_cast<long>(s.k), median_ms, flops / (median_ms * 1e-3) / 1e12);
+      const double tflops = flops / (median_ms * 1e-3) / 1e12;
+      if (json) {
+        const nlohmann::json row = {{"precision", precision.name}, {"what", s.what},
+                                    {"m", s.m}, {"n", s.n}, {"k", s.k},
+                                    {"trans_a", s.trans_a}, {"trans_b", s.trans_b},
+                                    {"median_ms", median_ms}, {"tflops", tflops},
+                                    {"repeats", repeats}, {"warmup", warmup}, {"sets", sets},
+                                    {"device", std::string(properties.name)}, {"l2_bytes", properties.l2_cache_bytes}};
+        std::printf("%s\n", row.dump().c_str());
+        std::fflush(stdout);
+      } else {
+        std::printf("%-10s %-36s %6ld %6ld %6ld %10.4f %10.1f\n", precision.name, s.what, static_cast<long>(s.m),
+                    static_cast<long>(s.n), static_cast<long>(s.k), median_ms, tflops);
+      }
     }
   }
   cuda::destroy_event(start);
@@ -190,21 +218,23 @@ void bench_gpu() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool cpu = false, gpu = false;
+  bool cpu = false, gpu = false, json = false;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--cpu") == 0) {
       cpu = true;
     } else if (std::strcmp(argv[i], "--gpu") == 0) {
       gpu = true;
+    } else if (std::strcmp(argv[i], "--json") == 0) {
+      json = true;
     } else {
-      std::fprintf(stderr, "usage: %s [--cpu] [--gpu]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--cpu] [--gpu] [--json]\n", argv[0]);
       return 2;
     }
   }
   if (!cpu && !gpu) cpu = gpu = true;
   try {
     if (cpu) bench_cpu();
-    if (gpu) bench_gpu();
+    if (gpu) bench_gpu(json);
   } catch (const Error& error) {
     std::fprintf(stderr, "bench_gemm: %s\n", error.what());
     return 1;
