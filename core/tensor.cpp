@@ -39,6 +39,21 @@ Shape contiguous_strides(const Shape& shape) {
   return strides;
 }
 
+Shape channels_last_strides(const Shape& shape) {
+  KILN_CHECK(shape.size() == 4, "channels_last: expected a 4-D shape (N, C, H, W), got ", shape_str(shape));
+  const int64_t C = std::max<int64_t>(shape[1], 1), H = std::max<int64_t>(shape[2], 1),
+                W = std::max<int64_t>(shape[3], 1);
+  return {H * W * C, 1, W * C, C};
+}
+
+bool is_channels_last(const Tensor& t) {
+  if (t.dim() != 4 || t.numel() == 0) return false;
+  // Exact strides, size-1 dims included: where the two layouts address the
+  // same memory (C == 1, or H == W == 1) the strides still tell which one
+  // the tensor was made in, as torch's suggest_memory_format does.
+  return t.strides() == channels_last_strides(t.shape()) && t.strides() != contiguous_strides(t.shape());
+}
+
 std::optional<ContiguousExtent> contiguous_extent(const Shape& shape, int64_t element_size) {
   int64_t outer_stride = 1;  // zeros counted as 1, as in contiguous_strides
   bool empty = false;
@@ -474,6 +489,30 @@ Tensor Tensor::contiguous() const {
   return clone();
 }
 
+Tensor Tensor::contiguous(MemoryFormat format) const {
+  if (format == MemoryFormat::contiguous) return contiguous();
+  KILN_CHECK(dim() == 4, "contiguous(channels_last): expected a 4-D tensor (N, C, H, W), got shape ",
+             shape_str(shape()));
+  const Shape expected = channels_last_strides(shape());
+  if (strides() == expected) return *this;
+  bool dense = true;
+  for (int d = 0; d < 4; ++d) dense = dense && (shape()[d] == 1 || strides()[d] == expected[d]);
+  if (dense) {
+    // The same memory in NHWC order already (a size-1 dim's stride differs):
+    // a view with the channels-last strides, no copy.
+    Tensor out = make_view(*this, shape(), expected, offset());
+    record_view("contiguous", *this, out, [](const Tensor& g) { return g; });
+    return out;
+  }
+  Tensor out = empty_strided(shape(), expected, TensorOptions{.dtype = dtype(), .device = device()});
+  {
+    NoGradGuard no_grad;
+    out.copy_(*this);
+  }
+  record_view("contiguous", *this, out, [](const Tensor& g) { return g; });
+  return out;
+}
+
 Tensor Tensor::clone() const {
   Tensor out = empty(shape(), TensorOptions{.dtype = dtype(), .device = device()});
   {
@@ -493,7 +532,9 @@ Tensor Tensor::to(Device target, DType target_dtype, bool non_blocking) const {
                cuda::device_count(), " available",
                cuda::compiled_with_cuda() ? "" : "; kiln was built without CUDA", ")");
   }
-  Tensor out = empty(shape(), TensorOptions{.dtype = target_dtype, .device = target});
+  // A channels-last tensor stays channels-last (torch's preserve_format).
+  const TensorOptions options{.dtype = target_dtype, .device = target};
+  Tensor out = is_channels_last(*this) ? empty_strided(shape(), strides(), options) : empty(shape(), options);
   {
     NoGradGuard no_grad;
     out.copy_(*this, non_blocking);
@@ -533,23 +574,31 @@ Tensor& Tensor::copy_(const Tensor& source, bool non_blocking) {
   bump_version();
   const Device dst_device = device(), src_device = source.device();
   kernels::IterShape iter = iter_shape(shape());
+  kernels::Operand ops[2] = {operand(*this, shape(), "copy_"), source_operand};
+  iterate_in_memory_order(iter, ops, 2);  // a layout copy walks its destination in order
   if (dst_device.is_cpu() && src_device.is_cpu()) {
-    kernels::copy_cpu(iter, operand(*this, shape(), "copy_"), source_operand);
+    kernels::copy_cpu(iter, ops[0], ops[1]);
     return *this;
   }
   if (dst_device.is_cuda() && src_device.is_cuda() && dst_device == src_device) {
-    kernels::copy_cuda(iter, operand(*this, shape(), "copy_"), source_operand, launch_on(dst_device, "copy_").stream);
+    kernels::copy_cuda(iter, ops[0], ops[1], launch_on(dst_device, "copy_").stream);
     return *this;
   }
   // Across devices: stage a dense copy in the destination dtype on the source
   // side, move the bytes, then scatter into the destination's layout if needed.
+  // A dense channels-last destination takes the bytes of a source with its
+  // strides as they are (both cover numel() elements from their data pointer).
+  const bool channels_last = is_channels_last(*this);
   Tensor staged = source.expand(shape());
-  if (staged.dtype() != dtype() || !staged.is_contiguous()) {
-    Tensor dense = empty(shape(), TensorOptions{.dtype = dtype(), .device = src_device});
+  const bool dense_match = staged.is_contiguous() || (channels_last && staged.strides() == strides());
+  if (staged.dtype() != dtype() || !dense_match) {
+    Tensor dense = channels_last ? empty_strided(shape(), strides(), TensorOptions{.dtype = dtype(), .device = src_device})
+                                 : empty(shape(), TensorOptions{.dtype = dtype(), .device = src_device});
     dense.copy_(staged);
     staged = dense;
   }
-  Tensor landing = is_contiguous() ? *this : empty(shape(), TensorOptions{.dtype = dtype(), .device = dst_device});
+  const bool lands_in_place = is_contiguous() || (channels_last && staged.strides() == strides());
+  Tensor landing = lands_in_place ? *this : empty(shape(), TensorOptions{.dtype = dtype(), .device = dst_device});
   if (dst_device.is_cuda() && src_device.is_cuda()) {
     // Peer copy between devices, ordered after the source device's work. It
     // waits for its end too: the source stream knows nothing of the copy, so
@@ -577,7 +626,7 @@ Tensor& Tensor::copy_(const Tensor& source, bool non_blocking) {
 Tensor& Tensor::fill_(double value) {
   check_not_requiring_grad_inplace(*this, "fill_");
   if (numel() == 0) return *this;
-  if (!is_contiguous()) {
+  if (!is_contiguous() && !is_channels_last(*this)) {  // a dense channels-last tensor fills as one range
     Tensor dense = full(shape(), value, TensorOptions{.dtype = dtype(), .device = device()});
     return copy_(dense);
   }

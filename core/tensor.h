@@ -22,6 +22,12 @@ using Shape = std::vector<int64_t>;
 std::string shape_str(const Shape& shape);
 
 class Tensor;
+
+// Memory layouts of a dense tensor (torch.memory_format): row-major, or NHWC
+// for 4-D (N, C, H, W) tensors. Convolutions on CUDA run cuDNN's NHWC kernels
+// on channels-last tensors, and elementwise ops, batch norm and pooling keep
+// the layout of their input.
+enum class MemoryFormat { contiguous, channels_last };
 namespace autograd {
 class Node;
 struct AutogradMeta;
@@ -127,6 +133,9 @@ class Tensor {
   Tensor unsqueeze(int64_t dim) const;
   Tensor flatten(int64_t start_dim = 0, int64_t end_dim = -1) const;
   Tensor contiguous() const;
+  // torch's x.contiguous(memory_format=...): itself when it already has the
+  // layout, else a copy with it (channels_last needs a 4-D tensor).
+  Tensor contiguous(MemoryFormat format) const;
   Tensor clone() const;
 
   // --- conversion
@@ -194,6 +203,14 @@ Tensor tensor(const std::vector<T>& values, const Shape& shape, const TensorOpti
 
 // Row-major contiguous strides for `shape`.
 Shape contiguous_strides(const Shape& shape);
+// Dense NHWC strides for a 4-D shape (N, C, H, W): torch.channels_last.
+Shape channels_last_strides(const Shape& shape);
+// Whether t is 4-D with exactly channels_last_strides(shape) (size-1 dims
+// included) and not also exactly row-major. Where both layouts address the
+// same memory (C == 1, or H == W == 1) the strides a tensor was made with
+// decide: contiguous(MemoryFormat::channels_last) of a (N, 1, H, W) tensor is
+// channels-last, the plain tensor is not.
+bool is_channels_last(const Tensor& t);
 int64_t shape_numel(const Shape& shape);
 // Wraps a possibly negative dim into [0, ndim); throws naming `op` when out of range.
 int64_t wrap_dim(int64_t dim, int64_t ndim, const char* op);

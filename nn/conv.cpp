@@ -39,7 +39,11 @@ Conv2d::Conv2d(int64_t in_channels, int64_t out_channels, Size2 kernel_size, Siz
 }
 
 Tensor Conv2d::forward(const Tensor& input) {
-  return conv2d(input, weight, bias, stride, padding, dilation, groups);
+  // Parameters stay contiguous for the optimizers; the layout copy is part of
+  // the graph (its gradient flows back to the weight).
+  const bool channels_last = memory_format == MemoryFormat::channels_last && input.is_cuda() && input.dim() == 4;
+  const Tensor w = channels_last ? weight.contiguous(MemoryFormat::channels_last) : weight;
+  return conv2d(input, w, bias, stride, padding, dilation, groups);
 }
 
 std::string Conv2d::extra_repr() const {

@@ -18,11 +18,15 @@ class Conv2d : public Module {
   std::string type_name() const override { return "Conv2d"; }
   std::string extra_repr() const override;
   bool drop_bias() override;
+  void set_memory_format(MemoryFormat format) override { memory_format = format; }
 
   int64_t in_channels, out_channels;
   Size2 kernel_size, stride, padding, dilation;
   int64_t groups;
   Tensor weight, bias;
+  // channels_last: on a GPU the weight goes to conv2d as a channels-last copy
+  // (Module::to(MemoryFormat)), so the convolution runs NHWC whatever the input.
+  MemoryFormat memory_format = MemoryFormat::contiguous;
 };
 
 // torch.nn.BatchNorm1d/2d: weight ones, bias zeros, running_mean zeros,

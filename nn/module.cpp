@@ -147,6 +147,10 @@ void Module::to(Device device, DType dtype) {
   to_impl(device, dtype);
 }
 
+void Module::to(MemoryFormat format) {
+  for (auto& [name, module] : named_modules()) module->set_memory_format(format);
+}
+
 void Module::zero_grad(bool set_to_none) {
   for (Tensor& parameter : parameters()) parameter.zero_grad_(set_to_none);
 }

@@ -39,6 +39,9 @@ class Module : public std::enable_shared_from_this<Module> {
   virtual bool is_batch_norm() const { return false; }
   // Drops this layer's bias if it has one (Linear, Conv2d); returns whether it did.
   virtual bool drop_bias() { return false; }
+  // The memory format this layer computes in (Module::to(MemoryFormat)); only
+  // convolutions have one.
+  virtual void set_memory_format(MemoryFormat) {}
 
   // --- registration (names must be unique within this module)
   Tensor register_parameter(const std::string& name, Tensor tensor, bool requires_grad = true);
@@ -69,6 +72,14 @@ class Module : public std::enable_shared_from_this<Module> {
   void to(Device device);
   void to(DType dtype);
   void to(Device device, DType dtype);
+  // torch's model.to(memory_format=torch.channels_last): every convolution
+  // below computes in that layout. kiln keeps parameters contiguous (the fused
+  // optimizers step dense contiguous tensors); a channels-last convolution on a
+  // GPU takes a channels-last copy of its weight at each call instead (small
+  // next to its activations), so that cuDNN runs NHWC, its output is
+  // channels-last, and elementwise ops, batch norm and pooling carry the
+  // layout to the next layer. On the CPU convolutions stay NCHW.
+  void to(MemoryFormat format);
   void zero_grad(bool set_to_none = true);
 
   int64_t parameter_count(bool trainable_only = false) const;

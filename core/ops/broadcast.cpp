@@ -54,6 +54,31 @@ kernels::Operand operand(const Tensor& tensor, const Shape& out_shape, const cha
   return result;
 }
 
+void iterate_in_memory_order(kernels::IterShape& shape, kernels::Operand* operands, int count) {
+  const int ndim = shape.ndim;
+  int order[kernels::kMaxDims];
+  for (int d = 0; d < ndim; ++d) order[d] = d;
+  const int64_t* out_strides = operands[0].strides;
+  // Stable: a contiguous output keeps its order, and size-1 dims (any stride)
+  // are dropped by coalesce anyway.
+  std::stable_sort(order, order + ndim, [&](int a, int b) { return out_strides[a] > out_strides[b]; });
+  bool identity = true;
+  for (int d = 0; d < ndim; ++d) identity = identity && order[d] == d;
+  if (identity) return;
+  const kernels::IterShape before = shape;
+  for (int d = 0; d < ndim; ++d) shape.sizes[d] = before.sizes[order[d]];
+  for (int k = 0; k < count; ++k) {
+    int64_t strides[kernels::kMaxDims];
+    for (int d = 0; d < ndim; ++d) strides[d] = operands[k].strides[order[d]];
+    for (int d = 0; d < ndim; ++d) operands[k].strides[d] = strides[d];
+  }
+}
+
+Tensor empty_in_layout_of(const Tensor& like, const Shape& shape, const TensorOptions& options) {
+  if (like.shape() == shape && is_channels_last(like)) return empty_strided(shape, channels_last_strides(shape), options);
+  return empty(shape, options);
+}
+
 void check_defined(const Tensor& tensor, const char* op, const char* what) {
   KILN_CHECK(tensor.defined(), op, ": ", what, " is an undefined tensor");
 }

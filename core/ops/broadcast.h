@@ -26,6 +26,17 @@ Shape broadcast_strides(const Tensor& tensor, const Shape& shape, const char* op
 // strides as above). Throws naming `op` when the shapes do not broadcast.
 kernels::Operand operand(const Tensor& tensor, const Shape& out_shape, const char* op);
 
+// Reorders the iteration dims so that operands[0] (the output) is walked in
+// its memory order (strides descending): a channels-last output, and inputs of
+// its layout, then coalesce into one flat dim in the kernels. For ops whose
+// result does not depend on the visiting order (elementwise ops, copies).
+void iterate_in_memory_order(kernels::IterShape& shape, kernels::Operand* operands, int count);
+
+// A new tensor of `shape` for an elementwise result: channels-last when
+// `like` has `shape` and is channels-last (torch keeps the memory format of
+// the input), else contiguous.
+Tensor empty_in_layout_of(const Tensor& like, const Shape& shape, const TensorOptions& options);
+
 // Throws naming `op` and `what` ("input", "other", ...) when `tensor` is undefined.
 void check_defined(const Tensor& tensor, const char* op, const char* what = "input");
 // Throws naming `op`, both shapes and both devices when they differ.

@@ -22,33 +22,6 @@ namespace {
 
 std::atomic<bool> benchmark_mode{false};
 
-// Dense NHWC strides for a 4-D shape (N, C, H, W).
-Shape channels_last_strides(const Shape& shape) {
-  const int64_t C = shape[1], H = shape[2], W = shape[3];
-  return {H * W * C, 1, W * C, C};
-}
-
-// Whether t is 4-D, dense in NHWC order and not also plain contiguous.
-bool is_channels_last(const Tensor& t) {
-  if (t.dim() != 4 || t.is_contiguous()) return false;
-  const Shape expected = channels_last_strides(t.shape());
-  for (int d = 0; d < 4; ++d) {
-    if (t.shape()[d] != 1 && t.strides()[d] != expected[d]) return false;
-  }
-  return true;
-}
-
-// t with dense NHWC strides (a copy unless it already has them).
-Tensor to_channels_last(const Tensor& t) {
-  const Shape expected = channels_last_strides(t.shape());
-  bool dense = true;
-  for (int d = 0; d < 4; ++d) dense = dense && (t.shape()[d] == 1 || t.strides()[d] == expected[d]);
-  if (dense) return t;
-  Tensor out = empty_strided(t.shape(), expected, {.dtype = t.dtype(), .device = t.device()});
-  out.copy_(t);
-  return out;
-}
-
 Tensor empty_conv_output(const Shape& shape, const Tensor& like, bool channels_last) {
   const TensorOptions options{.dtype = like.dtype(), .device = like.device()};
   return channels_last ? empty_strided(shape, channels_last_strides(shape), options) : empty(shape, options);
@@ -173,8 +146,8 @@ Tensor conv2d(const Tensor& x_in, const Tensor& weight, const Tensor& bias, Size
   Tensor x, w, b;
   {
     NoGradGuard no_grad;  // layout copies for the kernels are not part of the graph
-    x = channels_last ? to_channels_last(x_in) : x_in.contiguous();
-    w = channels_last ? to_channels_last(weight) : weight.contiguous();
+    x = channels_last ? x_in.contiguous(MemoryFormat::channels_last) : x_in.contiguous();
+    w = channels_last ? weight.contiguous(MemoryFormat::channels_last) : weight.contiguous();
     b = bias.defined() ? bias.contiguous() : Tensor();
   }
   Tensor y = empty_conv_output(out_shape, x, channels_last);
@@ -207,7 +180,7 @@ Tensor conv2d(const Tensor& x_in, const Tensor& weight, const Tensor& bias, Size
           const TensorOptions options{.dtype = grad.dtype(), .device = grad.device()};
           Tensor dx, dw, db;
           if (grad.is_cuda()) {
-            const Tensor g = channels_last ? to_channels_last(grad) : grad.contiguous();
+            const Tensor g = channels_last ? grad.contiguous(MemoryFormat::channels_last) : grad.contiguous();
             kernels::ConvCudaConfig config = cuda_config(g, channels_last);
             Workspaces workspaces{g.device().index, config.stream, {}};
             if (need_dx) {

@@ -52,12 +52,13 @@ void check_scalar_fits(const Tensor& x, double value, const char* op, const char
 void run_unary(const char* name, UnaryOp op, const Tensor& out, const Tensor& x, double s0, double s1) {
   if (out.numel() == 0) return;
   const Shape& shape = out.shape();
-  const kernels::IterShape iter = iter_shape(shape);
-  const kernels::Operand o = operand(out, shape, name), i = operand(x, shape, name);
+  kernels::IterShape iter = iter_shape(shape);
+  kernels::Operand ops[2] = {operand(out, shape, name), operand(x, shape, name)};
+  iterate_in_memory_order(iter, ops, 2);
   if (out.is_cpu()) {
-    kernels::unary_cpu(op, iter, o, i, s0, s1);
+    kernels::unary_cpu(op, iter, ops[0], ops[1], s0, s1);
   } else {
-    kernels::unary_cuda(op, iter, o, i, s0, s1, launch_on(out, "unary op").stream);
+    kernels::unary_cuda(op, iter, ops[0], ops[1], s0, s1, launch_on(out, "unary op").stream);
   }
 }
 
@@ -65,12 +66,13 @@ void run_binary(const char* name, BinaryOp op, const Tensor& out, const Tensor& 
                 double s1) {
   if (out.numel() == 0) return;
   const Shape& shape = out.shape();
-  const kernels::IterShape iter = iter_shape(shape);
-  const kernels::Operand o = operand(out, shape, name), oa = operand(a, shape, name), ob = operand(b, shape, name);
+  kernels::IterShape iter = iter_shape(shape);
+  kernels::Operand ops[3] = {operand(out, shape, name), operand(a, shape, name), operand(b, shape, name)};
+  iterate_in_memory_order(iter, ops, 3);
   if (out.is_cpu()) {
-    kernels::binary_cpu(op, iter, o, oa, ob, s0, s1);
+    kernels::binary_cpu(op, iter, ops[0], ops[1], ops[2], s0, s1);
   } else {
-    kernels::binary_cuda(op, iter, o, oa, ob, s0, s1, launch_on(out, "binary op").stream);
+    kernels::binary_cuda(op, iter, ops[0], ops[1], ops[2], s0, s1, launch_on(out, "binary op").stream);
   }
 }
 
@@ -78,7 +80,7 @@ void run_binary(const char* name, BinaryOp op, const Tensor& out, const Tensor& 
 Tensor unary_kernel(const char* name, UnaryOp op, const Tensor& x, double s0 = 0, double s1 = 0) {
   check_defined(x, name);
   const DType dtype = kernels::is_predicate(op) ? DType::b8 : x.dtype();
-  Tensor out = empty(x.shape(), {.dtype = dtype, .device = x.device()});
+  Tensor out = empty_in_layout_of(x, x.shape(), {.dtype = dtype, .device = x.device()});
   run_unary(name, op, out, x, s0, s1);
   return out;
 }
@@ -92,7 +94,9 @@ Tensor binary_kernel(const char* name, BinaryOp op, const Tensor& a, const Tenso
   check_same_dtype(a, b, name);
   const Shape shape = broadcast_shapes(a.shape(), b.shape(), name);
   const DType dtype = kernels::is_predicate(op) ? DType::b8 : a.dtype();
-  Tensor out = empty(shape, {.dtype = dtype, .device = a.device()});
+  // The layout of the first operand that has the result's shape (torch's rule).
+  const Tensor& like = a.shape() == shape ? a : b;
+  Tensor out = empty_in_layout_of(like, shape, {.dtype = dtype, .device = a.device()});
   run_binary(name, op, out, a, b, s0, s1);
   return out;
 }
@@ -448,15 +452,17 @@ Tensor where(const Tensor& condition, const Tensor& a, const Tensor& b) {
   check_same_device(a, b, "where");
   check_same_dtype(a, b, "where");
   const Shape shape = broadcast_shapes(broadcast_shapes(condition.shape(), a.shape(), "where"), b.shape(), "where");
-  Tensor out = empty(shape, {.dtype = a.dtype(), .device = a.device()});
+  const Tensor& like = a.shape() == shape ? a : b.shape() == shape ? b : condition;
+  Tensor out = empty_in_layout_of(like, shape, {.dtype = a.dtype(), .device = a.device()});
   if (out.numel() > 0) {
-    const kernels::IterShape iter = iter_shape(shape);
-    const kernels::Operand o = operand(out, shape, "where"), oc = operand(condition, shape, "where"),
-                           oa = operand(a, shape, "where"), ob = operand(b, shape, "where");
+    kernels::IterShape iter = iter_shape(shape);
+    kernels::Operand ops[4] = {operand(out, shape, "where"), operand(condition, shape, "where"),
+                               operand(a, shape, "where"), operand(b, shape, "where")};
+    iterate_in_memory_order(iter, ops, 4);
     if (out.is_cpu()) {
-      kernels::where_cpu(iter, o, oc, oa, ob);
+      kernels::where_cpu(iter, ops[0], ops[1], ops[2], ops[3]);
     } else {
-      kernels::where_cuda(iter, o, oc, oa, ob, launch_on(out, "where").stream);
+      kernels::where_cuda(iter, ops[0], ops[1], ops[2], ops[3], launch_on(out, "where").stream);
     }
   }
   if (autograd::any_requires_grad({&a, &b})) {
@@ -493,7 +499,7 @@ Tensor isfinite(const Tensor& x) { return unary_kernel("isfinite", UnaryOp::isfi
 Tensor cast(const Tensor& x, DType dtype) {
   check_defined(x, "cast");
   if (x.dtype() == dtype) return x;
-  Tensor out = empty(x.shape(), {.dtype = dtype, .device = x.device()});
+  Tensor out = empty_in_layout_of(x, x.shape(), {.dtype = dtype, .device = x.device()});
   {
     NoGradGuard no_grad;
     out.copy_(x);

@@ -22,17 +22,6 @@ namespace {
 
 DType compute_dtype(DType dtype) { return dtype == DType::f64 ? DType::f64 : DType::f32; }
 
-// Whether t is 4-D with dense NHWC strides (and not plain contiguous).
-bool dense_channels_last(const Tensor& t) {
-  if (t.dim() != 4 || t.is_contiguous()) return false;
-  const int64_t C = t.size(1), H = t.size(2), W = t.size(3);
-  const int64_t expected[4] = {H * W * C, 1, W * C, C};
-  for (int d = 0; d < 4; ++d) {
-    if (t.shape()[d] != 1 && t.strides()[d] != expected[d]) return false;
-  }
-  return true;
-}
-
 // A per-channel tensor in the compute dtype (itself when it already is).
 Tensor as_compute(const Tensor& t, DType dtype) {
   if (!t.defined()) return t;
@@ -73,7 +62,7 @@ Tensor batch_norm_impl(const char* op, const Tensor& x_in, const Tensor& running
   args.relu = relu;
   args.momentum = momentum;
   args.eps = eps;
-  const bool channels_last = dense_channels_last(x_in);
+  const bool channels_last = is_channels_last(x_in);
   Tensor x;
   {
     NoGradGuard no_grad;  // the layout copy is not part of the graph
@@ -142,7 +131,7 @@ Tensor batch_norm_impl(const char* op, const Tensor& x_in, const Tensor& running
       // The gradient in x's layout.
       Tensor g = grads[0];
       if (channels_last) {
-        if (!dense_channels_last(g) || g.strides() != x.strides()) {
+        if (!is_channels_last(g) || g.strides() != x.strides()) {
           Tensor dense = empty_strided(x.shape(), x.strides(), {.dtype = g.dtype(), .device = g.device()});
           dense.copy_(g);
           g = dense;
