@@ -46,8 +46,11 @@ int main(int argc, char** argv) {
   double lr = 3e-3, weight_decay = 5e-4;
   int num_workers = 2;
   uint64_t seed = 42;
-  bool augment = true, cuda_graph = false;
+  bool augment = true, cuda_graph = false, channels_last = false;
   app.add_flag("--cuda-graph", cuda_graph, "GPU: replay the captured training step as one CUDA graph");
+  app.add_flag("--channels-last", channels_last,
+               "Images in channels-last (NHWC) memory, as torch's memory_format=torch.channels_last: on a GPU "
+               "the convolutions run cuDNN's NHWC kernels and the layout carries through the network");
   app.add_option("--model", model_name, "cnn or resnet9")->capture_default_str();
   app.add_option("--epochs", epochs)->capture_default_str();
   app.add_option("--batch-size", batch_size)->capture_default_str()->check(examples::kPositive);
@@ -106,6 +109,7 @@ int main(int argc, char** argv) {
       model = std::make_shared<nn::ResNet9>();
     }
     model->to(device, DType::f32);
+    if (channels_last) model->to(MemoryFormat::channels_last);  // as torch's model.to(memory_format=...)
     int64_t batches = train_loader.size();
     if (limit_train_batches > 0) batches = std::min(batches, limit_train_batches);
     optim::AdamWOptions adamw;
@@ -137,6 +141,12 @@ int main(int argc, char** argv) {
       schedule.step();
     };
     constexpr int64_t kGraphWarmupSteps = 3;  // optimizer state, cuDNN and cuBLAS set-up happen eagerly
+    // The images on the device, in the layout the run asks for (the layout
+    // copy, when there is one, runs on the device).
+    const auto to_model_input = [&](const Tensor& images) {
+      Tensor on_device = images.to(device, DType::f32, true);
+      return channels_last ? on_device.contiguous(MemoryFormat::channels_last) : on_device;
+    };
     // Pinned batches are copied with non_blocking: each is held until its copy
     // ran, or the loader could refill its buffer first (data/host_batch_holder.h).
     HostBatchHolder host_batches;
@@ -164,7 +174,7 @@ int main(int argc, char** argv) {
         }
         std::optional<Batch> batch = train_loader.next();
         KILN_CHECK(batch.has_value(), "the training loader ended early at batch ", step);
-        Tensor input = batch->input.to(device, DType::f32, true);
+        Tensor input = to_model_input(batch->input);
         Tensor target = batch->target.to(device, DType::i64, true);
         hold_until_copied(std::move(*batch));
         if (!cuda_graph || steps_taken < kGraphWarmupSteps) {
@@ -196,7 +206,7 @@ int main(int argc, char** argv) {
     test_loader.set_epoch(0);
     int64_t correct = 0, seen = 0;
     while (std::optional<Batch> batch = test_loader.next()) {
-      Tensor logits = model->forward(batch->input.to(device, DType::f32, true));
+      Tensor logits = model->forward(to_model_input(batch->input));
       Tensor target = batch->target.to(device, DType::i64, true);
       correct += sum(cast(eq(argmax(logits, 1), target), DType::i64)).item<int64_t>();
       seen += batch->size();

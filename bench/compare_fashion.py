@@ -52,6 +52,9 @@ def main():
     parser.add_argument("--cuda-graph", action="store_true",
                         help="GPU: also time kiln with the step replayed as one CUDA graph (bench_fashion "
                              "--cuda-graph); the speed-ups are then the graph's")
+    parser.add_argument("--channels-last", action="store_true",
+                        help="both sides in channels-last (NHWC) memory: torch.channels_last model and images, "
+                             "kiln channels-last images (its convolutions then run NHWC on a GPU)")
     parser.add_argument("--augment", action=argparse.BooleanOptionalAction, default=True,
                         help="random crop + flip on both sides (--no-augment: normalization only)")
     parser.add_argument("--kiln", default=os.path.join(ROOT, "build", "bin", "bench_fashion"))
@@ -60,7 +63,8 @@ def main():
 
     common = ["--model", args.model, "--epochs", str(args.epochs), "--batch-size", str(args.batch_size),
               "--limit-train-batches", str(args.limit_train_batches), "--accelerator", args.accelerator,
-              "--precision", args.precision] + ([] if args.augment else ["--no-augment"])
+              "--precision", args.precision] + ([] if args.augment else ["--no-augment"]) + (
+                  ["--channels-last"] if args.channels_last else [])
     env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="2")
     # PyTorch eager, and with --torch-compile the same under torch.compile.
     compile_name = "torch.compile" + ("" if args.torch_compile_mode == "default" else f"({args.torch_compile_mode})")
@@ -84,7 +88,7 @@ def main():
     print(f"model {args.model}, batch {args.batch_size}, {args.epochs} epoch(s), "
           f"{kiln_runs[0]['steps']} steps, {args.accelerator}, {args.precision}"
           f"{', ' + compile_name if args.torch_compile else ''}{'' if args.augment else ', no augmentation'}, "
-          f"{args.rounds} round(s)\n")
+          f"{', channels-last' if args.channels_last else ''}, {args.rounds} round(s)\n")
     # Model FLOPs per training sample (torch_fashion.py counts the same network's
     # convolution and linear multiply-adds, x2 x3), for TFLOP/s and MFU on a GPU.
     flops = next(iter(peer_runs.values()))[0].get("train_flops_per_sample", 0)

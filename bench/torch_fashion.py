@@ -168,6 +168,8 @@ def main():
     parser.add_argument("--precision", default="32-true", choices=["32-true", "16-mixed", "bf16-mixed"],
                         help="mixed: torch.autocast (+ GradScaler for 16-mixed)")
     parser.add_argument("--compile", action="store_true", help="torch.compile the model")
+    parser.add_argument("--channels-last", action="store_true",
+                        help="model and images in torch.channels_last memory format")
     parser.add_argument("--compile-mode", default="default",
                         choices=["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"],
                         help="torch.compile's mode (reduce-overhead: CUDA graphs of the compiled forward and backward)")
@@ -193,6 +195,8 @@ def main():
     model = (fashion_cnn() if args.model == "cnn" else resnet9()).to(device)
     train_x, train_y, test_x, test_y = (t.to(device) for t in (train_x, train_y, test_x, test_y))
     flops_per_sample = training_flops_per_sample(model, device)
+    memory_format = torch.channels_last if args.channels_last else torch.contiguous_format
+    model = model.to(memory_format=memory_format)
     step_model = torch.compile(model, mode=args.compile_mode) if args.compile else model
     scaler = cuda_grad_scaler(enabled=args.precision == "16-mixed")
     batches = len(train_x) // args.batch_size
@@ -207,7 +211,7 @@ def main():
         correct = 0
         with torch.no_grad():
             for i in range(0, len(test_x), 1000):
-                inputs = (test_x[i:i + 1000] - mean) / std
+                inputs = ((test_x[i:i + 1000] - mean) / std).contiguous(memory_format=memory_format)
                 logits = model(inputs)
                 if args.tta:
                     logits = (logits + model(inputs.flip(3))) * 0.5
@@ -227,7 +231,7 @@ def main():
                 start = time.perf_counter()
             index = order[step * args.batch_size:(step + 1) * args.batch_size].to(device)
             inputs = (augment(train_x[index], generator, mean, std, args.augment) if args.augment != "none"
-                      else (train_x[index] - mean) / std)
+                      else (train_x[index] - mean) / std).contiguous(memory_format=memory_format)
             with torch.autocast(device.type, dtype=amp_dtype or torch.bfloat16, enabled=amp_dtype is not None):
                 loss = F.cross_entropy(step_model(inputs), train_y[index], label_smoothing=args.label_smoothing)
             optimizer.zero_grad(set_to_none=True)
@@ -252,7 +256,7 @@ def main():
         "test_acc": test_acc, "final_loss": loss.item(),
         "threads": torch.get_num_threads(), "openblas_threads": os.environ.get("OPENBLAS_NUM_THREADS", ""),
         "blas": blas_backend(),
-        "device": str(device), "precision": args.precision, "compile": args.compile,
+        "device": str(device), "precision": args.precision, "compile": args.compile, "channels_last": args.channels_last,
         "compile_mode": args.compile_mode if args.compile else None, "augment": args.augment,
         "train_flops_per_sample": flops_per_sample,
         "label_smoothing": args.label_smoothing, "pct_start": args.pct_start, "tta": args.tta}))

@@ -127,7 +127,8 @@ cmd_pack() {
   for gz in "$data"/*-ubyte.gz; do zcat "$gz" | xz -9 -T2 >"$kit/data/$(basename "${gz%.gz}").xz"; done
   cp "$repo/scripts/check_torch_interop.py" "$repo/scripts/check_tensorboard.py" "$kit/scripts/"
   cp "$repo/bench/compare_fashion.py" "$repo/bench/torch_fashion.py" "$repo/bench/compare_transformers.py" \
-    "$repo/bench/torch_transformer.py" "$repo/bench/torch_attention.py" "$repo/bench/profile_step.py" "$kit/bench/"
+    "$repo/bench/torch_transformer.py" "$repo/bench/torch_attention.py" "$repo/bench/profile_step.py" \
+    "$repo/bench/compare_gemm.py" "$repo/bench/compare_conv.py" "$kit/bench/"
 
   # The GPU cases per test file, as the binary lists them; the test files.
   local source test_name
@@ -320,19 +321,32 @@ step_tests() {
 }
 
 step_bench() {
-  local bench rc out="$OUT/bench.md" ran=() step_end=$(($(now) + 150))  # the whole step: 2.5 minutes at most
+  local bench rc out="$OUT/bench.md" ran=() step_end=$(($(now) + 180))  # the whole step: 3 minutes at most
   echo "# kiln GPU benchmarks, $(date -u '+%Y-%m-%d'), $device_line, commit $commit" >"$out"
   # GPU rows only where a bench has both: the CPU rows are measured on the CPU machine.
   # bench_attention's 20 repeats of 12 shapes took over a minute on the H200: 5 suffice for a median.
   local -A gpu_only=([bench_kernels]=--gpu-only [bench_gemm]=--gpu [bench_attention]="--gpu-only --repeats 5")
   # The issue's figures first (kernels, GEMM, the fused AdamW step), then the rest as time allows.
-  for bench in bench_kernels bench_gemm bench_optim bench_attention bench_conv bench_checkpointing bench_dataloader; do
+  # GEMM and convolutions run through their compare scripts (kiln's rows, then torch on the same rows,
+  # one table with the ratio) when this machine's torch sees the GPU; else kiln's rows alone.
+  local torch_gpu=0
+  "$torch_python" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' >/dev/null 2>&1 && torch_gpu=1
+  for bench in bench_kernels bench_gemm bench_optim bench_conv_gpu bench_attention bench_conv bench_checkpointing \
+    bench_dataloader; do
     if [ "$(left)" -lt 15 ] || [ $((step_end - $(now))) -lt 10 ]; then not_run+=("bench: $bench"); continue; fi
     rc=0
     {
       echo; echo "## $bench"; echo '```'
     } >>"$out"
-    run_bounded "$out" $((step_end - $(now))) "$bins/$bench" ${gpu_only[$bench]:-} || rc=$?
+    if [ "$torch_gpu" -eq 1 ] && [ "$bench" = bench_gemm ]; then
+      run_bounded "$out" $((step_end - $(now))) env KILN_COMMIT="$commit" "$torch_python" \
+        "$kit/bench/compare_gemm.py" --kiln "$bins/bench_gemm" || rc=$?
+    elif [ "$torch_gpu" -eq 1 ] && [ "$bench" = bench_conv_gpu ]; then
+      run_bounded "$out" $((step_end - $(now))) env KILN_COMMIT="$commit" "$torch_python" \
+        "$kit/bench/compare_conv.py" --kiln "$bins/bench_conv_gpu" --save-rows "$logs/conv_rows.jsonl" || rc=$?
+    else
+      run_bounded "$out" $((step_end - $(now))) "$bins/$bench" ${gpu_only[$bench]:-} || rc=$?
+    fi
     echo '```' >>"$out"
     [ "$rc" -eq 0 ] && ran+=("$bench") || ran+=("$bench(exit $rc)")
   done
@@ -358,6 +372,11 @@ step_compare() {
   local rc2=0 rc3=0 rc4=0 rc5=0
   run_bounded "$out" "$cap" env KILN_COMMIT="$commit" "$torch_python" "$kit/bench/compare_fashion.py" \
     --model resnet9 --batch-size 512 --precision bf16-mixed --limit-train-batches 60 "${common[@]}" || rc2=$?
+  # Issue 22's recipe: ResNet-9 with the model and images channels-last on both sides.
+  local rc6=0
+  run_bounded "$out" "$cap" env KILN_COMMIT="$commit" "$torch_python" "$kit/bench/compare_fashion.py" \
+    --model resnet9 --batch-size 512 --precision bf16-mixed --limit-train-batches 60 --channels-last \
+    "${common[@]}" || rc6=$?
   # GPT-2 124M's training step, batch 16 x 1024 in bf16-mixed, and attention against torch's SDPA.
   run_bounded "$out" "$cap" env KILN_COMMIT="$commit" "$torch_python" "$kit/bench/compare_transformers.py" \
     --model gpt2-124m --batch-size 16 --steps 10 --rounds 1 --accelerator gpu --precision bf16-mixed \
@@ -367,10 +386,11 @@ step_compare() {
   run_bounded "$out" "$cap" env KILN_COMMIT="$commit" "$torch_python" "$kit/bench/compare_fashion.py" \
     --model cnn --batch-size 64 --precision 16-mixed --limit-train-batches 600 --cuda-graph "${common[@]}" \
     "${cnn_compile[@]}" || rc5=$?
-  if [ "$rc" -eq 0 ] && [ "$rc2" -eq 0 ] && [ "$rc3" -eq 0 ] && [ "$rc4" -eq 0 ] && [ "$rc5" -eq 0 ]; then
-    verdict compare ok "FashionCNN 16-mixed, ResNet-9 bf16-mixed, GPT-2 124M bf16-mixed and SDPA against torch eager${compile:+ and torch.compile}"
+  if [ "$rc" -eq 0 ] && [ "$rc2" -eq 0 ] && [ "$rc3" -eq 0 ] && [ "$rc4" -eq 0 ] && [ "$rc5" -eq 0 ] &&
+    [ "$rc6" -eq 0 ]; then
+    verdict compare ok "FashionCNN 16-mixed (eager, CUDA graph), ResNet-9 bf16-mixed (NCHW, channels-last), GPT-2 124M bf16-mixed and SDPA against torch eager${compile:+ and torch.compile}"
   else
-    verdict compare FAILED "FashionCNN exit $rc, ResNet-9 exit $rc2, GPT-2 exit $rc3, SDPA exit $rc4, FashionCNN with a CUDA graph exit $rc5 (see compare.md)"
+    verdict compare FAILED "FashionCNN exit $rc, ResNet-9 exit $rc2, GPT-2 exit $rc3, SDPA exit $rc4, FashionCNN with a CUDA graph exit $rc5, ResNet-9 channels-last exit $rc6 (see compare.md)"
   fi
 }
 
