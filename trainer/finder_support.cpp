@@ -112,12 +112,7 @@ Tensor FinderLoop::step() {
   while (true) {
     Batch batch = next_batch();
     const int64_t batch_idx = batch_in_epoch_++;
-    // As Trainer::to_device: floating tensors take the parameters' dtype, integer targets become int64.
-    Batch moved;
-    moved.input = batch.input.to(device_, is_floating(batch.input.dtype()) ? param_dtype_ : batch.input.dtype(),
-                                 /*non_blocking=*/true);
-    moved.target = batch.target.to(device_, is_floating(batch.target.dtype()) ? param_dtype_ : DType::i64,
-                                   /*non_blocking=*/true);
+    const Batch moved = batch_to_module(batch, device_, param_dtype_);  // as the Trainer's
     if (device_.is_cuda()) host_batches_.hold_until_done(std::move(batch), device_.index, cuda::current_stream(device_.index));
     Tensor loss;
     {

@@ -188,4 +188,19 @@ ToggledModel::~ToggledModel() {
   }
 }
 
+DType module_input_dtype(const Batch& batch, DType param_dtype) {
+  return is_floating(batch.input.dtype()) ? param_dtype : batch.input.dtype();
+}
+
+DType module_target_dtype(const Batch& batch, DType param_dtype) {
+  return is_floating(batch.target.dtype()) ? param_dtype : DType::i64;
+}
+
+Batch batch_to_module(const Batch& batch, Device device, DType param_dtype) {
+  Batch moved;
+  moved.input = batch.input.to(device, module_input_dtype(batch, param_dtype), /*non_blocking=*/true);
+  moved.target = batch.target.to(device, module_target_dtype(batch, param_dtype), /*non_blocking=*/true);
+  return moved;
+}
+
 }  // namespace kiln

@@ -34,6 +34,16 @@
 
 namespace kiln {
 
+// The dtypes a host batch takes on its way to training_step, as Lightning's
+// precision plugins (convert_input): floating tensors take the parameters'
+// dtype (a float32 regression target meets bfloat16 outputs under
+// "bf16-true"); integer targets become int64, other integer inputs stay.
+DType module_input_dtype(const Batch& batch, DType param_dtype);
+DType module_target_dtype(const Batch& batch, DType param_dtype);
+// The batch on `device` in those dtypes, copied with non_blocking: hold a
+// pinned host batch until its copies ran (HostBatchHolder).
+Batch batch_to_module(const Batch& batch, Device device, DType param_dtype);
+
 class Trainer;
 class TrainModule;
 

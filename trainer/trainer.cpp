@@ -247,28 +247,13 @@ bool Trainer::minimum_done() const {
   return epoch_ >= options_.min_epochs && global_step_ >= options_.min_steps;
 }
 
-// As Lightning's precision plugins (convert_input): every floating tensor of
-// the batch takes the parameters' dtype (a float32 regression target meets
-// bfloat16 outputs under "bf16-true"); integer targets become int64.
-DType Trainer::device_input_dtype(const Batch& batch) const {
-  return is_floating(batch.input.dtype()) ? param_dtype_ : batch.input.dtype();
-}
-
-DType Trainer::device_target_dtype(const Batch& batch) const {
-  return is_floating(batch.target.dtype()) ? param_dtype_ : DType::i64;
-}
-
-Batch Trainer::to_device(const Batch& batch) const {
-  Batch moved;
-  moved.input = batch.input.to(device_, device_input_dtype(batch), /*non_blocking=*/true);
-  moved.target = batch.target.to(device_, device_target_dtype(batch), /*non_blocking=*/true);
-  return moved;
-}
+Batch Trainer::to_device(const Batch& batch) const { return batch_to_module(batch, device_, param_dtype_); }
 
 Batch Trainer::stage_training_batch(const Batch& batch, int64_t accumulate) {
   CudaGraphStep* graph = graph_step_.get();
   if (graph != nullptr && !manual_ &&
-      graph->fits_static(batch, device_input_dtype(batch), device_target_dtype(batch), accumulate)) {
+      graph->fits_static(batch, module_input_dtype(batch, param_dtype_), module_target_dtype(batch, param_dtype_),
+                         accumulate)) {
     graph->load_from_host(batch);
     return graph->static_batch();
   }

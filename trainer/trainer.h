@@ -280,10 +280,8 @@ class Trainer {
   void finish_pending_gradient_sync();
   // Agrees the stop decisions of all ranks; returns whether the epoch must end now.
   bool agree_to_stop();
+  // batch_to_module on this trainer's device in the parameters' dtype.
   Batch to_device(const Batch& batch) const;
-  // The dtypes to_device gives a batch's input and target.
-  DType device_input_dtype(const Batch& batch) const;
-  DType device_target_dtype(const Batch& batch) const;
   // A training micro-batch on the device: with cuda_graph past its warm-up,
   // copied from the host straight into the graphs' static buffers when it
   // fits them (the static batch is returned); else to_device(batch).
