@@ -15,11 +15,13 @@
 #        deadline (default 450 s; each step bounded by the time left, a failed step never stops
 #        the next). Optional steps: racecheck, compile (torch.compile rows in compare), train
 #        (train_fashion --accelerator gpu with no other flag), profile (one GPT-2 124M step of kiln
-#        and of PyTorch under ncu: kernel time by family, profile.md). --tests test_a,test_b
+#        and of PyTorch under ncu: kernel time by family, profile.md), accuracy (ResNet-9 bf16-mixed
+#        to 93% and 94% test accuracy, kiln against PyTorch, bench/time_to_accuracy.py: accuracy.md,
+#        about 1-2 minutes). --tests test_a,test_b
 #        limits the tests, memcheck and racecheck steps to those files (a rerun of the failures).
 # run writes at most 7 files to $OUT (default /tmp/kiln-kit-out): summary.md (device, driver,
 # commit, each step's verdict, each failing case with its first error lines, what did not run
-# for lack of time), bench.md, compare.md, train.md, profile.md and logs.tar.xz (every log).
+# for lack of time), bench.md, compare.md, train.md, profile.md, accuracy.md and logs.tar.xz.
 # Environment: KILN_GPU_KIT (kit folder, default .gpu-kit), KILN_TORCH_PYTHON (the Python with
 # CUDA torch; default: /opt/*/.venv/bin/python3, else python3).
 set -euo pipefail
@@ -128,7 +130,7 @@ cmd_pack() {
   cp "$repo/scripts/check_torch_interop.py" "$repo/scripts/check_tensorboard.py" "$kit/scripts/"
   cp "$repo/bench/compare_fashion.py" "$repo/bench/torch_fashion.py" "$repo/bench/compare_transformers.py" \
     "$repo/bench/torch_transformer.py" "$repo/bench/torch_attention.py" "$repo/bench/profile_step.py" \
-    "$repo/bench/compare_gemm.py" "$repo/bench/compare_conv.py" "$kit/bench/"
+    "$repo/bench/compare_gemm.py" "$repo/bench/compare_conv.py" "$repo/bench/time_to_accuracy.py" "$kit/bench/"
 
   # The GPU cases per test file, as the binary lists them; the test files.
   local source test_name
@@ -412,6 +414,20 @@ step_profile() {
   fi
 }
 
+# Issue 22's time to accuracy: ResNet-9 bf16-mixed to 93% and 94% test accuracy, kiln's
+# train_fashion against torch_fashion.py with the same recipe, one seed each.
+step_accuracy() {
+  local out="$OUT/accuracy.md" rc=0
+  run_bounded "$out" 240 env KILN_COMMIT="$commit" "$torch_python" "$kit/bench/time_to_accuracy.py" \
+    --accelerator gpu --model resnet9 --precision bf16-mixed --epochs 10 --seeds 1 --targets 93 94 \
+    --kiln "$bins/train_fashion" --python "$torch_python" || rc=$?
+  if [ "$rc" -eq 0 ]; then
+    verdict accuracy ok "$(grep -m 1 '^| kiln' "$out" | tr -s ' ')"
+  else
+    verdict accuracy FAILED "exit $rc (see accuracy.md)"
+  fi
+}
+
 step_train() {
   local out="$OUT/train.md" rc=0 start
   start="$(now)"
@@ -482,9 +498,9 @@ cmd_run() {
       --tests) only_tests="$2"; shift 2 ;;
       --deadline) deadline_s="$2"; shift 2 ;;
       --rehearsal) rehearsal=1; shift ;;  # dry-run's: no GPU expected, skips are not failures
-      preflight | tests | bench | compare | memcheck | racecheck | train | profile) steps+=("$1"); shift ;;
+      preflight | tests | bench | compare | memcheck | racecheck | train | profile | accuracy) steps+=("$1"); shift ;;
       compile) with_compile=1; steps+=(compare); shift ;;
-      *) die "run: unknown argument '$1' (steps: preflight tests bench compare memcheck racecheck compile train profile; --tests FILES, --deadline SECONDS)" ;;
+      *) die "run: unknown argument '$1' (steps: preflight tests bench compare memcheck racecheck compile train profile accuracy; --tests FILES, --deadline SECONDS)" ;;
     esac
   done
   [ ${#steps[@]} -gt 0 ] || steps=(preflight tests bench compare memcheck)
@@ -539,6 +555,7 @@ cmd_run() {
       compare) step_compare ;;
       train) step_train ;;
       profile) step_profile ;;
+      accuracy) step_accuracy ;;
       memcheck | racecheck) step_sanitizer "$step" ;;
     esac
   done
