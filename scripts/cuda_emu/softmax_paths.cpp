@@ -11,6 +11,7 @@
 #include "emu_test.h"
 
 #include "emu_softmax.inc"
+#include "softmax_check.h"
 
 #include <chrono>
 #include <climits>
@@ -80,44 +81,10 @@ void run_softmax(int64_t R, int64_t C, bool log, Misalign mis) {
     dy[i] = from_double<T>(normal(engine));
     dyv[i] = to_double(dy[i]);
   }
-  SoftmaxArgs args;
-  args.dtype = emu_dtype<T>();
-  args.x = x.data;
-  args.y = y.data;
-  args.rows = R;
-  args.cols = C;
-  args.log = log;
-  softmax_cuda(args, nullptr);
-  SoftmaxGradArgs grad;
-  grad.dtype = args.dtype;
-  grad.y = y.data;
-  grad.dy = dy.data;
-  grad.dx = dx.data;
-  grad.rows = R;
-  grad.cols = C;
-  grad.log = log;
-  softmax_grad_cuda(grad, nullptr);
-
-  std::vector<double> ref_y(n), ref_dx(n), got_y(n), got_dx(n);
-  for (int64_t i = 0; i < n; ++i) {
-    got_y[i] = to_double(y[i]);
-    got_dx[i] = to_double(dx[i]);
-  }
-  for (int64_t r = 0; r < R; ++r) {
-    double m = -INFINITY, s = 0, total = 0;
-    for (int64_t c = 0; c < C; ++c) m = std::max(m, xv[r * C + c]);
-    for (int64_t c = 0; c < C; ++c) s += std::exp(xv[r * C + c] - m);  // all -inf: NaN, as the kernels
-    for (int64_t c = 0; c < C; ++c) {
-      const double v = xv[r * C + c] - m;
-      ref_y[r * C + c] = log ? v - std::log(s) : std::exp(v) / s;
-    }
-    // The backward from the kernel's own y (its input), in float64.
-    for (int64_t c = 0; c < C; ++c) total += log ? dyv[r * C + c] : dyv[r * C + c] * got_y[r * C + c];
-    for (int64_t c = 0; c < C; ++c) {
-      const double yv = got_y[r * C + c], g = dyv[r * C + c];
-      ref_dx[r * C + c] = log ? g - std::exp(yv) * total : yv * (g - total);
-    }
-  }
+  launch_softmax_and_grad(x, y, dy, dx, R, C, log);
+  const std::vector<double> got_y = values_of(y), got_dx = values_of(dx);
+  std::vector<double> ref_y, ref_dx;
+  softmax_reference(xv, dyv, got_y, R, C, log, ref_y, ref_dx);
   char label[160];
   std::snprintf(label, sizeof label, "%-4s %-11s rows %3ld cols %5ld %s", name_of<T>(), log ? "log_softmax" : "softmax",
                 R, C, name_of(mis));
