@@ -1,12 +1,16 @@
 // 2-D pooling kernels: max (with argmax indices), average, adaptive average.
 // Front ends in core/ops/pooling.cpp.
 //
-// Tensors are contiguous NCHW, seen as `planes` = N*C planes of (H, W) in and
-// (OH, OW) out. Max-pool indices are int32 flat offsets into the input plane
-// (ih * W + iw), the argmax of each window: the first maximum in row-major
-// window order, NaN counting as the maximum (as torch). Backward kernels
-// gather or scatter within a plane, so no atomics and no dependence on the
-// thread count or the GPU. Outputs are written (=).
+// Tensors are dense NCHW, seen as `planes` = N*C planes of (H, W) in and
+// (OH, OW) out, or with `channels_last` dense NHWC (torch.channels_last):
+// (N, H, W, C) in memory, N = planes / channels, for x, y, the indices, dy
+// and dx alike. Max-pool indices are int32 flat offsets into the input plane
+// (ih * W + iw) in either layout, the argmax of each window: the first maximum
+// in row-major window order, NaN counting as the maximum (as torch). Backward
+// kernels gather or scatter within a plane (CPU NHWC: within an image), so no
+// atomics and no dependence on the thread count or the GPU; the NHWC kernels
+// do each element's arithmetic in the NCHW kernels' order, so the two layouts
+// give the same bits. Outputs are written (=).
 #pragma once
 
 #include <cstdint>
@@ -23,6 +27,8 @@ struct Pool2dParams {
   int64_t pad_h = 0, pad_w = 0;
   int64_t dilation_h = 1, dilation_w = 1;  // max pool only
   bool count_include_pad = true;           // avg pool only
+  bool channels_last = false;              // NHWC tensors (see above)
+  int64_t channels = 1;                    // C: read only when channels_last
 };
 // Adaptive pooling uses planes, in_h/in_w and out_h/out_w only: output cell
 // (oh, ow) averages rows [floor(oh*H/OH), ceil((oh+1)*H/OH)) and likewise columns.

@@ -4,10 +4,13 @@
 #include <omp.h>
 
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <random>
 
+#include "core/autograd.h"
 #include "core/nn_ops.h"
+#include "nn/conv.h"
 #include "tests/support/op_info.h"
 #include "tests/support/test_util.h"
 
@@ -519,6 +522,146 @@ TEST_CASE("conv2d on CUDA: tensors on a GPU other than the current one run there
   const Tensor y = conv2d(x.to(other), w.to(other), b.to(other), 1, 1);
   CHECK(cuda::current_device() == 0);
   KILN_CHECK_CLOSE(y.cpu(), reference, 1e-4, 1e-4);
+}
+
+// Channels-last pooling. The NHWC kernels do each element's arithmetic in the
+// NCHW kernels' order, so on one device the two layouts give the same bits in
+// every dtype: outputs, and dx too (max: the same rounded adds in the same
+// order; avg and adaptive: 16-bit shares summed in float and rounded once in
+// both). Windows: overlapping (stride < kernel), padded, dilated, one wholly
+// in the padding, odd sizes with no ceil mode (the last row/column left out),
+// channel counts 1, odd, and 16/17 (the CPU kernel's vector loop and its tail).
+// dx comes from autograd::grad: a leaf's .grad is a copy in NCHW
+// (AccumulateGrad keeps only contiguous buffers).
+namespace {
+
+struct PoolLayoutCase {
+  const char* name;
+  Shape shape;
+  std::function<Tensor(const Tensor&)> pool;
+};
+
+std::vector<PoolLayoutCase> pool_layout_cases() {
+  return {
+      {"max 2x2", {2, 5, 7, 9}, [](const Tensor& x) { return max_pool2d(x, 2); }},
+      {"max 2x2, one channel", {3, 1, 6, 6}, [](const Tensor& x) { return max_pool2d(x, 2); }},
+      {"max 3x3 stride 2 padding 1", {2, 5, 7, 9}, [](const Tensor& x) { return max_pool2d(x, 3, Size2(2), 1); }},
+      {"max 3x3 stride 1", {1, 16, 6, 5}, [](const Tensor& x) { return max_pool2d(x, 3, Size2(1)); }},
+      {"max 2x3 stride (1, 2) padding (1, 0) dilation 2", {2, 3, 7, 8},
+       [](const Tensor& x) { return max_pool2d(x, {2, 3}, Size2(1, 2), {1, 0}, 2); }},
+      {"max, windows wholly in the padding", {2, 4, 1, 3},
+       [](const Tensor& x) { return max_pool2d(x, {1, 2}, Size2(1), {0, 3}, {1, 5}); }},
+      {"avg 2x2", {2, 5, 7, 9}, [](const Tensor& x) { return avg_pool2d(x, 2); }},
+      {"avg 3x3 stride 2 padding 1", {2, 5, 7, 9}, [](const Tensor& x) { return avg_pool2d(x, 3, Size2(2), 1); }},
+      {"avg 3x3 stride 2 padding 1, padding not counted", {2, 5, 7, 9},
+       [](const Tensor& x) { return avg_pool2d(x, 3, Size2(2), 1, false); }},
+      {"avg 3x2 stride 1 padding 1", {1, 17, 6, 5},
+       [](const Tensor& x) { return avg_pool2d(x, {3, 2}, Size2(1), 1); }},
+      {"adaptive 3x4", {2, 5, 7, 9}, [](const Tensor& x) { return adaptive_avg_pool2d(x, {3, 4}); }},
+      {"adaptive 1x1", {2, 6, 5, 5}, [](const Tensor& x) { return adaptive_avg_pool2d(x, {1, 1}); }},
+      {"adaptive 4x10 from 7x9 (overlapping)", {1, 3, 7, 9},
+       [](const Tensor& x) { return adaptive_avg_pool2d(x, {4, 10}); }},
+  };
+}
+
+// The output, and dx for the gradient `g` given in NCHW and in channels-last.
+struct PoolLayoutResult {
+  Tensor y, dx_from_nchw_grad, dx_from_channels_last_grad;
+};
+PoolLayoutResult run_pool_layout_case(const PoolLayoutCase& c, const Tensor& x_in, const Tensor& g) {
+  Tensor x = x_in.detach().requires_grad_();
+  PoolLayoutResult r;
+  r.y = c.pool(x);
+  r.dx_from_nchw_grad = autograd::grad({r.y}, {x}, {g.contiguous()}, /*retain_graph=*/true)[0];
+  r.dx_from_channels_last_grad = autograd::grad({r.y}, {x}, {g.contiguous(MemoryFormat::channels_last)})[0];
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("pooling: a channels-last input gives channels-last y and dx equal to NCHW's, bit for bit") {
+  const std::vector<PoolLayoutCase> cases = pool_layout_cases();
+  for (size_t k = 0; k < cases.size(); ++k) {
+    const PoolLayoutCase& c = cases[k];
+    for (DType dtype : {DType::f64, DType::f32, DType::bf16, DType::f16}) {
+      INFO(c.name << ", " << dtype_name(dtype));
+      const Tensor x = tensor<double>(random_values(shape_numel(c.shape), 71 + k), c.shape).to(dtype);
+      const Tensor x_cl = x.contiguous(MemoryFormat::channels_last);
+      REQUIRE(x_cl.strides() == channels_last_strides(c.shape));
+      const Tensor probe = c.pool(x);
+      const Tensor g = tensor<double>(random_values(probe.numel(), 90 + k), probe.shape()).to(dtype);
+      const PoolLayoutResult nchw = run_pool_layout_case(c, x, g), cl = run_pool_layout_case(c, x_cl, g);
+      CHECK(nchw.y.is_contiguous());
+      CHECK(nchw.dx_from_channels_last_grad.is_contiguous());
+      CHECK(cl.y.strides() == channels_last_strides(cl.y.shape()));
+      CHECK(cl.dx_from_nchw_grad.strides() == channels_last_strides(c.shape));
+      CHECK(cl.dx_from_channels_last_grad.strides() == channels_last_strides(c.shape));
+      KILN_CHECK_CLOSE(cl.y, nchw.y, 0.0, 0.0);
+      KILN_CHECK_CLOSE(cl.dx_from_nchw_grad, nchw.dx_from_nchw_grad, 0.0, 0.0);
+      KILN_CHECK_CLOSE(cl.dx_from_channels_last_grad, nchw.dx_from_nchw_grad, 0.0, 0.0);
+      KILN_CHECK_CLOSE(nchw.dx_from_channels_last_grad, nchw.dx_from_nchw_grad, 0.0, 0.0);
+    }
+  }
+  // A view that is not dense channels-last (a channel slice) takes the NCHW path.
+  const Tensor wide = tensor<double>(random_values(2 * 6 * 4 * 4, 99), {2, 6, 4, 4})
+                          .contiguous(MemoryFormat::channels_last)
+                          .narrow(1, 1, 3);
+  REQUIRE_FALSE(is_channels_last(wide));
+  const Tensor pooled = max_pool2d(wide, 2);
+  CHECK(pooled.is_contiguous());
+  KILN_CHECK_CLOSE(pooled, max_pool2d(wide.contiguous(), 2), 0.0, 0.0);
+}
+
+// CUDA, channels-last against NCHW on the GPU (the same kernels, so the same
+// bits) and against the CPU: max's y bit for bit, the rest within a few
+// roundings (the GPU gathers each dx element in float and rounds once where the
+// CPU's max scatter rounds 16-bit sums at each add, and it sums the windows
+// covering an input in another order).
+TEST_CASE("pooling on CUDA: a channels-last input gives channels-last y and dx, equal to NCHW and the CPU [gpu]") {
+  KILN_REQUIRE_GPU();
+  const std::vector<PoolLayoutCase> cases = pool_layout_cases();
+  for (size_t k = 0; k < cases.size(); ++k) {
+    const PoolLayoutCase& c = cases[k];
+    for (DType dtype : {DType::f64, DType::f32, DType::bf16, DType::f16}) {
+      INFO(c.name << ", " << dtype_name(dtype));
+      const Tensor x = tensor<double>(random_values(shape_numel(c.shape), 71 + k), c.shape).to(dtype);
+      const Tensor g = tensor<double>(random_values(c.pool(x).numel(), 90 + k), c.pool(x).shape()).to(dtype);
+      const Tensor x_cl_gpu = x.cuda().contiguous(MemoryFormat::channels_last);
+      REQUIRE(x_cl_gpu.strides() == channels_last_strides(c.shape));
+      const PoolLayoutResult cpu = run_pool_layout_case(c, x, g);
+      const PoolLayoutResult nchw = run_pool_layout_case(c, x.cuda(), g.cuda());
+      const PoolLayoutResult cl = run_pool_layout_case(c, x_cl_gpu, g.cuda());
+      CHECK(cl.y.strides() == channels_last_strides(cl.y.shape()));
+      CHECK(cl.dx_from_nchw_grad.strides() == channels_last_strides(c.shape));
+      CHECK(cl.dx_from_channels_last_grad.strides() == channels_last_strides(c.shape));
+      KILN_CHECK_CLOSE(cl.y.cpu(), nchw.y.cpu(), 0.0, 0.0);
+      KILN_CHECK_CLOSE(cl.dx_from_nchw_grad.cpu(), nchw.dx_from_nchw_grad.cpu(), 0.0, 0.0);
+      KILN_CHECK_CLOSE(cl.dx_from_channels_last_grad.cpu(), nchw.dx_from_nchw_grad.cpu(), 0.0, 0.0);
+      // eps: one unit in the last place at 1. dx: the CPU's 16-bit max scatter
+      // rounds each of up to 9 adds of partial sums up to ~8: 32 eps absolute.
+      const double eps = dtype == DType::f16    ? 0x1p-10
+                         : dtype == DType::bf16 ? 0x1p-7
+                         : dtype == DType::f32  ? 0x1p-22
+                                                : 0x1p-50;
+      const bool is_max = std::string(c.name).starts_with("max");
+      KILN_CHECK_CLOSE(cl.y.cpu(), cpu.y, is_max ? 0.0 : 4 * eps, is_max ? 0.0 : 4 * eps);
+      KILN_CHECK_CLOSE(cl.dx_from_nchw_grad.cpu(), cpu.dx_from_nchw_grad, 4 * eps, 32 * eps);
+    }
+  }
+}
+
+TEST_CASE("MaxPool2d keeps a channels-last tensor channels-last through forward and backward") {
+  nn::MaxPool2d pool(3, Size2(2), 1);
+  const Tensor x = tensor<double>(random_values(2 * 8 * 9 * 7, 81), {2, 8, 9, 7}).to(DType::f32);
+  Tensor x_cl = x.contiguous(MemoryFormat::channels_last).detach().requires_grad_();
+  const Tensor y = pool.forward(x_cl);
+  CHECK(is_channels_last(y));
+  KILN_CHECK_CLOSE(y, pool.forward(x), 0.0, 0.0);
+  const Tensor dx = autograd::grad({relu(y)}, {x_cl}, {ones_like(y)})[0];
+  CHECK(is_channels_last(dx));
+  Tensor x_nchw = x.detach().requires_grad_();
+  const Tensor dx_nchw = autograd::grad({relu(pool.forward(x_nchw))}, {x_nchw}, {ones_like(y)})[0];
+  KILN_CHECK_CLOSE(dx, dx_nchw, 0.0, 0.0);
 }
 
 }  // namespace kiln::testing

@@ -1,6 +1,8 @@
 // max_pool2d, avg_pool2d, adaptive_avg_pool2d: checks, dispatch to
-// kernels/pool.h, and the backward. Inputs are made contiguous NCHW; max pool
-// saves int32 argmax offsets within each plane (not the input) for backward.
+// kernels/pool.h, and the backward. A channels-last input (is_channels_last)
+// runs the NHWC kernels as it is and gives a channels-last output and dx (as
+// torch); any other input is made contiguous NCHW. Max pool saves int32
+// argmax offsets within each plane (not the input) for backward.
 #include <limits>
 
 #include "core/autograd.h"
@@ -68,17 +70,24 @@ Shape pooled_shape(const Tensor& x, const kernels::Pool2dParams& p) {
 }
 
 // Runs the forward kernel of `kind` and records its backward.
-Tensor pool_forward(const char* op, PoolKind kind, const Tensor& x_in, const kernels::Pool2dParams& p) {
+Tensor pool_forward(const char* op, PoolKind kind, const Tensor& x_in, kernels::Pool2dParams p) {
+  const bool channels_last = is_channels_last(x_in);
   Tensor x;
   {
     NoGradGuard no_grad;  // the layout copy is not part of the graph
-    x = x_in.contiguous();
+    x = channels_last ? x_in : x_in.contiguous();
   }
+  p.channels_last = channels_last;
+  if (channels_last) p.channels = x.size(1);
+  // y, the indices and dx in the input's layout.
+  const auto empty_like_layout = [channels_last](const Shape& shape, const TensorOptions& options) {
+    return channels_last ? empty_strided(shape, channels_last_strides(shape), options) : empty(shape, options);
+  };
   const DType dtype = x.dtype();
   const TensorOptions options{.dtype = dtype, .device = x.device()};
-  Tensor y = empty(pooled_shape(x, p), options);
+  Tensor y = empty_like_layout(pooled_shape(x, p), options);
   Tensor indices;
-  if (kind == PoolKind::max) indices = empty(y.shape(), {.dtype = DType::i32, .device = x.device()});
+  if (kind == PoolKind::max) indices = empty_like_layout(y.shape(), {.dtype = DType::i32, .device = x.device()});
   if (y.numel() > 0) {
     if (x.is_cuda()) {
       const cuda::DeviceScope scope(x.device().index, op);
@@ -106,8 +115,8 @@ Tensor pool_forward(const char* op, PoolKind kind, const Tensor& x_in, const ker
     const Shape x_shape = x.shape();
     autograd::SavedTensor saved_indices(indices, op);
     autograd::record(op, {x_in}, {y}, [=](const autograd::TensorList& grads) -> autograd::TensorList {
-      const Tensor g = grads[0].contiguous();
-      Tensor dx = empty(x_shape, {.dtype = g.dtype(), .device = g.device()});
+      const Tensor g = channels_last ? grads[0].contiguous(MemoryFormat::channels_last) : grads[0].contiguous();
+      Tensor dx = empty_like_layout(x_shape, {.dtype = g.dtype(), .device = g.device()});
       if (dx.numel() == 0) return {dx};
       if (g.numel() == 0) return {dx.zero_()};
       const Tensor idx = saved_indices.unpack();

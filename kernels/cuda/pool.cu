@@ -1,6 +1,12 @@
 // CUDA pooling (see kernels/pool.h): one thread per output element forward,
 // one thread per input element backward (a gather over the windows that cover
 // it, so no atomics: deterministic). 16-bit types compute in float.
+// Each kernel serves both layouts through kChannelsLast: a tensor is read as
+// (B, H, W, C) with C = p.channels and B = planes / C (NHWC), or with C = 1
+// and B = planes (NCHW: each plane an image of one channel, so the channel
+// index and the divisions by C fold away). Flat thread indices follow memory
+// order, so consecutive threads walk W in NCHW and the channels in NHWC:
+// coalesced either way.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime_api.h>
@@ -38,13 +44,20 @@ __device__ __forceinline__ void covering_outputs(int64_t at, int64_t out_size, i
   }
 }
 
-template <typename T>
+// C of the (B, H, W, C) view above.
+template <bool kChannelsLast>
+__device__ __forceinline__ int64_t channels(const Pool2dParams& p) {
+  return kChannelsLast ? p.channels : 1;
+}
+
+template <typename T, bool kChannelsLast>
 __global__ void max_forward(Pool2dParams p, const T* x, T* y, int32_t* indices) {
   using A = typename Acc<T>::type;
-  const int64_t n = p.planes * p.out_h * p.out_w;
+  const int64_t n = p.planes * p.out_h * p.out_w, C = channels<kChannelsLast>(p);
   KILN_GRID_STRIDE(i, n) {
-    const int64_t ow = i % p.out_w, oh = (i / p.out_w) % p.out_h, plane = i / (p.out_w * p.out_h);
-    const T* src = x + plane * p.in_h * p.in_w;
+    const int64_t c = i % C, pixel = i / C;
+    const int64_t ow = pixel % p.out_w, oh = (pixel / p.out_w) % p.out_h, b = pixel / (p.out_w * p.out_h);
+    const T* src = x + b * p.in_h * p.in_w * C + c;
     // As the CPU: a window that lies wholly in the padding (possible with
     // dilation) gives -inf and index -1, which no input position matches.
     A best = static_cast<A>(-INFINITY);
@@ -55,7 +68,7 @@ __global__ void max_forward(Pool2dParams p, const T* x, T* y, int32_t* indices) 
       for (int64_t kj = 0; kj < p.kernel_w; ++kj) {
         const int64_t iw = ow * p.stride_w - p.pad_w + kj * p.dilation_w;
         if (iw < 0 || iw >= p.in_w) continue;
-        const A v = to_acc(src[ih * p.in_w + iw]);
+        const A v = to_acc(src[(ih * p.in_w + iw) * C]);
         if (at < 0 || v > best || v != v) {  // the CPU's rule: greater, or NaN
           best = v;
           at = ih * p.in_w + iw;
@@ -67,18 +80,19 @@ __global__ void max_forward(Pool2dParams p, const T* x, T* y, int32_t* indices) 
   }
 }
 
-template <typename T>
+template <typename T, bool kChannelsLast>
 __global__ void max_backward(Pool2dParams p, const T* dy, const int32_t* indices, T* dx) {
   using A = typename Acc<T>::type;
-  const int64_t n = p.planes * p.in_h * p.in_w;
+  const int64_t n = p.planes * p.in_h * p.in_w, C = channels<kChannelsLast>(p);
   KILN_GRID_STRIDE(i, n) {
-    const int64_t iw = i % p.in_w, ih = (i / p.in_w) % p.in_h, plane = i / (p.in_w * p.in_h);
-    const int64_t base = plane * p.out_h * p.out_w;
+    const int64_t c = i % C, pixel = i / C;
+    const int64_t iw = pixel % p.in_w, ih = (pixel / p.in_w) % p.in_h, b = pixel / (p.in_w * p.in_h);
+    const int64_t base = b * p.out_h * p.out_w * C + c;
     const int32_t self = static_cast<int32_t>(ih * p.in_w + iw);
     A total = A(0);
     covering_outputs(ih, p.out_h, p.kernel_h, p.stride_h, p.pad_h, p.dilation_h, [&](int64_t oh) {
       covering_outputs(iw, p.out_w, p.kernel_w, p.stride_w, p.pad_w, p.dilation_w, [&](int64_t ow) {
-        const int64_t o = base + oh * p.out_w + ow;
+        const int64_t o = base + (oh * p.out_w + ow) * C;
         if (indices[o] == self) total += to_acc(dy[o]);
       });
     });
@@ -86,18 +100,19 @@ __global__ void max_backward(Pool2dParams p, const T* dy, const int32_t* indices
   }
 }
 
-template <typename T>
+template <typename T, bool kChannelsLast>
 __global__ void avg_forward(Pool2dParams p, const T* x, T* y) {
   using A = typename Acc<T>::type;
-  const int64_t n = p.planes * p.out_h * p.out_w;
+  const int64_t n = p.planes * p.out_h * p.out_w, C = channels<kChannelsLast>(p);
   KILN_GRID_STRIDE(i, n) {
-    const int64_t ow = i % p.out_w, oh = (i / p.out_w) % p.out_h, plane = i / (p.out_w * p.out_h);
-    const T* src = x + plane * p.in_h * p.in_w;
+    const int64_t c = i % C, pixel = i / C;
+    const int64_t ow = pixel % p.out_w, oh = (pixel / p.out_w) % p.out_h, b = pixel / (p.out_w * p.out_h);
+    const T* src = x + b * p.in_h * p.in_w * C + c;
     const AvgWindow wh = avg_window(oh, p.stride_h, p.pad_h, p.kernel_h, p.in_h);
     const AvgWindow ww = avg_window(ow, p.stride_w, p.pad_w, p.kernel_w, p.in_w);
     A total = A(0);
     for (int64_t ih = wh.start; ih < wh.end; ++ih) {
-      for (int64_t iw = ww.start; iw < ww.end; ++iw) total += to_acc(src[ih * p.in_w + iw]);
+      for (int64_t iw = ww.start; iw < ww.end; ++iw) total += to_acc(src[(ih * p.in_w + iw) * C]);
     }
     const int64_t count =
         p.count_include_pad ? wh.padded_size * ww.padded_size : (wh.end - wh.start) * (ww.end - ww.start);
@@ -105,13 +120,14 @@ __global__ void avg_forward(Pool2dParams p, const T* x, T* y) {
   }
 }
 
-template <typename T>
+template <typename T, bool kChannelsLast>
 __global__ void avg_backward(Pool2dParams p, const T* dy, T* dx) {
   using A = typename Acc<T>::type;
-  const int64_t n = p.planes * p.in_h * p.in_w;
+  const int64_t n = p.planes * p.in_h * p.in_w, C = channels<kChannelsLast>(p);
   KILN_GRID_STRIDE(i, n) {
-    const int64_t iw = i % p.in_w, ih = (i / p.in_w) % p.in_h, plane = i / (p.in_w * p.in_h);
-    const int64_t base = plane * p.out_h * p.out_w;
+    const int64_t c = i % C, pixel = i / C;
+    const int64_t iw = pixel % p.in_w, ih = (pixel / p.in_w) % p.in_h, b = pixel / (p.in_w * p.in_h);
+    const int64_t base = b * p.out_h * p.out_w * C + c;
     A total = A(0);
     covering_outputs(ih, p.out_h, p.kernel_h, p.stride_h, p.pad_h, 1, [&](int64_t oh) {
       const AvgWindow wh = avg_window(oh, p.stride_h, p.pad_h, p.kernel_h, p.in_h);
@@ -119,37 +135,39 @@ __global__ void avg_backward(Pool2dParams p, const T* dy, T* dx) {
         const AvgWindow ww = avg_window(ow, p.stride_w, p.pad_w, p.kernel_w, p.in_w);
         const int64_t count =
             p.count_include_pad ? wh.padded_size * ww.padded_size : (wh.end - wh.start) * (ww.end - ww.start);
-        total += to_acc(dy[base + oh * p.out_w + ow]) / static_cast<A>(count);
+        total += to_acc(dy[base + (oh * p.out_w + ow) * C]) / static_cast<A>(count);
       });
     });
     dx[i] = from_acc<T>(total);
   }
 }
 
-template <typename T>
+template <typename T, bool kChannelsLast>
 __global__ void adaptive_forward(Pool2dParams p, const T* x, T* y) {
   using A = typename Acc<T>::type;
-  const int64_t n = p.planes * p.out_h * p.out_w;
+  const int64_t n = p.planes * p.out_h * p.out_w, C = channels<kChannelsLast>(p);
   KILN_GRID_STRIDE(i, n) {
-    const int64_t ow = i % p.out_w, oh = (i / p.out_w) % p.out_h, plane = i / (p.out_w * p.out_h);
-    const T* src = x + plane * p.in_h * p.in_w;
+    const int64_t c = i % C, pixel = i / C;
+    const int64_t ow = pixel % p.out_w, oh = (pixel / p.out_w) % p.out_h, b = pixel / (p.out_w * p.out_h);
+    const T* src = x + b * p.in_h * p.in_w * C + c;
     const int64_t h0 = adaptive_start(oh, p.in_h, p.out_h), h1 = adaptive_end(oh, p.in_h, p.out_h);
     const int64_t w0 = adaptive_start(ow, p.in_w, p.out_w), w1 = adaptive_end(ow, p.in_w, p.out_w);
     A total = A(0);
     for (int64_t ih = h0; ih < h1; ++ih) {
-      for (int64_t iw = w0; iw < w1; ++iw) total += to_acc(src[ih * p.in_w + iw]);
+      for (int64_t iw = w0; iw < w1; ++iw) total += to_acc(src[(ih * p.in_w + iw) * C]);
     }
     y[i] = from_acc<T>(total / static_cast<A>((h1 - h0) * (w1 - w0)));
   }
 }
 
-template <typename T>
+template <typename T, bool kChannelsLast>
 __global__ void adaptive_backward(Pool2dParams p, const T* dy, T* dx) {
   using A = typename Acc<T>::type;
-  const int64_t n = p.planes * p.in_h * p.in_w;
+  const int64_t n = p.planes * p.in_h * p.in_w, C = channels<kChannelsLast>(p);
   KILN_GRID_STRIDE(i, n) {
-    const int64_t iw = i % p.in_w, ih = (i / p.in_w) % p.in_h, plane = i / (p.in_w * p.in_h);
-    const int64_t base = plane * p.out_h * p.out_w;
+    const int64_t c = i % C, pixel = i / C;
+    const int64_t iw = pixel % p.in_w, ih = (pixel / p.in_w) % p.in_h, b = pixel / (p.in_w * p.in_h);
+    const int64_t base = b * p.out_h * p.out_w * C + c;
     // Output cells whose window holds ih: from floor(ih*OH/H) to ceil((ih+1)*OH/H), checked.
     const int64_t oh0 = (ih * p.out_h) / p.in_h, oh1 = ((ih + 1) * p.out_h + p.in_h - 1) / p.in_h;
     const int64_t ow0 = (iw * p.out_w) / p.in_w, ow1 = ((iw + 1) * p.out_w + p.in_w - 1) / p.in_w;
@@ -160,7 +178,7 @@ __global__ void adaptive_backward(Pool2dParams p, const T* dy, T* dx) {
       for (int64_t ow = ow0; ow < ow1 && ow < p.out_w; ++ow) {
         const int64_t w0 = adaptive_start(ow, p.in_w, p.out_w), w1 = adaptive_end(ow, p.in_w, p.out_w);
         if (iw < w0 || iw >= w1) continue;
-        total += to_acc(dy[base + oh * p.out_w + ow]) / static_cast<A>((h1 - h0) * (w1 - w0));
+        total += to_acc(dy[base + (oh * p.out_w + ow) * C]) / static_cast<A>((h1 - h0) * (w1 - w0));
       }
     }
     dx[i] = from_acc<T>(total);
@@ -170,13 +188,19 @@ __global__ void adaptive_backward(Pool2dParams p, const T* dy, T* dx) {
 #undef KILN_GRID_STRIDE
 
 // The launch sequence every entry point shares: nothing for no work (an empty
-// grid is a CUDA error), the dtype's native type T, then
-// launch.template operator()<T>(blocks, stream) and the launch check.
+// grid is a CUDA error), the dtype's native type T and the layout, then
+// launch.template operator()<T, kChannelsLast>(blocks, stream) and the launch check.
 template <typename Launch>
-void launch_pool(DType dtype, int64_t n, const char* name, cuda::Stream stream, Launch&& launch) {
+void launch_pool(DType dtype, const Pool2dParams& p, int64_t n, const char* name, cuda::Stream stream,
+                 Launch&& launch) {
   if (n == 0) return;
   dispatch_floating(dtype, name, [&]<typename T>() {
-    launch.template operator()<typename Native<T>::type>(blocks_for(n), static_cast<cudaStream_t>(stream));
+    using N = typename Native<T>::type;
+    if (p.channels_last) {
+      launch.template operator()<N, true>(blocks_for(n), static_cast<cudaStream_t>(stream));
+    } else {
+      launch.template operator()<N, false>(blocks_for(n), static_cast<cudaStream_t>(stream));
+    }
     cuda::check_last_launch(name);
   });
 }
@@ -186,48 +210,53 @@ void launch_pool(DType dtype, int64_t n, const char* name, cuda::Stream stream, 
 // Forward kernels: one thread per output element; backward: one per input element.
 void max_pool2d_forward_cuda(DType dtype, const Pool2dParams& p, const void* x, void* y, int32_t* indices,
                              cuda::Stream stream) {
-  launch_pool(dtype, p.planes * p.out_h * p.out_w, "max_pool2d forward (cuda)", stream,
-              [&]<typename T>(int blocks, cudaStream_t s) {
-                max_forward<T><<<blocks, kThreads, 0, s>>>(p, static_cast<const T*>(x), static_cast<T*>(y), indices);
+  launch_pool(dtype, p, p.planes * p.out_h * p.out_w, "max_pool2d forward (cuda)", stream,
+              [&]<typename T, bool kChannelsLast>(int blocks, cudaStream_t s) {
+                max_forward<T, kChannelsLast>
+                    <<<blocks, kThreads, 0, s>>>(p, static_cast<const T*>(x), static_cast<T*>(y), indices);
               });
 }
 
 void max_pool2d_backward_cuda(DType dtype, const Pool2dParams& p, const void* dy, const int32_t* indices, void* dx,
                               cuda::Stream stream) {
-  launch_pool(dtype, p.planes * p.in_h * p.in_w, "max_pool2d backward (cuda)", stream,
-              [&]<typename T>(int blocks, cudaStream_t s) {
-                max_backward<T><<<blocks, kThreads, 0, s>>>(p, static_cast<const T*>(dy), indices,
-                                                            static_cast<T*>(dx));
+  launch_pool(dtype, p, p.planes * p.in_h * p.in_w, "max_pool2d backward (cuda)", stream,
+              [&]<typename T, bool kChannelsLast>(int blocks, cudaStream_t s) {
+                max_backward<T, kChannelsLast>
+                    <<<blocks, kThreads, 0, s>>>(p, static_cast<const T*>(dy), indices, static_cast<T*>(dx));
               });
 }
 
 void avg_pool2d_forward_cuda(DType dtype, const Pool2dParams& p, const void* x, void* y, cuda::Stream stream) {
-  launch_pool(dtype, p.planes * p.out_h * p.out_w, "avg_pool2d forward (cuda)", stream,
-              [&]<typename T>(int blocks, cudaStream_t s) {
-                avg_forward<T><<<blocks, kThreads, 0, s>>>(p, static_cast<const T*>(x), static_cast<T*>(y));
+  launch_pool(dtype, p, p.planes * p.out_h * p.out_w, "avg_pool2d forward (cuda)", stream,
+              [&]<typename T, bool kChannelsLast>(int blocks, cudaStream_t s) {
+                avg_forward<T, kChannelsLast>
+                    <<<blocks, kThreads, 0, s>>>(p, static_cast<const T*>(x), static_cast<T*>(y));
               });
 }
 
 void avg_pool2d_backward_cuda(DType dtype, const Pool2dParams& p, const void* dy, void* dx, cuda::Stream stream) {
-  launch_pool(dtype, p.planes * p.in_h * p.in_w, "avg_pool2d backward (cuda)", stream,
-              [&]<typename T>(int blocks, cudaStream_t s) {
-                avg_backward<T><<<blocks, kThreads, 0, s>>>(p, static_cast<const T*>(dy), static_cast<T*>(dx));
+  launch_pool(dtype, p, p.planes * p.in_h * p.in_w, "avg_pool2d backward (cuda)", stream,
+              [&]<typename T, bool kChannelsLast>(int blocks, cudaStream_t s) {
+                avg_backward<T, kChannelsLast>
+                    <<<blocks, kThreads, 0, s>>>(p, static_cast<const T*>(dy), static_cast<T*>(dx));
               });
 }
 
 void adaptive_avg_pool2d_forward_cuda(DType dtype, const Pool2dParams& p, const void* x, void* y,
                                       cuda::Stream stream) {
-  launch_pool(dtype, p.planes * p.out_h * p.out_w, "adaptive_avg_pool2d forward (cuda)", stream,
-              [&]<typename T>(int blocks, cudaStream_t s) {
-                adaptive_forward<T><<<blocks, kThreads, 0, s>>>(p, static_cast<const T*>(x), static_cast<T*>(y));
+  launch_pool(dtype, p, p.planes * p.out_h * p.out_w, "adaptive_avg_pool2d forward (cuda)", stream,
+              [&]<typename T, bool kChannelsLast>(int blocks, cudaStream_t s) {
+                adaptive_forward<T, kChannelsLast>
+                    <<<blocks, kThreads, 0, s>>>(p, static_cast<const T*>(x), static_cast<T*>(y));
               });
 }
 
 void adaptive_avg_pool2d_backward_cuda(DType dtype, const Pool2dParams& p, const void* dy, void* dx,
                                        cuda::Stream stream) {
-  launch_pool(dtype, p.planes * p.in_h * p.in_w, "adaptive_avg_pool2d backward (cuda)", stream,
-              [&]<typename T>(int blocks, cudaStream_t s) {
-                adaptive_backward<T><<<blocks, kThreads, 0, s>>>(p, static_cast<const T*>(dy), static_cast<T*>(dx));
+  launch_pool(dtype, p, p.planes * p.in_h * p.in_w, "adaptive_avg_pool2d backward (cuda)", stream,
+              [&]<typename T, bool kChannelsLast>(int blocks, cudaStream_t s) {
+                adaptive_backward<T, kChannelsLast>
+                    <<<blocks, kThreads, 0, s>>>(p, static_cast<const T*>(dy), static_cast<T*>(dx));
               });
 }
 

@@ -9,6 +9,8 @@
 #                                                   # kernels/cpu/random.cpp bit for bit (test_random.cpp)
 #   bash scripts/cuda_emu/run_kernels.sh reduction  # reduce_cuda (sum/mean/var/amax/amin/arg/norm/all) vs
 #                                                   # kernels/cpu/reduction.cpp (test_reduction.cpp)
+#   bash scripts/cuda_emu/run_kernels.sh pool       # max/avg/adaptive pooling, forward and backward, channels-last
+#                                                   # vs kernels/cpu/pool.cpp and vs pool.cu's NCHW (test_pool.cpp)
 #   bash scripts/cuda_emu/run_kernels.sh selftest   # the emulator's primitives vs CUDA's semantics (selftest.cu)
 #   EMU_REV=f518d36 bash scripts/cuda_emu/run_kernels.sh softmax
 #                       # softmax, its backward, cross-entropy as committed at EMU_REV (f518d36's file ran
@@ -23,7 +25,7 @@ set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
 work="${KILN_EMU_DIR:-/tmp/kiln-cuda-emu}"
-family="${1:?usage: run_kernels.sh norm|indexing|softmax|softmax_paths|random|reduction|selftest [args]}"
+family="${1:?usage: run_kernels.sh norm|indexing|softmax|softmax_paths|random|reduction|pool|selftest [args]}"
 shift
 mkdir -p "$work"
 driver="test_$family.cpp"
@@ -45,6 +47,7 @@ cpu_src=()
 case "$family" in
   random) cpu_src=(kernels/cpu/random.cpp) ;;
   reduction) cpu_src=(kernels/cpu/reduction.cpp) ;;
+  pool) cpu_src=(kernels/cpu/pool.cpp) ;;
 esac
 cpu_obj=()
 arch=()
