@@ -63,14 +63,19 @@ kiln::DType emu_dtype() {
 inline int failures = 0;
 inline int checks = 0;
 
-// got vs want, elementwise: |got - want| <= rtol |want| + atol * max|want|.
+// got vs want, elementwise: |got - want| <= rtol |want| + atol * max|want| (max over
+// the finite expected values; an infinite or NaN expected value must be met exactly).
 // Returns the largest |got - want| / max(max|want|, tiny) (relative to the scale of the output)
 // and prints a FAIL line naming the worst element when any is off or not finite.
 inline double compare(const std::string& label, const char* what, const std::vector<double>& got,
                       const std::vector<double>& want, double rtol, double atol) {
   ++checks;
   double scale = 0;
-  for (double w : want) scale = std::max(scale, std::abs(w));
+  // The scale of the finite expected values (an expected infinity or NaN must
+  // match exactly, and would otherwise make every tolerance NaN).
+  for (double w : want) {
+    if (std::isfinite(w)) scale = std::max(scale, std::abs(w));
+  }
   if (scale == 0) scale = 1;
   double worst_error = 0;
   long bad = 0, worst = -1;
@@ -83,7 +88,7 @@ inline double compare(const std::string& label, const char* what, const std::vec
     const double allowed = rtol * std::abs(want[i]) + atol * scale;
     if (!(error <= allowed)) {
       ++bad;
-      const double excess = std::isfinite(error) ? error - allowed : INFINITY;
+      const double excess = std::isfinite(error - allowed) ? error - allowed : INFINITY;
       if (excess > worst_excess) {
         worst_excess = excess;
         worst = static_cast<long>(i);

@@ -65,7 +65,8 @@ struct Tolerance {
 Tolerance parity_tolerance(DType dtype);
 
 // Empty string when |actual - expected| <= atol + rtol * |expected| elementwise
-// (NaN matches nothing, shapes must match); otherwise a description of the
+// (a NaN matches a NaN and an infinity one of the same sign, shapes must
+// match); otherwise a description of the
 // worst element.
 std::string compare(const Tensor& actual, const Tensor& expected, double rtol, double atol);
 #define KILN_CHECK_CLOSE(actual, expected, rtol, atol)                                       \
