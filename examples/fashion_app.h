@@ -60,6 +60,7 @@ struct Recipe {
   int early_stopping_patience = 3;
   std::string export_weights;
   bool checkpoint_activations = false;
+  bool channels_last = false;          // Module::to(MemoryFormat::channels_last): NHWC convolutions on a GPU
 };
 
 class Classifier : public TrainModule {
@@ -244,6 +245,9 @@ inline int fashion_main(int argc, char** argv, const FashionDefaults& defaults) 
   app.add_flag("--find-batch-size", find_batch_size, "Run the batch-size finder first");
   app.add_flag("--checkpoint-activations", recipe.checkpoint_activations,
                "Recompute activations in backward (less memory, more compute)");
+  app.add_flag("--channels-last", recipe.channels_last,
+               "Convolutions in channels-last (NHWC) memory, as torch's model.to(memory_format=torch.channels_last): "
+               "cuDNN's NHWC kernels on a GPU; no effect on the CPU");
   app.add_option("--export-weights", recipe.export_weights,
                  "Write the trained model's weights (PyTorch state_dict names) to this safetensors file")
       ->check(kFileInExistingFolder);
@@ -293,6 +297,7 @@ inline int fashion_main(int argc, char** argv, const FashionDefaults& defaults) 
       train_loader_options.transforms.insert(train_loader_options.transforms.begin(), std::make_shared<RandomCrop>(2));
     }
     auto network = make_model(recipe.model);
+    if (recipe.channels_last) network->to(MemoryFormat::channels_last);
     // Tuning before fit, as Lightning's Tuner: the batch size first (the best lr
     // depends on it). Each finder trains a throwaway Classifier over `network`
     // and puts the weights back.
