@@ -174,6 +174,54 @@ void run_transformer_cases(Table& table, Device device, int64_t rows, TimeFn&& t
   }
 }
 
+// The memory-bound layers between ResNet-9's convolutions at its layer1 shape
+// (batch, 128, 28, 28), in NCHW and channels-last (issue 22): max pooling,
+// batch norm + ReLU in training mode, the residual add + ReLU. Bytes: what
+// each must read and write once (max pool also writes and reads its int32
+// indices; BN reads x twice, for its statistics and to normalize).
+template <typename TimeFn>
+void run_convnet_cases(Table& table, Device device, int64_t batch, TimeFn&& time_fn) {
+  const Shape shape = {batch, 128, 28, 28};
+  const Shape pooled = {batch, 128, 14, 14};
+  const double n = static_cast<double>(shape_numel(shape)), n_pooled = n / 4;
+  for (DType dtype : {DType::f32, DType::bf16}) {
+    const double element = static_cast<double>(dtype_size(dtype));
+    for (MemoryFormat format : {MemoryFormat::contiguous, MemoryFormat::channels_last}) {
+      const std::string layout = format == MemoryFormat::channels_last ? " NHWC" : " NCHW";
+      const std::string dtype_text(dtype_name(dtype));
+      auto measure = [&](const std::string& op, double bytes, const std::function<void()>& fn) {
+        try {
+          table.add({op + layout, shape_text(shape), dtype_text, time_fn(fn), bytes, 0, ""});
+        } catch (const Error& error) {
+          table.add_failure(op + layout, shape_text(shape), dtype_text, error.what());
+        }
+      };
+      try {
+        Tensor x = random_tensor(shape, dtype, device, 11).contiguous(format);
+        Tensor skip = random_tensor(shape, dtype, device, 12).contiguous(format);
+        Tensor dy_pooled = random_tensor(pooled, dtype, device, 13).contiguous(format);
+        const TensorOptions params{.dtype = DType::f32, .device = device};
+        Tensor weight = ones({128}, params), bias = zeros({128}, params);
+        Tensor running_mean = zeros({128}, params), running_var = ones({128}, params);
+        {
+          NoGradGuard no_grad;
+          measure("maxpool2 fwd", n * element + n_pooled * (element + 4), [&] { (void)max_pool2d(x, 2); });
+          measure("bn+relu fwd (train)", 3 * n * element,
+                  [&] { (void)batch_norm_relu(x, running_mean, running_var, weight, bias, true); });
+          measure("add+relu", 3 * n * element, [&] { (void)relu(add(x, skip)); });
+        }
+        Tensor xg = x.detach().requires_grad_();
+        measure("maxpool2 fwd+bwd", 2 * (n * element + n_pooled * (element + 4)), [&] {
+          xg.zero_grad_();
+          max_pool2d(xg, 2).backward(dy_pooled);
+        });
+      } catch (const Error& error) {
+        table.add_failure("convnet inputs" + layout, shape_text(shape), dtype_text, error.what());
+      }
+    }
+  }
+}
+
 void run_gpu(const Options& options) {
   if (!cuda::is_available()) {
     std::printf("GPU benchmarks skipped: no CUDA device (device_count() = 0, kiln %s CUDA)\n",
@@ -216,6 +264,10 @@ void run_gpu(const Options& options) {
   Table transformer_table("GPU transformer layers at GPT-2's activation shape, cuda:" + std::to_string(device));
   run_transformer_cases(transformer_table, cuda_device, options.quick ? 4 * 1024 : 16 * 1024, time_fn);
   transformer_table.print(reference);
+  Table convnet_table("GPU layers between ResNet-9's convolutions, NCHW and channels-last, cuda:" +
+                      std::to_string(device));
+  run_convnet_cases(convnet_table, cuda_device, options.quick ? 64 : 512, time_fn);
+  convnet_table.print(reference);
   std::printf("reference: device-to-device copy %.1f GB/s (read + write)\n", reference);
 }
 
@@ -255,6 +307,9 @@ void run_cpu(const Options& options) {
   Table transformer_table("CPU transformer layers at GPT-2's activation shape");
   run_transformer_cases(transformer_table, Device::cpu(), options.quick ? 4 * 1024 : 16 * 1024, time_fn);
   transformer_table.print(reference);
+  Table convnet_table("CPU layers between ResNet-9's convolutions, NCHW and channels-last");
+  run_convnet_cases(convnet_table, Device::cpu(), options.quick ? 16 : 128, time_fn);
+  convnet_table.print(reference);
   std::printf("reference: %d-thread memcpy %.1f GB/s (read + write)\n", threads, reference);
 }
 
