@@ -50,6 +50,7 @@
 #include <type_traits>
 
 #include "kernels/attention.h"
+#include "kernels/cuda/attention_common.cuh"
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/native_types.cuh"
 #include "kernels/philox.h"
@@ -63,7 +64,6 @@ constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * 32;
 constexpr int kWarpRows = 16;                  // rows of one warp's tiles (the m of m16n8k16)
 constexpr int kBlockRows = kWarps * kWarpRows;  // rows per CTA: queries (forward, dQ) or keys (dK/dV)
-constexpr float kNegInf = -__builtin_huge_valf();
 
 // Row padding in elements: rows stay 16-byte aligned and consecutive rows
 // start 4 banks apart, so the fragment loads below are free of bank conflicts.
@@ -76,21 +76,8 @@ constexpr int kKeyStep = (sizeof(T) == 4 && D >= 96) ? 32 : 64;
 template <int D>
 constexpr int kQueryStep = D >= 96 ? 32 : 64;
 
-struct Params {
-  const void* q = nullptr;     // (B, H, Tq, D)
-  const void* k = nullptr;     // (B, H, Tk, D)
-  const void* v = nullptr;     // (B, H, Tk, D)
-  const void* dout = nullptr;  // (B, H, Tq, D), backward
-  const float* mask = nullptr;  // additive, read through the strides below; or null
-  int64_t mask_stride_b = 0, mask_stride_h = 0, mask_stride_q = 0, mask_stride_k = 0;
-  void* out = nullptr;            // (B, H, Tq, D), forward
-  float* lse_out = nullptr;       // (B, H, Tq), forward
-  const float* lse = nullptr;     // (B, H, Tq), backward: the forward's
-  const float* delta = nullptr;   // (B, H, Tq), backward: dout . out per row
-  void* dq = nullptr;             // (B, H, Tq, D) or null
-  void* dk = nullptr;             // (B, H, Tk, D) or null
-  void* dv = nullptr;             // (B, H, Tk, D) or null
-  int64_t heads = 0, q_len = 0, kv_len = 0;
+// The tensors and sizes (AttentionTensors, attention_common.cuh), then the scalars.
+struct Params : AttentionTensors {
   float scale = 1.0f;
   float dropout_p = 0.0f, dropout_scale = 1.0f;  // dropout_scale = 1 / (1 - p)
   uint64_t seed = 0, offset = 0;
@@ -98,8 +85,6 @@ struct Params {
   bool causal = false, dropout = false;
   bool vector_loads = false;  // q, k, v and dout are 16-byte aligned
 };
-
-__host__ __device__ constexpr int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // ---------------------------------------------------------------- shared memory layouts
 // Offsets in elements of T; (rows, D) tiles have row stride kLd, (rows, cols) tiles kLdCols.
@@ -179,16 +164,6 @@ __device__ __forceinline__ void store_pair(T* at, float x, float y) {
   } else {
     *reinterpret_cast<__nv_bfloat162*>(at) = __floats2bfloat162_rn(x, y);
   }
-}
-
-__device__ __forceinline__ float quad_max(float x) {
-  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
-  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
-}
-
-__device__ __forceinline__ float quad_sum(float x) {
-  x += __shfl_xor_sync(0xffffffffu, x, 1);
-  return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
 
 // ---------------------------------------------------------------- warp tile products
@@ -326,11 +301,9 @@ __device__ __forceinline__ float score(const Params& p, int64_t mask_base, int64
 // p = exp(s - lse), 0 for a row without keys (lse = -inf, where s - lse would be NaN).
 __device__ __forceinline__ float probability(float s, float lse) { return lse == kNegInf ? 0.0f : expf(s - lse); }
 
-// Dropout word of score (i, j) of head bh: ((b * H + h) * Tq + i) * Tk + j.
-__device__ __forceinline__ uint64_t dropout_index(const Params& p, int64_t bh, int64_t i, int64_t j) {
-  return (static_cast<uint64_t>(bh) * p.q_len + i) * p.kv_len + j;
-}
-
+// The keep bits of dropout_index's word (attention_common.cuh), seed and offset
+// read at every draw. attention_tc's keep_one/keep_two, which take them once
+// in a DropoutStream, would change this file's SASS (32 of 36 kernels).
 __device__ __forceinline__ bool keep_one(const Params& p, uint64_t index) {
   return dropout_keep(philox::word_at(philox::seed_of(p.seed, p.replay), philox::offset_of(p.offset, p.replay), index),
                       p.dropout_p);
@@ -545,21 +518,7 @@ __global__ void __launch_bounds__(kThreads) attention_dkdv_kernel(Params p) {
     gemm_nn<DT, N>(dk, ds_tile, L::kLdCols, q_tile, L::kLd);
   }
 
-  T* dk_out = static_cast<T*>(p.dk);
-  T* dv_out = static_cast<T*>(p.dv);
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    if (keys[h] >= p.kv_len) continue;
-    const int64_t at = (bh * p.kv_len + keys[h]) * D;
-#pragma unroll
-    for (int n = 0; n < DT; ++n) {
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        if (dk_out != nullptr) dk_out[at + 8 * n + 2 * t + e] = from_acc<T>(dk[n][2 * h + e] * p.scale);
-        if (dv_out != nullptr) dv_out[at + 8 * n + 2 * t + e] = from_acc<T>(dv[n][2 * h + e]);
-      }
-    }
-  }
+  store_dkdv<T, D>(p, dk, dv, bh, keys[0], t);
 }
 
 // dQ of 64 queries: the warp's rows are queries i, the columns keys j.
@@ -629,58 +588,10 @@ __global__ void __launch_bounds__(kThreads) attention_dq_kernel(Params p) {
     gemm_nn<DT, N>(dq, ds_tile, L::kLdCols, k_tile, L::kLd);
   }
 
-  T* dq_out = static_cast<T*>(p.dq);
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    if (rows[h] >= p.q_len) continue;
-    const int64_t at = (bh * p.q_len + rows[h]) * D;
-#pragma unroll
-    for (int n = 0; n < DT; ++n) {
-      dq_out[at + 8 * n + 2 * t] = from_acc<T>(dq[n][2 * h] * p.scale);
-      dq_out[at + 8 * n + 2 * t + 1] = from_acc<T>(dq[n][2 * h + 1] * p.scale);
-    }
-  }
+  store_dq<T, D>(p, dq, bh, rows[0], t);
 }
 
 // ---------------------------------------------------------------- host side
-
-template <typename Kernel>
-void launch(Kernel kernel, int64_t blocks, size_t smem, cuda::Stream stream, const Params& p, const char* what) {
-  KILN_CHECK(blocks <= INT32_MAX, what, ": ", blocks, " thread blocks exceed one launch (at most ", INT32_MAX, ")");
-  if (smem > 48 * 1024) {  // above the default limit: opt in (per device, so on every launch, as FlashAttention does)
-    KILN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-  }
-  kernel<<<static_cast<unsigned>(blocks), kThreads, smem, static_cast<cudaStream_t>(stream)>>>(p);
-  cuda::check_last_launch(what);
-}
-
-bool aligned16(const void* pointer) { return reinterpret_cast<uintptr_t>(pointer) % 16 == 0; }
-
-Params params_of(const AttentionArgs& a) {
-  Params p;
-  p.q = a.q;
-  p.k = a.k;
-  p.v = a.v;
-  p.mask = a.mask.data;
-  p.mask_stride_b = a.mask.stride_b;
-  p.mask_stride_h = a.mask.stride_h;
-  p.mask_stride_q = a.mask.stride_q;
-  p.mask_stride_k = a.mask.stride_k;
-  p.heads = a.heads;
-  p.q_len = a.q_len;
-  p.kv_len = a.kv_len;
-  p.scale = static_cast<float>(a.scale);
-  p.dropout = a.dropout_p > 0.0f;
-  p.dropout_p = a.dropout_p;
-  // p = 1 drops everything: the output is 0, not 0 * inf.
-  p.dropout_scale = !p.dropout ? 1.0f : a.dropout_p < 1.0f ? 1.0f / (1.0f - a.dropout_p) : 0.0f;
-  p.seed = a.seed;
-  p.offset = a.offset;
-  p.replay = a.replay;
-  p.causal = a.causal;
-  p.vector_loads = aligned16(a.q) && aligned16(a.k) && aligned16(a.v);
-  return p;
-}
 
 // Calls body.template operator()<T, D>() for the problem's dtype and head dim.
 template <typename F>
@@ -688,18 +599,10 @@ void dispatch(const AttentionArgs& a, const char* op, F&& body) {
   KILN_CHECK(attention_cuda_supports(a.dtype, a.head_dim), op,
              ": the CUDA kernels take float32, float16 or bfloat16 with head_dim 32, 64, 96 or 128; got ", a.dtype,
              " with head_dim ", a.head_dim);
-  auto by_dim = [&]<typename T>() {
-    switch (a.head_dim) {
-      case 32: body.template operator()<T, 32>(); break;
-      case 64: body.template operator()<T, 64>(); break;
-      case 96: body.template operator()<T, 96>(); break;
-      default: body.template operator()<T, 128>(); break;
-    }
-  };
   switch (a.dtype) {
-    case DType::f16: by_dim.template operator()<__half>(); break;
-    case DType::bf16: by_dim.template operator()<__nv_bfloat16>(); break;
-    default: by_dim.template operator()<float>(); break;
+    case DType::f16: dispatch_head_dim<__half>(a.head_dim, body); break;
+    case DType::bf16: dispatch_head_dim<__nv_bfloat16>(a.head_dim, body); break;
+    default: dispatch_head_dim<float>(a.head_dim, body); break;
   }
 }
 
@@ -739,11 +642,11 @@ void attention_forward_cuda(const AttentionArgs& args, void* out, void* lse, cud
     return;
   }
   dispatch(args, op, [&]<typename T, int D>() {
-    Params p = params_of(args);
+    Params p = params_of<Params>(args);
     p.out = out;
     p.lse_out = static_cast<float*>(lse);
-    launch(attention_forward_kernel<T, D>, heads * ceil_div(args.q_len, kBlockRows), ForwardLayout<T, D>::kBytes,
-           stream, p, "scaled_dot_product_attention forward");
+    launch(attention_forward_kernel<T, D>, heads * ceil_div(args.q_len, kBlockRows), kThreads,
+           ForwardLayout<T, D>::kBytes, stream, p, "scaled_dot_product_attention forward");
   });
 }
 
@@ -763,14 +666,7 @@ void attention_backward_cuda(const AttentionGradArgs& args, void* workspace, cud
              " bytes");
   dispatch(a, op, [&]<typename T, int D>() {
     const auto cuda_stream = static_cast<cudaStream_t>(stream);
-    Params p = params_of(a);
-    p.dout = args.dout;
-    p.lse = static_cast<const float*>(args.lse);
-    p.delta = static_cast<const float*>(workspace);
-    p.dq = args.dq;
-    p.dk = args.dk;
-    p.dv = args.dv;
-    p.vector_loads = p.vector_loads && aligned16(args.dout);
+    const Params p = backward_params_of<Params>(args, static_cast<const float*>(workspace));
     if (rows > 0) {
       const int64_t blocks = ceil_div(rows, kWarps);
       KILN_CHECK(blocks <= INT32_MAX, op, ": ", rows, " rows exceed one launch");
@@ -783,12 +679,12 @@ void attention_backward_cuda(const AttentionGradArgs& args, void* workspace, cud
       return;
     }
     if (want_kv && a.kv_len > 0) {
-      launch(attention_dkdv_kernel<T, D>, heads * ceil_div(a.kv_len, kBlockRows), DkdvLayout<T, D>::kBytes, stream,
-             p, "scaled_dot_product_attention backward (dk, dv)");
+      launch(attention_dkdv_kernel<T, D>, heads * ceil_div(a.kv_len, kBlockRows), kThreads, DkdvLayout<T, D>::kBytes,
+             stream, p, "scaled_dot_product_attention backward (dk, dv)");
     }
     if (args.dq != nullptr && a.q_len > 0) {
-      launch(attention_dq_kernel<T, D>, heads * ceil_div(a.q_len, kBlockRows), DqLayout<T, D>::kBytes, stream, p,
-             "scaled_dot_product_attention backward (dq)");
+      launch(attention_dq_kernel<T, D>, heads * ceil_div(a.q_len, kBlockRows), kThreads, DqLayout<T, D>::kBytes,
+             stream, p, "scaled_dot_product_attention backward (dq)");
     }
   });
 }

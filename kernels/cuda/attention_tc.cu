@@ -46,9 +46,11 @@
 //
 // Files: attention_tc_ptx.cuh (the inline PTX and fragment helpers),
 // attention_tc_common.cuh (shapes, Params, tile loads, masking, dropout, the
-// block schedule), attention_tc_forward.cu and attention_tc_backward.cu (the
-// kernels and their launchers), and this file (dispatch by dtype and head
-// dim). scripts/cuda_emu/run.sh runs them all on the CPU.
+// block schedule), attention_common.cuh (what attention.cu uses too: the
+// tensors that open Params, the dropout word, the gradient stores, Params from
+// the arguments, dispatch by head dim, launch), attention_tc_forward.cu and
+// attention_tc_backward.cu (the kernels and their launchers), and this file
+// (dispatch by dtype). scripts/cuda_emu/run.sh runs them all on the CPU.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -61,52 +63,15 @@ namespace kiln::kernels::attention_tc {
 
 namespace {
 
-bool aligned16(const void* pointer) { return reinterpret_cast<uintptr_t>(pointer) % 16 == 0; }
-
-Params params_of(const AttentionArgs& a) {
-  Params p;
-  p.q = a.q;
-  p.k = a.k;
-  p.v = a.v;
-  p.mask = a.mask.data;
-  p.mask_stride_b = a.mask.stride_b;
-  p.mask_stride_h = a.mask.stride_h;
-  p.mask_stride_q = a.mask.stride_q;
-  p.mask_stride_k = a.mask.stride_k;
-  p.heads = a.heads;
-  p.q_len = a.q_len;
-  p.kv_len = a.kv_len;
-  p.scale = static_cast<float>(a.scale);
-  p.scale_log2 = static_cast<float>(a.scale * 1.4426950408889634);
-  p.dropout = a.dropout_p > 0.0f;
-  p.dropout_p = a.dropout_p;
-  // p = 1 drops everything: the output is 0, not 0 * inf.
-  p.dropout_scale = !p.dropout ? 1.0f : a.dropout_p < 1.0f ? 1.0f / (1.0f - a.dropout_p) : 0.0f;
-  p.seed = a.seed;
-  p.offset = a.offset;
-  p.replay = a.replay;
-  p.causal = a.causal;
-  p.vector_loads = aligned16(a.q) && aligned16(a.k) && aligned16(a.v);
-  return p;
-}
-
 // Calls body.template operator()<T, D>() for the problem's dtype and head dim.
 template <typename F>
 void dispatch(const AttentionArgs& a, const char* op, F&& body) {
   KILN_ASSERT(supports(a.dtype, a.head_dim), op, ": the tensor-core kernels got ", a.dtype, " with head_dim ",
               a.head_dim);
-  auto by_dim = [&]<typename T>() {
-    switch (a.head_dim) {
-      case 32: body.template operator()<T, 32>(); break;
-      case 64: body.template operator()<T, 64>(); break;
-      case 96: body.template operator()<T, 96>(); break;
-      default: body.template operator()<T, 128>(); break;
-    }
-  };
   if (a.dtype == DType::f16) {
-    by_dim.template operator()<__half>();
+    dispatch_head_dim<__half>(a.head_dim, body);
   } else {
-    by_dim.template operator()<__nv_bfloat16>();
+    dispatch_head_dim<__nv_bfloat16>(a.head_dim, body);
   }
 }
 
@@ -121,7 +86,7 @@ void forward(const AttentionArgs& args, void* out, void* lse, cuda::Stream strea
   const int64_t heads = args.batch * args.heads;
   if (heads == 0 || args.q_len == 0) return;
   dispatch(args, "scaled_dot_product_attention", [&]<typename T, int D>() {
-    Params p = params_of(args);
+    Params p = params_of<Params>(args);
     p.out = out;
     p.lse_out = static_cast<float*>(lse);
     launch_forward<T, D>(p, heads, stream);
@@ -133,14 +98,7 @@ void backward(const AttentionGradArgs& args, const float* delta, cuda::Stream st
   const int64_t heads = a.batch * a.heads;
   if (heads == 0) return;
   dispatch(a, "scaled_dot_product_attention backward", [&]<typename T, int D>() {
-    Params p = params_of(a);
-    p.dout = args.dout;
-    p.lse = static_cast<const float*>(args.lse);
-    p.delta = delta;
-    p.dq = args.dq;
-    p.dk = args.dk;
-    p.dv = args.dv;
-    p.vector_loads = p.vector_loads && aligned16(args.dout);
+    const Params p = backward_params_of<Params>(args, delta);
     if ((args.dk != nullptr || args.dv != nullptr) && a.kv_len > 0) launch_dkdv<T, D>(p, heads, stream);
     if (args.dq != nullptr && a.q_len > 0) launch_dq<T, D>(p, heads, stream);
   });

@@ -143,22 +143,7 @@ __global__ void __launch_bounds__(DkdvShape<D>::kThreads, kDropout ? 1 : DkdvSha
   }
   cp_async_wait<0>();  // no copy may be in flight when the CTA exits
 
-  T* dk_out = static_cast<T*>(p.dk);
-  T* dv_out = static_cast<T*>(p.dv);
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int64_t key = j0 + g + 8 * h;
-    if (key >= p.kv_len) continue;
-    const int64_t at = (bh * p.kv_len + key) * D;
-#pragma unroll
-    for (int n = 0; n < DT; ++n) {
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        if (dk_out != nullptr) dk_out[at + 8 * n + 2 * t + e] = from_acc<T>(dk[n][2 * h + e] * p.scale);
-        if (dv_out != nullptr) dv_out[at + 8 * n + 2 * t + e] = from_acc<T>(dv[n][2 * h + e]);
-      }
-    }
-  }
+  store_dkdv<T, D>(p, dk, dv, bh, j0 + g, t);
 }
 
 // dQ of 64 queries: one CTA per (64 queries, b * H + h); warp w owns rows
@@ -187,11 +172,7 @@ __global__ void __launch_bounds__(DqShape<D>::kThreads, kDropout ? 1 : DqShape<D
   const int64_t blocks = ceil_div(k_end, N);
   const DropoutStream dropout = dropout_stream(p);
 
-  auto load_kv = [&](int64_t block) {
-    T* stage = smem + S::kv + (block % 2) * S::kStage;
-    load_tile<N, D, S::kThreads>(stage, k, block * N, p.kv_len, p.vector_loads);
-    load_tile<N, D, S::kThreads>(stage + N * LD, v, block * N, p.kv_len, p.vector_loads);
-  };
+  auto load_kv = [&](int64_t block) { load_kv_block<S, D>(smem, k, v, block, p); };
 
   // Group 1: this CTA's Q and dO with K/V block 0.
   load_tile<M, D, S::kThreads>(smem + S::q, static_cast<const T*>(p.q) + bh * p.q_len * D, q0, p.q_len,
@@ -247,48 +228,28 @@ __global__ void __launch_bounds__(DqShape<D>::kThreads, kDropout ? 1 : DqShape<D
   }
   cp_async_wait<0>();  // no copy may be in flight when the CTA exits (Q and dO when there are no keys)
 
-  T* dq_out = static_cast<T*>(p.dq);
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int64_t row = r0 + g + 8 * h;
-    if (row >= p.q_len) continue;
-    const int64_t at = (bh * p.q_len + row) * D;
-#pragma unroll
-    for (int n = 0; n < DT; ++n) {
-      dq_out[at + 8 * n + 2 * t] = from_acc<T>(dq[n][2 * h] * p.scale);
-      dq_out[at + 8 * n + 2 * t + 1] = from_acc<T>(dq[n][2 * h + 1] * p.scale);
-    }
-  }
+  store_dq<T, D>(p, dq, bh, r0 + g, t);
 }
-
-template <typename T, int D>
-struct DkdvKernel {
-  template <bool kDropout, bool kMask>
-  struct Of {
-    static constexpr auto kernel = attention_tc_dkdv_kernel<T, D, kDropout, kMask>;
-  };
-};
-template <typename T, int D>
-struct DqKernel {
-  template <bool kDropout, bool kMask>
-  struct Of {
-    static constexpr auto kernel = attention_tc_dq_kernel<T, D, kDropout, kMask>;
-  };
-};
 
 }  // namespace
 
 template <typename T, int D>
 void launch_dkdv(const Params& p, int64_t heads, cuda::Stream stream) {
   using S = DkdvShape<D>;
-  launch(pick<DkdvKernel<T, D>::template Of>(p), heads * ceil_div(p.kv_len, S::kRows), S::kThreads, S::kBytes, stream, p,
+  const auto kernels = []<bool kDropout, bool kMask>(std::bool_constant<kDropout>, std::bool_constant<kMask>) {
+    return attention_tc_dkdv_kernel<T, D, kDropout, kMask>;
+  };
+  launch(pick(p, kernels), heads * ceil_div(p.kv_len, S::kRows), S::kThreads, S::kBytes, stream, p,
          "scaled_dot_product_attention backward (dk, dv; tensor cores)");
 }
 
 template <typename T, int D>
 void launch_dq(const Params& p, int64_t heads, cuda::Stream stream) {
   using S = DqShape<D>;
-  launch(pick<DqKernel<T, D>::template Of>(p), heads * ceil_div(p.q_len, S::kRows), S::kThreads, S::kBytes, stream, p,
+  const auto kernels = []<bool kDropout, bool kMask>(std::bool_constant<kDropout>, std::bool_constant<kMask>) {
+    return attention_tc_dq_kernel<T, D, kDropout, kMask>;
+  };
+  launch(pick(p, kernels), heads * ceil_div(p.q_len, S::kRows), S::kThreads, S::kBytes, stream, p,
          "scaled_dot_product_attention backward (dq; tensor cores)");
 }
 

@@ -1,7 +1,8 @@
 // What attention_tc's kernels share (attention_tc.cu has the design): the
 // launch parameters, the tile shapes and shared-memory layouts, tile loads,
 // score masking, dropout keep bits, the block schedule, a forward or dQ CTA's
-// place in the grid, and the host's launch helper. Params and the launchers are
+// place in the grid, and the choice of a kernel's instantiation; what they
+// share with attention.cu's is in attention_common.cuh. Params and the launchers are
 // declared in the named namespace, because attention_tc.cu calls the
 // launchers that attention_tc_forward.cu and attention_tc_backward.cu define;
 // everything else is internal to each translation unit.
@@ -12,8 +13,10 @@
 
 #include <climits>
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/attention.h"
+#include "kernels/cuda/attention_common.cuh"
 #include "kernels/cuda/attention_tc_ptx.cuh"
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/native_types.cuh"
@@ -22,21 +25,8 @@
 
 namespace kiln::kernels::attention_tc {
 
-struct Params {
-  const void* q = nullptr;     // (B, H, Tq, D)
-  const void* k = nullptr;     // (B, H, Tk, D)
-  const void* v = nullptr;     // (B, H, Tk, D)
-  const void* dout = nullptr;  // (B, H, Tq, D), backward
-  const float* mask = nullptr;  // additive, read through the strides below; or null
-  int64_t mask_stride_b = 0, mask_stride_h = 0, mask_stride_q = 0, mask_stride_k = 0;
-  void* out = nullptr;           // (B, H, Tq, D), forward
-  float* lse_out = nullptr;      // (B, H, Tq), forward
-  const float* lse = nullptr;    // (B, H, Tq), backward: the forward's
-  const float* delta = nullptr;  // (B, H, Tq), backward: dout . out per row
-  void* dq = nullptr;            // (B, H, Tq, D) or null
-  void* dk = nullptr;            // (B, H, Tk, D) or null
-  void* dv = nullptr;            // (B, H, Tk, D) or null
-  int64_t heads = 0, q_len = 0, kv_len = 0;
+// The tensors and sizes (AttentionTensors), then the scalars.
+struct Params : AttentionTensors {
   float scale = 1.0f;       // of the scores
   float scale_log2 = 1.0f;  // scale * log2(e)
   float dropout_p = 0.0f, dropout_scale = 1.0f;  // dropout_scale = 1 / (1 - p)
@@ -71,13 +61,10 @@ void launch_dq(const Params& p, int64_t heads, cuda::Stream stream);
 
 namespace {
 
-constexpr float kNegInf = -__builtin_huge_valf();
 constexpr float kPosInf = __builtin_huge_valf();
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 constexpr int kPad = 8;  // elements: 16 bytes per row
-
-__host__ __device__ constexpr int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // ---------------------------------------------------------------- shapes and shared memory layouts
 // Offsets in elements of the 16-bit type; every tile has row stride kLd = D + kPad.
@@ -158,6 +145,17 @@ __device__ __forceinline__ void load_tile(T* tile, const T* src, int64_t row0, i
   }
 }
 
+// Key block `block` (keys block N .. + N - 1, N = S::kCols) of K and V into
+// stage block % 2 of shape S's double buffer: K at S::kv + stage * S::kStage,
+// V N rows after it (the forward's and dQ's K/V stages).
+template <typename S, int D, typename T>
+__device__ __forceinline__ void load_kv_block(T* smem, const T* k, const T* v, int64_t block, const Params& p) {
+  constexpr int N = S::kCols;
+  T* stage = smem + S::kv + (block % 2) * S::kStage;
+  load_tile<N, D, S::kThreads>(stage, k, block * N, p.kv_len, p.vector_loads);
+  load_tile<N, D, S::kThreads>(stage + N * S::kLd, v, block * N, p.kv_len, p.vector_loads);
+}
+
 // kCount floats [i0, i0 + kCount) of `src` into shared memory, zeros past `count`.
 template <int kCount, int kThreads>
 __device__ __forceinline__ void load_floats(float* to, const float* src, int64_t i0, int64_t count) {
@@ -168,16 +166,6 @@ __device__ __forceinline__ void load_floats(float* to, const float* src, int64_t
       to[c] = 0.0f;
     }
   }
-}
-
-__device__ __forceinline__ float quad_max(float x) {
-  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
-  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
-}
-
-__device__ __forceinline__ float quad_sum(float x) {
-  x += __shfl_xor_sync(0xffffffffu, x, 1);
-  return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
 
 // ---------------------------------------------------------------- scores and dropout
@@ -267,11 +255,7 @@ __device__ __forceinline__ DropoutStream dropout_stream(const Params& p) {
   return stream;
 }
 
-// Dropout word of score (i, j) of head bh: ((b * H + h) * Tq + i) * Tk + j (attention.h).
-__device__ __forceinline__ uint64_t dropout_index(const Params& p, int64_t bh, int64_t i, int64_t j) {
-  return (static_cast<uint64_t>(bh) * p.q_len + i) * p.kv_len + j;
-}
-
+// dropout_index (attention_common.cuh) gives a score's word.
 __device__ __forceinline__ bool keep_one(const DropoutStream& s, uint64_t index) {
   return dropout_keep(philox::word_at(s.seed, s.offset, index), s.p);
 }
@@ -385,22 +369,14 @@ __device__ __forceinline__ QueryCta query_cta(const Params& p) {
 
 // ---------------------------------------------------------------- host side
 
-template <typename Kernel>
-void launch(Kernel kernel, int64_t blocks, int threads, size_t smem, cuda::Stream stream, const Params& p,
-            const char* what) {
-  KILN_CHECK(blocks <= INT32_MAX, what, ": ", blocks, " thread blocks exceed one launch (at most ", INT32_MAX, ")");
-  if (smem > 48 * 1024) {  // above the default limit: opt in (per device, so on every launch)
-    KILN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-  }
-  kernel<<<static_cast<unsigned>(blocks), static_cast<unsigned>(threads), smem, static_cast<cudaStream_t>(stream)>>>(p);
-  cuda::check_last_launch(what);
-}
-
-// The instantiation of a kernel template for the problem's dropout and mask.
-template <template <bool, bool> class Kernels>
-auto pick(const Params& p) {
-  if (p.dropout) return p.mask != nullptr ? Kernels<true, true>::kernel : Kernels<true, false>::kernel;
-  return p.mask != nullptr ? Kernels<false, true>::kernel : Kernels<false, false>::kernel;
+// The instantiation of a kernel template for the problem's dropout and mask:
+// kernels(std::bool_constant<kDropout>, std::bool_constant<kMask>) returns it.
+template <typename Kernels>
+auto pick(const Params& p, Kernels kernels) {
+  using Yes = std::true_type;
+  using No = std::false_type;
+  if (p.dropout) return p.mask != nullptr ? kernels(Yes{}, Yes{}) : kernels(Yes{}, No{});
+  return p.mask != nullptr ? kernels(No{}, Yes{}) : kernels(No{}, No{});
 }
 
 }  // namespace

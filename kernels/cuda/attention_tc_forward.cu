@@ -31,11 +31,7 @@ __global__ void __launch_bounds__(ForwardShape<D>::kThreads, kDropout || kMask ?
   const int64_t blocks = ceil_div(k_end, N);
   const DropoutStream dropout = dropout_stream(p);
 
-  auto load_kv = [&](int64_t block) {
-    T* stage = smem + S::kv + (block % 2) * S::kStage;
-    load_tile<N, D, S::kThreads>(stage, k, block * N, p.kv_len, p.vector_loads);
-    load_tile<N, D, S::kThreads>(stage + N * LD, v, block * N, p.kv_len, p.vector_loads);
-  };
+  auto load_kv = [&](int64_t block) { load_kv_block<S, D>(smem, k, v, block, p); };
 
   // Group 1: Q; group 2: K/V block 0 (empty when there are no keys).
   load_tile<M, D, S::kThreads>(smem + S::q, q, q0, p.q_len, p.vector_loads);
@@ -131,20 +127,15 @@ __global__ void __launch_bounds__(ForwardShape<D>::kThreads, kDropout || kMask ?
   }
 }
 
-template <typename T, int D>
-struct ForwardKernel {
-  template <bool kDropout, bool kMask>
-  struct Of {
-    static constexpr auto kernel = attention_tc_forward_kernel<T, D, kDropout, kMask>;
-  };
-};
-
 }  // namespace
 
 template <typename T, int D>
 void launch_forward(const Params& p, int64_t heads, cuda::Stream stream) {
   using S = ForwardShape<D>;
-  launch(pick<ForwardKernel<T, D>::template Of>(p), heads * ceil_div(p.q_len, S::kRows), S::kThreads, S::kBytes, stream, p,
+  const auto kernels = []<bool kDropout, bool kMask>(std::bool_constant<kDropout>, std::bool_constant<kMask>) {
+    return attention_tc_forward_kernel<T, D, kDropout, kMask>;
+  };
+  launch(pick(p, kernels), heads * ceil_div(p.q_len, S::kRows), S::kThreads, S::kBytes, stream, p,
          "scaled_dot_product_attention forward (tensor cores)");
 }
 
