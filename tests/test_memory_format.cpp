@@ -139,6 +139,29 @@ TEST_CASE("channels_last: gradients through elementwise ops equal the NCHW ones"
   check_exact(cl_leaf.grad(), nchw.grad());
 }
 
+TEST_CASE("channels_last: batch_norm_relu on NHWC rows equals NCHW in float32 and bfloat16, forward and backward") {
+  // The CPU computes NHWC batch norm over rows of channels (its own loops):
+  // the same statistics in double and the same per-element arithmetic.
+  for (DType dtype : {DType::f32, DType::bf16}) {
+    for (bool training : {true, false}) {
+      INFO("dtype " << dtype_name(dtype) << " training " << training);
+      const Tensor x = random_nchw({4, 24, 5, 6}, 70, dtype), dy = random_nchw({4, 24, 5, 6}, 71, dtype);
+      const Tensor weight = random_nchw({24}, 72), bias = random_nchw({24}, 73);
+      const Tensor running_mean = mul(random_nchw({24}, 74), 0.1), running_var = ones({24});
+      Tensor plain = x.clone().requires_grad_();
+      Tensor nhwc = x.contiguous(MemoryFormat::channels_last).detach().requires_grad_();
+      const Tensor y_plain = batch_norm_relu(plain, running_mean.clone(), running_var.clone(), weight, bias, training);
+      const Tensor y_nhwc = batch_norm_relu(nhwc, running_mean.clone(), running_var.clone(), weight, bias, training);
+      CHECK(is_channels_last(y_nhwc));
+      const double tol = dtype == DType::bf16 ? 1e-2 : 1e-5;
+      KILN_CHECK_CLOSE(y_nhwc.to(DType::f32), y_plain.to(DType::f32), tol, tol);
+      y_plain.backward(dy);
+      y_nhwc.backward(dy.contiguous(MemoryFormat::channels_last));
+      KILN_CHECK_CLOSE(nhwc.grad().to(DType::f32), plain.grad().to(DType::f32), tol, tol);
+    }
+  }
+}
+
 TEST_CASE("channels_last: to(cuda) and back keep the layout; CUDA elementwise ops keep it [gpu]") {
   KILN_REQUIRE_GPU();
   const Tensor x = random_nchw({4, 8, 5, 6}, 40), y = random_nchw({4, 8, 5, 6}, 41);

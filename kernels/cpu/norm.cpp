@@ -155,16 +155,19 @@ void batch_norm_forward(const BatchNormArgs& args, const T* x, const compute_t<T
     for (int pass = 0; pass < 2; ++pass) {
 #pragma omp parallel for schedule(static) if (numel > (1 << 15))
       for (int64_t chunk = 0; chunk < chunks; ++chunk) {
-        double* acc = partial.data() + chunk * C;
+        double* __restrict__ acc = partial.data() + chunk * C;
+        const double* __restrict__ means = mean.data();
         std::fill(acc, acc + C, 0.0);
+        std::vector<float> row_buffer;
         const int64_t end = std::min(outer, (chunk + 1) * per_chunk);
         for (int64_t r = chunk * per_chunk; r < end; ++r) {
-          const T* row = x + r * C;
+          // A 16-bit row widened once (vectorized); the sums are the same.
+          const A* __restrict__ row = cpu::compute_row(x + r * C, C, row_buffer);
           if (pass == 0) {
-            for (int64_t c = 0; c < C; ++c) acc[c] += static_cast<double>(load(row, c));
+            for (int64_t c = 0; c < C; ++c) acc[c] += static_cast<double>(row[c]);
           } else {
             for (int64_t c = 0; c < C; ++c) {
-              const double d = static_cast<double>(load(row, c)) - mean[c];
+              const double d = static_cast<double>(row[c]) - means[c];
               acc[c] += d * d;
             }
           }
@@ -193,6 +196,34 @@ void batch_norm_forward(const BatchNormArgs& args, const T* x, const compute_t<T
   std::vector<ChannelAffine<T>> affines(static_cast<size_t>(C));
   for (int64_t c = 0; c < C; ++c) affines[c] = channel_affine<T>(c, save_mean, save_invstd, weight, bias);
   const bool relu = args.relu;
+  if (inner == 1) {
+    // Rows: the channels are the contiguous dim, so the loop runs over them
+    // with the scales and shifts as arrays (vectorized), each row widened and
+    // narrowed once. The same x * scale + shift as affine().
+    std::vector<A> scales(static_cast<size_t>(C)), shifts(static_cast<size_t>(C));
+    for (int64_t c = 0; c < C; ++c) {
+      scales[c] = affines[c].scale;
+      shifts[c] = affines[c].shift;
+    }
+    const A* __restrict__ scale = scales.data();
+    const A* __restrict__ shift = shifts.data();
+#pragma omp parallel if (numel > (1 << 15))
+    {
+      std::vector<float> in_buffer, out_buffer;
+#pragma omp for schedule(static)
+      for (int64_t o = 0; o < outer; ++o) {
+        const A* __restrict__ xs = cpu::compute_row(x + o * C, C, in_buffer);
+        A* __restrict__ out = cpu::result_row(y + o * C, C, out_buffer);
+        if (relu) {
+          for (int64_t c = 0; c < C; ++c) out[c] = std::max(xs[c] * scale[c] + shift[c], A(0));
+        } else {
+          for (int64_t c = 0; c < C; ++c) out[c] = xs[c] * scale[c] + shift[c];
+        }
+        cpu::store_result_row(out, y + o * C, C);
+      }
+    }
+    return;
+  }
 #pragma omp parallel for schedule(static) if (numel > (1 << 15))
   for (int64_t o = 0; o < outer; ++o) {
     for (int64_t c = 0; c < C; ++c) {
@@ -276,17 +307,38 @@ void batch_norm_backward(const BatchNormArgs& args, const T* x, const T* dy, con
   const int64_t chunks = std::max<int64_t>(1, std::min(outer, kRowChunks));
   const int64_t per_chunk = (outer + chunks - 1) / chunks;
   std::vector<double> partial(static_cast<size_t>(2 * chunks * C));
+  // Per-channel arrays, so that the loops over a row's channels vectorize.
+  std::vector<A> scales(static_cast<size_t>(C)), shifts(static_cast<size_t>(C));
+  for (int64_t c = 0; c < C; ++c) {
+    scales[c] = affines[c].scale;
+    shifts[c] = affines[c].shift;
+  }
+  const A* __restrict__ scale = scales.data();
+  const A* __restrict__ shift = shifts.data();
+  // dz = dy masked by the recomputed ReLU (dz_at's arithmetic).
+  const auto masked = [&](A xv, A g, int64_t c) -> A {
+    if constexpr (kRelu) {
+      return xv * scale[c] + shift[c] > A(0) ? g : A(0);
+    } else {
+      (void)xv;
+      (void)c;
+      return g;
+    }
+  };
 #pragma omp parallel for schedule(static) if (numel > (1 << 15))
   for (int64_t chunk = 0; chunk < chunks; ++chunk) {
-    double* acc_dz = partial.data() + 2 * chunk * C;
-    double* acc_dz_xmu = acc_dz + C;
+    double* __restrict__ acc_dz = partial.data() + 2 * chunk * C;
+    double* __restrict__ acc_dz_xmu = acc_dz + C;
     std::fill(acc_dz, acc_dz + 2 * C, 0.0);
+    std::vector<float> x_buffer, dy_buffer;
     const int64_t end = std::min(outer, (chunk + 1) * per_chunk);
     for (int64_t r = chunk * per_chunk; r < end; ++r) {
+      const A* __restrict__ xs = cpu::compute_row(x + r * C, C, x_buffer);
+      const A* __restrict__ dys = cpu::compute_row(dy + r * C, C, dy_buffer);
       for (int64_t c = 0; c < C; ++c) {
-        const A dz = dz_at(x + r * C, dy + r * C, c, affines[c]);
+        const A dz = masked(xs[c], dys[c], c);
         acc_dz[c] += static_cast<double>(dz);
-        acc_dz_xmu[c] += static_cast<double>(dz) * (static_cast<double>(load(x + r * C, c)) - save_mean[c]);
+        acc_dz_xmu[c] += static_cast<double>(dz) * (static_cast<double>(xs[c]) - static_cast<double>(save_mean[c]));
       }
     }
   }
@@ -302,10 +354,32 @@ void batch_norm_backward(const BatchNormArgs& args, const T* x, const T* dy, con
     if (dweight != nullptr) dweight[c] = static_cast<A>(sum_dz_xmu[c] * static_cast<double>(save_invstd[c]));
   }
   if (dx != nullptr) {
-#pragma omp parallel for schedule(static) if (numel > (1 << 15))
-    for (int64_t r = 0; r < outer; ++r) {
-      for (int64_t c = 0; c < C; ++c) {
-        write_dx(c, sum_dz[c], sum_dz_xmu[c], x + r * C + c, dy + r * C + c, dx + r * C + c, 1, 1);
+    // write_dx's per-channel factors, once per channel instead of per element.
+    std::vector<A> ks(static_cast<size_t>(C)), mean_dzs(static_cast<size_t>(C)), coefs(static_cast<size_t>(C));
+    for (int64_t c = 0; c < C; ++c) {
+      const A w = weight ? weight[c] : A(1);
+      const A invstd = save_invstd[c];
+      ks[c] = invstd * w;
+      mean_dzs[c] = args.training ? static_cast<A>(sum_dz[c] / static_cast<double>(M)) : A(0);
+      coefs[c] = args.training ? static_cast<A>(sum_dz_xmu[c] / static_cast<double>(M)) * invstd * invstd : A(0);
+    }
+    const A* __restrict__ k = ks.data();
+    const A* __restrict__ mean_dz = mean_dzs.data();
+    const A* __restrict__ coef = coefs.data();
+    const A* __restrict__ mean = save_mean;
+#pragma omp parallel if (numel > (1 << 15))
+    {
+      std::vector<float> x_buffer, dy_buffer, dx_buffer;
+#pragma omp for schedule(static)
+      for (int64_t r = 0; r < outer; ++r) {
+        const A* __restrict__ xs = cpu::compute_row(x + r * C, C, x_buffer);
+        const A* __restrict__ dys = cpu::compute_row(dy + r * C, C, dy_buffer);
+        A* __restrict__ out = cpu::result_row(dx + r * C, C, dx_buffer);
+        for (int64_t c = 0; c < C; ++c) {
+          const A dz = masked(xs[c], dys[c], c);
+          out[c] = k[c] * (dz - mean_dz[c] - (xs[c] - mean[c]) * coef[c]);
+        }
+        cpu::store_result_row(out, dx + r * C, C);
       }
     }
   }
