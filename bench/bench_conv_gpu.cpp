@@ -25,7 +25,7 @@
 //   5-10 s on an H100, most of it the float32 rows and cuDNN's searches)
 // --json: one JSON object per row on stdout: what, n, c_in, c_out, h, w,
 // kernel, stride, padding, dtype, layout ("nchw" | "nhwc", the tensors'),
-// cudnn_layout (what kiln ran: a 1-channel input counts as NCHW), tf32,
+// cudnn_layout (the layout of kiln's output: what cuDNN ran), tf32,
 // device, repeats, forward_ms, forward_backward_ms, forward_tflops,
 // forward_backward_tflops, check_error, check_tolerance, and "error" on a
 // failed row; without a GPU one {"skipped": true, "reason": ...} object.
@@ -77,17 +77,11 @@ double forward_flops(const ConvShape& s) {
   return 2.0 * static_cast<double>(s.n * s.c_out * s.c_in * kKernel * kKernel * out_size(s.h) * out_size(s.w));
 }
 
-// Dense NHWC strides for a 4-D shape (N, C, H, W).
-Shape nhwc_strides(const Shape& shape) { return {shape[1] * shape[2] * shape[3], 1, shape[3] * shape[1], shape[1]}; }
-
 // A standard-normal CUDA tensor of `shape`, NCHW-contiguous or channels-last.
 Tensor random_cuda(const Shape& shape, DType dtype, bool channels_last) {
   const TensorOptions options{.dtype = dtype, .device = Device::cuda(0)};
   Tensor t = randn(shape, options);
-  if (!channels_last) return t;
-  Tensor out = empty_strided(shape, nhwc_strides(shape), options);
-  out.copy_(t);
-  return out;
+  return channels_last ? t.contiguous(MemoryFormat::channels_last) : t;
 }
 
 // ---------------------------------------------------------------- check
@@ -252,7 +246,7 @@ nlohmann::json run_row(const ConvShape& s, const Variant& v, int repeats, GpuTim
 
     const Tensor y = conv2d(x, w, Tensor(), kStride, kPadding);
     const autograd::TensorList grads = autograd::grad({y}, {x, w}, {dy});
-    row["cudnn_layout"] = y.is_contiguous() ? "nchw" : "nhwc";  // 1-channel inputs count as NCHW in kiln
+    row["cudnn_layout"] = y.is_contiguous() ? "nchw" : "nhwc";  // what cuDNN ran (kiln follows the strides)
     const double error = check_against_reference(s, x, w, dy, y, grads[0], grads[1]);
     row["check_error"] = error;
     row["check_tolerance"] = tolerance(v.dtype, tf32);
