@@ -50,8 +50,14 @@ bool is_channels_last(const Tensor& t) {
   if (t.dim() != 4 || t.numel() == 0) return false;
   // Exact strides, size-1 dims included: where the two layouts address the
   // same memory (C == 1, or H == W == 1) the strides still tell which one
-  // the tensor was made in, as torch's suggest_memory_format does.
-  return t.strides() == channels_last_strides(t.shape()) && t.strides() != contiguous_strides(t.shape());
+  // the tensor was made in, as torch's suggest_memory_format does. Without
+  // building the two stride vectors: every elementwise op on a 4-D tensor asks.
+  const Shape& size = t.shape();
+  const Shape& stride = t.strides();
+  const int64_t C = std::max<int64_t>(size[1], 1), H = std::max<int64_t>(size[2], 1), W = std::max<int64_t>(size[3], 1);
+  const bool nhwc = stride[0] == H * W * C && stride[1] == 1 && stride[2] == W * C && stride[3] == C;
+  const bool nchw = stride[0] == C * H * W && stride[1] == H * W && stride[2] == W && stride[3] == 1;
+  return nhwc && !nchw;
 }
 
 std::optional<ContiguousExtent> contiguous_extent(const Shape& shape, int64_t element_size) {

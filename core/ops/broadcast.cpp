@@ -56,9 +56,12 @@ kernels::Operand operand(const Tensor& tensor, const Shape& out_shape, const cha
 
 void iterate_in_memory_order(kernels::IterShape& shape, kernels::Operand* operands, int count) {
   const int ndim = shape.ndim;
+  const int64_t* out_strides = operands[0].strides;
+  bool in_order = true;  // the common case (a row-major output): nothing to do
+  for (int d = 1; d < ndim && in_order; ++d) in_order = out_strides[d - 1] >= out_strides[d];
+  if (in_order) return;
   int order[kernels::kMaxDims];
   for (int d = 0; d < ndim; ++d) order[d] = d;
-  const int64_t* out_strides = operands[0].strides;
   // Stable: a contiguous output keeps its order, and size-1 dims (any stride)
   // are dropped by coalesce anyway.
   std::stable_sort(order, order + ndim, [&](int a, int b) { return out_strides[a] > out_strides[b]; });
