@@ -99,9 +99,24 @@ class AccumulateGrad final : public Node {
     if (!m.grad.defined()) {
       // Keep the incoming buffer when nothing else refers to it; otherwise copy,
       // so that an in-place accumulation later cannot write into another tensor.
-      const bool sole_owner = incoming.impl_ptr().use_count() == 2 && incoming.storage().use_count() == 1 &&
-                              incoming.is_contiguous();
-      m.grad = sole_owner ? incoming.detach() : incoming.clone();
+      // The gradient takes the leaf's layout, as torch's: row-major, or
+      // channels-last for a channels-last leaf (parameters are row-major).
+      const bool leaf_channels_last = is_channels_last(leaf);
+      const bool in_layout = leaf_channels_last ? incoming.strides() == leaf.strides() : incoming.is_contiguous();
+      const bool sole_owner =
+          incoming.impl_ptr().use_count() == 2 && incoming.storage().use_count() == 1 && in_layout;
+      if (sole_owner) {
+        m.grad = incoming.detach();
+      } else if (leaf_channels_last) {
+        Tensor copy = empty_strided(leaf.shape(), leaf.strides(), {.dtype = incoming.dtype(), .device = incoming.device()});
+        {
+          NoGradGuard no_grad;
+          copy.copy_(incoming);
+        }
+        m.grad = copy;
+      } else {
+        m.grad = incoming.clone();
+      }
     } else {
       m.grad.add_(incoming);
     }

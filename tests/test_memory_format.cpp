@@ -139,6 +139,27 @@ TEST_CASE("channels_last: gradients through elementwise ops equal the NCHW ones"
   check_exact(cl_leaf.grad(), nchw.grad());
 }
 
+TEST_CASE("channels_last: a channels-last leaf's .grad is channels-last, a row-major leaf's row-major") {
+  const Tensor x = random_nchw({2, 3, 4, 5}, 80);
+  Tensor cl_leaf = x.contiguous(MemoryFormat::channels_last).detach().requires_grad_();
+  Tensor plain_leaf = x.clone().requires_grad_();
+  // A channels-last gradient into each (relu keeps its input's layout), and a
+  // row-major one into the channels-last leaf.
+  sum(mul(relu(cl_leaf), 2.0)).backward();
+  CHECK(is_channels_last(cl_leaf.grad()));
+  sum(mul(relu(plain_leaf.contiguous(MemoryFormat::channels_last)), 2.0)).backward();
+  CHECK(plain_leaf.grad().is_contiguous());
+  check_exact(cl_leaf.grad(), plain_leaf.grad());
+  Tensor cl_leaf2 = x.contiguous(MemoryFormat::channels_last).detach().requires_grad_();
+  sum(mul(relu(cl_leaf2.contiguous()), 2.0)).backward();
+  CHECK(is_channels_last(cl_leaf2.grad()));
+  check_exact(cl_leaf2.grad(), plain_leaf.grad());
+  // Accumulation keeps the layout and adds the values.
+  sum(mul(relu(cl_leaf2.contiguous()), 2.0)).backward();
+  CHECK(is_channels_last(cl_leaf2.grad()));
+  check_exact(cl_leaf2.grad(), mul(plain_leaf.grad(), 2.0));
+}
+
 TEST_CASE("channels_last: batch_norm_relu on NHWC rows equals NCHW in float32 and bfloat16, forward and backward") {
   // The CPU computes NHWC batch norm over rows of channels (its own loops):
   // the same statistics in double and the same per-element arithmetic.
