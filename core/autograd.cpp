@@ -8,6 +8,7 @@
 
 #include "core/autocast.h"
 #include "core/ops.h"
+#include "core/ops/broadcast.h"
 #include "core/profiler.h"
 
 namespace kiln {
@@ -108,7 +109,7 @@ class AccumulateGrad final : public Node {
       if (sole_owner) {
         m.grad = incoming.detach();
       } else if (leaf_channels_last) {
-        Tensor copy = empty_strided(leaf.shape(), leaf.strides(), {.dtype = incoming.dtype(), .device = incoming.device()});
+        Tensor copy = empty_in_layout_of(leaf, leaf.shape(), {.dtype = incoming.dtype(), .device = incoming.device()});
         {
           NoGradGuard no_grad;
           copy.copy_(incoming);

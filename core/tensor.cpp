@@ -540,7 +540,7 @@ Tensor Tensor::to(Device target, DType target_dtype, bool non_blocking) const {
   }
   // A channels-last tensor stays channels-last (torch's preserve_format).
   const TensorOptions options{.dtype = target_dtype, .device = target};
-  Tensor out = is_channels_last(*this) ? empty_strided(shape(), strides(), options) : empty(shape(), options);
+  Tensor out = empty_in_layout_of(*this, shape(), options);
   {
     NoGradGuard no_grad;
     out.copy_(*this, non_blocking);
@@ -598,8 +598,7 @@ Tensor& Tensor::copy_(const Tensor& source, bool non_blocking) {
   Tensor staged = source.expand(shape());
   const bool dense_match = staged.is_contiguous() || (channels_last && staged.strides() == strides());
   if (staged.dtype() != dtype() || !dense_match) {
-    Tensor dense = channels_last ? empty_strided(shape(), strides(), TensorOptions{.dtype = dtype(), .device = src_device})
-                                 : empty(shape(), TensorOptions{.dtype = dtype(), .device = src_device});
+    Tensor dense = empty_in_layout_of(*this, shape(), TensorOptions{.dtype = dtype(), .device = src_device});
     dense.copy_(staged);
     staged = dense;
   }

@@ -62,12 +62,9 @@ void iterate_in_memory_order(kernels::IterShape& shape, kernels::Operand* operan
   if (in_order) return;
   int order[kernels::kMaxDims];
   for (int d = 0; d < ndim; ++d) order[d] = d;
-  // Stable: a contiguous output keeps its order, and size-1 dims (any stride)
-  // are dropped by coalesce anyway.
+  // Stable: ties (size-1 dims, whose strides say nothing) keep their order;
+  // coalesce drops them anyway.
   std::stable_sort(order, order + ndim, [&](int a, int b) { return out_strides[a] > out_strides[b]; });
-  bool identity = true;
-  for (int d = 0; d < ndim; ++d) identity = identity && order[d] == d;
-  if (identity) return;
   const kernels::IterShape before = shape;
   for (int d = 0; d < ndim; ++d) shape.sizes[d] = before.sizes[order[d]];
   for (int k = 0; k < count; ++k) {
