@@ -14,6 +14,9 @@
 // (forward, backward, scaler, AdamW, OneCycle) is captured once with
 // kiln::cuda::Graph on static input buffers and replayed for every later
 // batch: torch.cuda.graph's recipe, here without the Trainer.
+// --profile-step (GPU): the first timed iteration (batch, copy and step)
+// runs between cudaProfilerStart and cudaProfilerStop, for ncu
+// --profile-from-start off (bench/profile_step.py --model cnn|resnet9).
 #include <CLI/CLI.hpp>
 #include <chrono>
 #include <cstdio>
@@ -46,11 +49,14 @@ int main(int argc, char** argv) {
   double lr = 3e-3, weight_decay = 5e-4;
   int num_workers = 2;
   uint64_t seed = 42;
-  bool augment = true, cuda_graph = false, channels_last = false;
+  bool augment = true, cuda_graph = false, channels_last = false, profile_step = false;
   app.add_flag("--cuda-graph", cuda_graph, "GPU: replay the captured training step as one CUDA graph");
   app.add_flag("--channels-last", channels_last,
                "Images in channels-last (NHWC) memory, as torch's memory_format=torch.channels_last: on a GPU "
                "the convolutions run cuDNN's NHWC kernels and the layout carries through the network");
+  app.add_flag("--profile-step", profile_step,
+               "GPU: the first iteration after the warm-up between cudaProfilerStart and cudaProfilerStop "
+               "(for ncu --profile-from-start off: bench/profile_step.py)");
   app.add_option("--model", model_name, "cnn or resnet9")->capture_default_str();
   app.add_option("--epochs", epochs)->capture_default_str();
   app.add_option("--batch-size", batch_size)->capture_default_str()->check(examples::kPositive);
@@ -72,6 +78,7 @@ int main(int argc, char** argv) {
   try {
     const Device device = accelerator == "gpu" ? Device::cuda(0) : Device::cpu();
     KILN_CHECK(!cuda_graph || device.is_cuda(), "--cuda-graph needs --accelerator gpu");
+    KILN_CHECK(!profile_step || device.is_cuda(), "--profile-step: brackets GPU work; give --accelerator gpu");
     manual_seed(seed);
     MnistOptions data_options;
     data_options.root = data_dir;
@@ -112,6 +119,8 @@ int main(int argc, char** argv) {
     if (channels_last) model->to(MemoryFormat::channels_last);  // as torch's model.to(memory_format=...)
     int64_t batches = train_loader.size();
     if (limit_train_batches > 0) batches = std::min(batches, limit_train_batches);
+    KILN_CHECK(!profile_step || warmup_steps < batches, "--profile-step: the warm-up (--warmup-steps ", warmup_steps,
+               ") takes all ", batches, " batches of the epoch; no step is left to profile");
     optim::AdamWOptions adamw;
     adamw.lr = lr;
     adamw.weight_decay = weight_decay;
@@ -172,6 +181,8 @@ int main(int argc, char** argv) {
           start = Clock::now();
           timing = true;
         }
+        const bool profiled = profile_step && epoch == 0 && step == warmup_steps;
+        if (profiled) cuda::profiler_start();  // the device is idle: synchronized just above
         std::optional<Batch> batch = train_loader.next();
         KILN_CHECK(batch.has_value(), "the training loader ended early at batch ", step);
         Tensor input = to_model_input(batch->input);
@@ -195,6 +206,10 @@ int main(int argc, char** argv) {
         }
         ++steps_taken;
         if (timing) timed_samples += batch_size;
+        if (profiled) {
+          cuda::device_synchronize(device.index);
+          cuda::profiler_stop();
+        }
       }
       if (device.is_cuda()) cuda::device_synchronize(device.index);
       if (timing) timed_seconds += std::chrono::duration<double>(Clock::now() - start).count();

@@ -1,15 +1,19 @@
 #!/usr/bin/env python3
 """Where one GPU training step spends its time, kernel by kernel, kiln against PyTorch.
 
-Runs bench_transformer (kiln) and torch_transformer.py (PyTorch) with
---profile-step under Nsight Compute (ncu --profile-from-start off), which
-times every kernel of the one step bracketed by cudaProfilerStart/Stop, one
+Runs bench_transformer (kiln) and torch_transformer.py (PyTorch) for the
+transformers (--model gpt2-124m, gpt, vit), or bench_fashion and
+torch_fashion.py for the CNNs (--model resnet9, cnn: one iteration, batch
+and copy included), with --profile-step under Nsight Compute (ncu
+--profile-from-start off), which times every kernel of the one step
+bracketed by cudaProfilerStart/Stop, one
 kernel at a time (ncu serializes them: the sum is the GPU's busy time without
 overlap; the gap to the wall-clock step of compare_transformers.py is launch
 and host overhead). Prints a markdown table by kernel family and the longest
 kernels of each side: the list of what to make faster first.
 
   python3 bench/profile_step.py --kiln build/bin/bench_transformer --python python3
+  python3 bench/profile_step.py --model resnet9 --channels-last --kiln build/bin/bench_fashion --python python3
   python3 bench/profile_step.py --summarize kiln.csv [torch.csv]   # tables from saved ncu CSVs
 """
 import argparse
@@ -23,8 +27,13 @@ import sys
 # Kernel families, first match wins (names as ncu prints them with --print-kernel-base function).
 FAMILIES = [
     ("attention", r"attention|flash|fmha|sdpa|attn"),
+    # cuDNN's convolution kernels (implicit GEMMs named fprop/dgrad/wgrad, layout transposes) before GEMM,
+    # whose patterns (xmma, sm90_) their names share.
+    ("convolution", r"conv(?!ert)|fprop|dgrad|wgrad|implicit|winograd|cudnn|nchwToNhwc|nhwcToNchw"),
     ("GEMM", r"gemm|xmma|cutlass|nvjet|matmul|cublas|sm90_|sm80_|ampere_|hopper"),
     ("layer_norm", r"layer_?norm|ln_(forward|grad)|rms_?norm"),
+    ("batch_norm", r"batch_?norm|bn_"),
+    ("pooling", r"pool"),
     ("softmax / cross_entropy", r"softmax|cross_entropy|nll_loss|log_softmax"),
     ("optimizer", r"adam|multi_tensor|fused_optim|foreach|lamb|sgd"),
     ("embedding / indexing", r"embedding|gather|index|scatter|dense_rows"),
@@ -115,11 +124,12 @@ def profile(label, command, ncu, csv_path):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--kiln", help="bench_transformer binary")
+    parser.add_argument("--kiln", help="bench_transformer binary (bench_fashion for --model resnet9 or cnn)")
     parser.add_argument("--python", default=sys.executable, help="the Python with PyTorch")
     parser.add_argument("--ncu", default="ncu")
-    parser.add_argument("--model", default="gpt2-124m", choices=["vit", "gpt", "gpt2-124m"])
-    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--model", default="gpt2-124m", choices=["vit", "gpt", "gpt2-124m", "resnet9", "cnn"])
+    parser.add_argument("--batch-size", type=int, help="default: 16 (transformers), 512 (resnet9), 64 (cnn)")
+    parser.add_argument("--channels-last", action="store_true", help="resnet9/cnn: model and images channels-last")
     parser.add_argument("--precision", default="bf16-mixed", choices=["32-true", "bf16-mixed", "16-mixed"])
     parser.add_argument("--out-dir", default=".", help="where the ncu CSV files go")
     parser.add_argument("--top", type=int, default=12, help="longest kernels listed per side")
@@ -134,15 +144,28 @@ def main():
         return
     if not args.kiln:
         parser.error("--kiln BINARY is required unless --summarize is given")
-    common = ["--model", args.model, "--batch-size", str(args.batch_size), "--precision", args.precision,
-              "--accelerator", "gpu", "--warmup-steps", "2", "--steps", "1", "--profile-step"]
+    cnn = args.model in ("resnet9", "cnn")
+    if args.channels_last and not cnn:
+        parser.error("--channels-last is for --model resnet9 or cnn")
+    batch_size = args.batch_size or {"resnet9": 512, "cnn": 64}.get(args.model, 16)
+    common = ["--model", args.model, "--batch-size", str(batch_size), "--precision", args.precision,
+              "--accelerator", "gpu", "--profile-step"]
+    if cnn:  # the cuDNN benchmark search and the optimizer state settle in the warm-up
+        common += ["--warmup-steps", "3", "--limit-train-batches", "5", "--epochs", "1"]
+        common += ["--channels-last"] if args.channels_last else []
+    else:
+        common += ["--warmup-steps", "2", "--steps", "1"]
     here = os.path.dirname(os.path.abspath(__file__))
+    torch_script = os.path.join(here, "torch_fashion.py" if cnn else "torch_transformer.py")
     os.makedirs(args.out_dir, exist_ok=True)
-    sides = [("kiln", profile("kiln", [args.kiln] + common, args.ncu, os.path.join(args.out_dir, "kiln.csv"))),
-             ("torch", profile("torch", [args.python, os.path.join(here, "torch_transformer.py")] + common, args.ncu,
-                               os.path.join(args.out_dir, "torch.csv")))]
-    print(f"### One {args.model} training step, batch {args.batch_size}, {args.precision}: kernel time by family "
-          f"(ncu, kernels serialized)\n")
+    sides = [("kiln", profile("kiln", [args.kiln] + common, args.ncu,
+                              os.path.join(args.out_dir, f"kiln_{args.model}.csv"))),
+             ("torch", profile("torch", [args.python, torch_script] + common, args.ncu,
+                               os.path.join(args.out_dir, f"torch_{args.model}.csv")))]
+    layout = ", channels-last" if args.channels_last else ""
+    what = "iteration (batch, copy and step)" if cnn else "step"
+    print(f"### One {args.model} training {what}, batch {batch_size}, {args.precision}{layout}: kernel time by "
+          f"family (ncu, kernels serialized)\n")
     print_tables(sides, args.top)
 
 

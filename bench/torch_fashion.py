@@ -14,7 +14,8 @@ steps excluded) and the test accuracy after the epochs; --eval-every-epoch
 first prints one line per epoch with its test accuracy, as train_fashion
 validates on the test split after every epoch (bench/time_to_accuracy.py).
 --compile runs the step's model under torch.compile (--compile-mode picks its
-mode). The JSON line carries train_flops_per_sample (the network's convolution
+mode); --profile-step brackets the first timed iteration with cudaProfilerStart/Stop
+(bench/profile_step.py). The JSON line carries train_flops_per_sample (the network's convolution
 and linear multiply-adds x 2 x 3) for TFLOP/s and MFU in compare_fashion.py.
 
 The fair CPU peer (issue 9): Debian's python3-torch with OpenBLAS
@@ -179,6 +180,9 @@ def main():
     parser.add_argument("--label-smoothing", type=float, default=0.0)
     parser.add_argument("--pct-start", type=float, default=0.25, help="OneCycle's share of warm-up steps")
     parser.add_argument("--tta", action="store_true", help="test logits averaged with the mirror image's")
+    parser.add_argument("--profile-step", action="store_true",
+                        help="the first iteration after the warm-up between cudaProfilerStart and cudaProfilerStop "
+                        "(for ncu --profile-from-start off: bench/profile_step.py)")
     parser.add_argument("--eval-every-epoch", action="store_true",
                         help="test after every epoch, one JSON line each (as train_fashion validates)")
     args = parser.parse_args()
@@ -202,6 +206,9 @@ def main():
     batches = len(train_x) // args.batch_size
     if args.limit_train_batches > 0:
         batches = min(batches, args.limit_train_batches)
+    if args.profile_step and (device.type != "cuda" or args.warmup_steps >= batches):
+        parser.error("--profile-step brackets GPU work after the warm-up: give --accelerator gpu and "
+                     f"--warmup-steps below the epoch's {batches} batches")
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
     schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=args.lr, total_steps=batches * args.epochs,
                                                    pct_start=args.pct_start)
@@ -229,6 +236,9 @@ def main():
                 if device.type == "cuda":
                     torch.cuda.synchronize()
                 start = time.perf_counter()
+            profiled = args.profile_step and epoch == 0 and step == args.warmup_steps
+            if profiled:
+                torch.cuda.cudart().cudaProfilerStart()  # the device is idle: synchronized just above
             index = order[step * args.batch_size:(step + 1) * args.batch_size].to(device)
             inputs = (augment(train_x[index], generator, mean, std, args.augment) if args.augment != "none"
                       else (train_x[index] - mean) / std).contiguous(memory_format=memory_format)
@@ -241,6 +251,9 @@ def main():
             schedule.step()
             if start is not None:
                 timed_samples += args.batch_size
+            if profiled:
+                torch.cuda.synchronize()
+                torch.cuda.cudart().cudaProfilerStop()
         if start is not None:
             if device.type == "cuda":
                 torch.cuda.synchronize()

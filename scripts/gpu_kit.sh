@@ -14,10 +14,10 @@
 #        carry [".gpu-kit"]; default steps: preflight tests bench compare memcheck, within the
 #        deadline (default 450 s; each step bounded by the time left, a failed step never stops
 #        the next). Optional steps: racecheck, compile (torch.compile rows in compare), train
-#        (train_fashion --accelerator gpu with no other flag), profile (one GPT-2 124M step of kiln
-#        and of PyTorch under ncu: kernel time by family, profile.md), accuracy (ResNet-9 bf16-mixed
-#        to 93% and 94% test accuracy, kiln against PyTorch, bench/time_to_accuracy.py: accuracy.md,
-#        about 1-2 minutes). --tests test_a,test_b
+#        (train_fashion --accelerator gpu with no other flag), profile (one GPT-2 124M step and one
+#        ResNet-9 channels-last iteration of kiln and of PyTorch under ncu: kernel time by family,
+#        profile.md), accuracy (ResNet-9 bf16-mixed to 93% and 94% test accuracy, kiln against
+#        PyTorch, bench/time_to_accuracy.py: accuracy.md, about 1-2 minutes). --tests test_a,test_b
 #        limits the tests, memcheck and racecheck steps to those files (a rerun of the failures).
 # run writes at most 7 files to $OUT (default /tmp/kiln-kit-out): summary.md (device, driver,
 # commit, each step's verdict, each failing case with its first error lines, what did not run
@@ -396,10 +396,11 @@ step_compare() {
   fi
 }
 
-# One GPT-2 124M training step (batch 16 x 1024, bf16-mixed) of kiln and of
-# PyTorch eager under ncu, kernel by kernel: where kiln's step loses to torch's.
+# One GPT-2 124M training step (batch 16 x 1024, bf16-mixed) and one ResNet-9
+# iteration (batch 512, bf16-mixed, channels-last: issue 22's recipe) of kiln
+# and of PyTorch eager under ncu, kernel by kernel: where kiln's step loses to torch's.
 step_profile() {
-  local out="$OUT/profile.md" rc=0 ncu
+  local out="$OUT/profile.md" rc=0 rc2=0 ncu
   ncu="$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -n 1 || true)"
   if [ -z "$ncu" ]; then
     verdict profile FAILED "no ncu on this machine"
@@ -407,10 +408,13 @@ step_profile() {
   fi
   run_bounded "$out" 180 "$torch_python" "$kit/bench/profile_step.py" --kiln "$bins/bench_transformer" \
     --python "$torch_python" --ncu "$ncu" --out-dir "$logs/profile" || rc=$?
-  if [ "$rc" -eq 0 ]; then
-    verdict profile ok "GPT-2 124M step, kernel time by family, kiln and torch eager (profile.md)"
+  echo >>"$out"
+  run_bounded "$out" 150 "$torch_python" "$kit/bench/profile_step.py" --model resnet9 --channels-last \
+    --kiln "$bins/bench_fashion" --python "$torch_python" --ncu "$ncu" --out-dir "$logs/profile" || rc2=$?
+  if [ "$rc" -eq 0 ] && [ "$rc2" -eq 0 ]; then
+    verdict profile ok "GPT-2 124M step and ResNet-9 channels-last iteration, kernel time by family, kiln and torch eager (profile.md)"
   else
-    verdict profile FAILED "exit $rc (see profile.md)"
+    verdict profile FAILED "GPT-2 exit $rc, ResNet-9 exit $rc2 (see profile.md)"
   fi
 }
 
