@@ -238,6 +238,18 @@ void batch_norm_forward(const BatchNormArgs& args, const T* x, const compute_t<T
   }
 }
 
+// The gradient through the fused ReLU: g where the recomputed pre-activation
+// z = bn(x) is positive, else 0 (plain g without a ReLU).
+template <bool kRelu, typename A>
+inline A relu_gate(A z, A g) {
+  if constexpr (kRelu) {
+    return z > A(0) ? g : A(0);
+  } else {
+    (void)z;
+    return g;
+  }
+}
+
 // kRelu is a template argument so that the masked loops have no branch and vectorize.
 template <typename T, bool kRelu>
 void batch_norm_backward(const BatchNormArgs& args, const T* x, const T* dy, const compute_t<T>* weight,
@@ -252,12 +264,7 @@ void batch_norm_backward(const BatchNormArgs& args, const T* x, const T* dy, con
   for (int64_t c = 0; c < C; ++c) affines[c] = channel_affine<T>(c, save_mean, save_invstd, weight, bias);
   // dz = dy masked by the recomputed ReLU.
   auto dz_at = [](const T* xs, const T* dys, int64_t i, const ChannelAffine<T>& a) -> A {
-    const A g = load(dys, i);
-    if constexpr (kRelu) {
-      return affine(load(xs, i), a) > A(0) ? g : A(0);
-    } else {
-      return g;
-    }
+    return relu_gate<kRelu>(affine(load(xs, i), a), load(dys, i));
   };
   // dx = k * (dz - sum_dz / M * training) - xmu * coef, per channel.
   auto write_dx = [&](int64_t c, double sum_dz, double sum_dz_xmu, const T* xs, const T* dys, T* dxs, int64_t n,
@@ -315,16 +322,8 @@ void batch_norm_backward(const BatchNormArgs& args, const T* x, const T* dy, con
   }
   const A* __restrict__ scale = scales.data();
   const A* __restrict__ shift = shifts.data();
-  // dz = dy masked by the recomputed ReLU (dz_at's arithmetic).
-  const auto masked = [&](A xv, A g, int64_t c) -> A {
-    if constexpr (kRelu) {
-      return xv * scale[c] + shift[c] > A(0) ? g : A(0);
-    } else {
-      (void)xv;
-      (void)c;
-      return g;
-    }
-  };
+  // dz = dy masked by the recomputed ReLU (dz_at's arithmetic on the per-channel arrays).
+  const auto masked = [&](A xv, A g, int64_t c) -> A { return relu_gate<kRelu>(xv * scale[c] + shift[c], g); };
 #pragma omp parallel for schedule(static) if (numel > (1 << 15))
   for (int64_t chunk = 0; chunk < chunks; ++chunk) {
     double* __restrict__ acc_dz = partial.data() + 2 * chunk * C;
