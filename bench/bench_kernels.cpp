@@ -56,6 +56,18 @@ struct Sizes {
   int64_t copy_bytes;
 };
 
+// Times fn with time_fn and adds its row to `table` (its bytes against the
+// copy bandwidth), or the row's failure when it throws kiln::Error.
+template <typename TimeFn>
+void measure_row(Table& table, TimeFn& time_fn, const std::string& op, const std::string& shape,
+                 const std::string& dtype, double bytes, const std::function<void()>& fn) {
+  try {
+    table.add({op, shape, dtype, time_fn(fn), bytes, 0, ""});
+  } catch (const Error& error) {
+    table.add_failure(op, shape, dtype, error.what());
+  }
+}
+
 // Runs every case on `device` with `time_fn` and adds the rows to `table`.
 template <typename TimeFn>
 void run_cases(Table& table, Device device, const Sizes& sizes, TimeFn&& time_fn) {
@@ -65,11 +77,7 @@ void run_cases(Table& table, Device device, const Sizes& sizes, TimeFn&& time_fn
     const Shape flat = {sizes.elementwise};
     const double n = static_cast<double>(sizes.elementwise);
     auto measure = [&](const std::string& op, const Shape& shape, double bytes, const std::function<void()>& fn) {
-      try {
-        table.add({op, shape_text(shape), dtype_text, time_fn(fn), bytes, 0, ""});
-      } catch (const Error& error) {
-        table.add_failure(op, shape_text(shape), dtype_text, error.what());
-      }
+      measure_row(table, time_fn, op, shape_text(shape), dtype_text, bytes, fn);
     };
     try {
       Tensor a = random_tensor(flat, dtype, device, 1);
@@ -125,11 +133,7 @@ void run_transformer_cases(Table& table, Device device, int64_t rows, TimeFn&& t
     const std::string shape_text_ = shape_text({rows / 1024, 1024, width});
     const double n = static_cast<double>(rows * width);
     auto measure = [&](const std::string& op, double bytes, const std::function<void()>& fn) {
-      try {
-        table.add({op, shape_text_, dtype_text, time_fn(fn), bytes, 0, ""});
-      } catch (const Error& error) {
-        table.add_failure(op, shape_text_, dtype_text, error.what());
-      }
+      measure_row(table, time_fn, op, shape_text_, dtype_text, bytes, fn);
     };
     try {
       Tensor x = random_tensor(shape, dtype, device, 7);
@@ -190,11 +194,7 @@ void run_convnet_cases(Table& table, Device device, int64_t batch, TimeFn&& time
       const std::string layout = format == MemoryFormat::channels_last ? " NHWC" : " NCHW";
       const std::string dtype_text(dtype_name(dtype));
       auto measure = [&](const std::string& op, double bytes, const std::function<void()>& fn) {
-        try {
-          table.add({op + layout, shape_text(shape), dtype_text, time_fn(fn), bytes, 0, ""});
-        } catch (const Error& error) {
-          table.add_failure(op + layout, shape_text(shape), dtype_text, error.what());
-        }
+        measure_row(table, time_fn, op + layout, shape_text(shape), dtype_text, bytes, fn);
       };
       try {
         Tensor x = random_tensor(shape, dtype, device, 11).contiguous(format);
