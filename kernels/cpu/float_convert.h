@@ -11,7 +11,7 @@
 //    the canonical 0x7e00).
 #pragma once
 
-#if defined(__F16C__)
+#if defined(__F16C__) || defined(__AVX2__)
 #include <immintrin.h>
 #endif
 
@@ -23,6 +23,25 @@
 #include "kernels/dtype.h"
 
 namespace kiln::kernels::cpu {
+
+#if defined(__AVX2__)
+namespace detail {
+// Eight floats rounded to bfloat16 bit patterns (in the low 16 bits of each
+// 32-bit lane), exactly as narrow_from_float's scalar loop: round to nearest
+// even by adding 0x7fff plus the kept part's lowest bit; a NaN keeps its top
+// bits with the quiet bit set.
+inline __m256i round_to_bfloat16_bits(__m256 values) {
+  const __m256i x = _mm256_castps_si256(values);
+  const __m256i upper = _mm256_srli_epi32(x, 16);
+  const __m256i lowest_kept = _mm256_and_si256(upper, _mm256_set1_epi32(1));
+  const __m256i rounded =
+      _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(x, _mm256_set1_epi32(0x7fff)), lowest_kept), 16);
+  const __m256i quiet_nan = _mm256_or_si256(upper, _mm256_set1_epi32(0x40));
+  const __m256i is_nan = _mm256_castps_si256(_mm256_cmp_ps(values, values, _CMP_UNORD_Q));
+  return _mm256_blendv_epi8(rounded, quiet_nan, is_nan);
+}
+}  // namespace detail
+#endif
 
 // out[i] = float(in[i]) for i < n.
 template <typename T>
@@ -53,7 +72,20 @@ inline void narrow_from_float(const float* in, T* out, int64_t n) {
   } else if constexpr (std::is_same_v<T, BFloat16>) {
     const auto* wide = reinterpret_cast<const uint32_t*>(in);
     auto* bits = reinterpret_cast<uint16_t*>(out);
-    for (int64_t i = 0; i < n; ++i) {
+    int64_t i = 0;
+#if defined(__AVX2__)
+    // The loop below, 16 floats at a time by hand: GCC's own vectorization of
+    // it took 1.5x the time (96 vs 62 ns per 768 floats on one core), which was
+    // 30% of a bfloat16 LayerNorm forward on this 2-core machine.
+    for (; i + 16 <= n; i += 16) {
+      const __m256i low = detail::round_to_bfloat16_bits(_mm256_loadu_ps(in + i));
+      const __m256i high = detail::round_to_bfloat16_bits(_mm256_loadu_ps(in + i + 8));
+      // packus keeps each lane's 16 bits (all in [0, 0xffff]); the permute undoes its 128-bit interleave.
+      const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(low, high), 0xd8);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(bits + i), packed);
+    }
+#endif
+    for (; i < n; ++i) {
       const uint32_t x = wide[i];
       const uint32_t rounded = (x + 0x7fffu + ((x >> 16) & 1u)) >> 16;
       const uint32_t quiet_nan = (x >> 16) | 0x40u;
