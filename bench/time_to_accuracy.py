@@ -172,12 +172,18 @@ def main():
         setting = (f"{torch_runs[0]['blas']} BLAS, OPENBLAS_NUM_THREADS=1, 2 torch threads"
                    if args.accelerator == "cpu" else f"CUDA, {args.precision}")
         print(summary_row(f"{torch_runs[0]['framework']} ({setting})", torch_runs, args.targets))
-        kiln_hits = [reached(r, args.targets[0] / 100) for r in kiln_runs]
-        torch_hits = [reached(r, args.targets[0] / 100) for r in torch_runs]
-        if all(kiln_hits) and all(torch_hits):
-            ratio = statistics.mean(h[1] for h in torch_hits) / statistics.mean(h[1] for h in kiln_hits)
-            print(f"\nkiln reaches {args.targets[0]:g}% **{ratio:.2f}x** sooner than PyTorch (mean over seeds); "
-                  f"whole runs {statistics.mean(r['wall'] for r in torch_runs) / statistics.mean(r['wall'] for r in kiln_runs):.2f}x.")
+        print()
+        for target in args.targets:  # issue 22 asks for the time to its last target (94%)
+            kiln_hits = [reached(r, target / 100) for r in kiln_runs]
+            torch_hits = [reached(r, target / 100) for r in torch_runs]
+            if all(kiln_hits) and all(torch_hits):
+                ratio = statistics.mean(h[1] for h in torch_hits) / statistics.mean(h[1] for h in kiln_hits)
+                print(f"kiln reaches {target:g}% **{ratio:.2f}x** sooner than PyTorch (mean over seeds).")
+            else:
+                print(f"{target:g}%: not reached by every seed of both sides ({sum(map(bool, kiln_hits))} of "
+                      f"{len(kiln_runs)} kiln, {sum(map(bool, torch_hits))} of {len(torch_runs)} PyTorch).")
+        print(f"Whole runs: kiln {statistics.mean(r['wall'] for r in torch_runs) / statistics.mean(r['wall'] for r in kiln_runs):.2f}x "
+              f"PyTorch's speed.")
     slowest = max(r["wall"] for r in kiln_runs)
     worst = min(r["test_acc"] for r in kiln_runs) * 100
     if args.accelerator == "cpu" and args.model == "cnn":
