@@ -97,7 +97,8 @@ def torch_run(args, seed, env):
 
 def device_flags(args):
     """The model, device and precision: the same flags on both sides (train_fashion and torch_fashion.py)."""
-    return ["--model", args.model, "--accelerator", args.accelerator, "--precision", args.precision]
+    flags = ["--model", args.model, "--accelerator", args.accelerator, "--precision", args.precision]
+    return flags + (["--channels-last"] if args.channels_last else [])
 
 
 def reached(run, target):
@@ -138,6 +139,8 @@ def main():
     parser.add_argument("--model", default="cnn", choices=["cnn", "resnet9"])
     parser.add_argument("--accelerator", default="cpu", choices=["cpu", "gpu"])
     parser.add_argument("--precision", default="32-true", choices=["32-true", "bf16-mixed", "16-mixed"])
+    parser.add_argument("--channels-last", action="store_true",
+                        help="model and images channels-last on both sides (issue 22's ResNet-9 recipe on a GPU)")
     parser.add_argument("--kiln-only", action="store_true", help="skip PyTorch (the goal's 5-seed check)")
     parser.add_argument("--kiln", default=os.path.join(ROOT, "build", "bin", "train_fashion"))
     parser.add_argument("--python", default="/usr/bin/python3", help="the Python that has torch")
@@ -162,7 +165,8 @@ def main():
           f"load {load_before:.1f} before, {os.getloadavg()[0]:.1f} after · {' '.join(sys.argv)}")
     recipe = ", ".join(f"{k} {v}" for k, v in RECIPE.items())
     model = {"cnn": "FashionCNN", "resnet9": "ResNet-9"}[args.model]
-    print(f"{model}, {args.accelerator}, {args.precision}, {args.epochs} epochs, {recipe}"
+    print(f"{model}, {args.accelerator}, {args.precision}{', channels-last' if args.channels_last else ''}, "
+          f"{args.epochs} epochs, {recipe}"
           f"{', test-time flip' if args.tta else ''}; seeds 1–{args.seeds}\n")
     print("| framework | final test acc, mean (range) | wall s, mean | "
           + " | ".join(f"time to {t:g}%, mean" for t in args.targets) + " |")
