@@ -7,8 +7,9 @@
 //  - gather moves bytes, so it is instantiated per element size, not per dtype.
 //  - scatter_add_cuda adds with atomics (order of float additions varies).
 //    The *_sorted paths are deterministic: a stable radix sort of destination
-//    keys (value = position in the index), then one thread per destination sums
-//    its run in index order, in float for 16-bit types, and adds once.
+//    keys (value = position in the index), then one thread per destination
+//    element (index_add over wide rows: a warp per destination row) sums its
+//    run in index order, in float for 16-bit types, and adds once.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime_api.h>
@@ -279,6 +280,61 @@ __global__ void index_add_runs_kernel(T* data, const T* values, const uint64_t* 
   }
 }
 
+// The same sums for rows of at least kRowAddMin elements (an embedding's
+// backward: inner = the embedding width): one warp per (outer, sorted
+// position) that starts a run, its lanes across the row, kVec elements per
+// lane as one 16-byte access when the rows allow (kVec = 1 otherwise), the
+// run's key and positions read once per warp instead of once per element, no
+// 64-bit division per element. Each element gets index_add_runs_kernel's
+// arithmetic in the same order (the same bits).
+constexpr int64_t kRowAddMin = 32;
+
+template <typename T, int kVec>
+__global__ void index_add_rows_kernel(T* data, const T* values, const uint64_t* keys, const int64_t* positions,
+                                      int64_t outer, int64_t count, int64_t inner, int64_t size) {
+  using A = typename Acc<T>::type;
+  const int lane = threadIdx.x % 32, warps_per_block = blockDim.x / 32;
+  const int64_t warps = int64_t{gridDim.x} * warps_per_block;
+  for (int64_t row = int64_t{blockIdx.x} * warps_per_block + threadIdx.x / 32; row < outer * count; row += warps) {
+    const int64_t a = row / count, p = row % count;
+    const uint64_t key = keys[p];  // the whole warp reads the same keys: broadcasts
+    if (key == static_cast<uint64_t>(size) || (p > 0 && keys[p - 1] == key)) continue;
+    int64_t end = p + 1;
+    while (end < count && keys[end] == key) ++end;
+    T* target = data + (a * size + static_cast<int64_t>(key)) * inner;
+    const T* source = values + a * count * inner;
+    for (int64_t b = int64_t{lane} * kVec; b < inner; b += 32 * kVec) {
+      A sum[kVec];
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) sum[k] = A(0);
+      for (int64_t q = p; q < end; ++q) {
+        alignas(16) T chunk[kVec];
+        const T* from = source + positions[q] * inner + b;
+        if constexpr (kVec > 1) {
+          *reinterpret_cast<uint4*>(chunk) = *reinterpret_cast<const uint4*>(from);
+        } else {
+          chunk[0] = *from;
+        }
+#pragma unroll
+        for (int k = 0; k < kVec; ++k) sum[k] += to_acc(chunk[k]);
+      }
+      alignas(16) T out[kVec];
+      if constexpr (kVec > 1) {
+        *reinterpret_cast<uint4*>(out) = *reinterpret_cast<const uint4*>(target + b);
+      } else {
+        out[0] = target[b];
+      }
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) out[k] = from_acc<T>(to_acc(out[k]) + sum[k]);
+      if constexpr (kVec > 1) {
+        *reinterpret_cast<uint4*>(target + b) = *reinterpret_cast<const uint4*>(out);
+      } else {
+        target[b] = out[0];
+      }
+    }
+  }
+}
+
 // index_select and embedding: the flattened iteration's last dim is a row
 // contiguous in data and values, with one index per row (index stride 0
 // there). One warp per row reads the index once and copies the row, in
@@ -415,10 +471,30 @@ void index_add_sorted_cuda(const IndexAddArgs& args, void* workspace, size_t wor
   sort_keys(buffers, args.count, static_cast<uint64_t>(args.data_dim_size), stream, "index_add");
   const int64_t n = args.count * args.outer * args.inner;
   dispatch_floating_native(args.dtype, "index_add", [&]<typename T>() {
-    index_add_runs_kernel<T><<<blocks_for(n), kThreads, 0, cuda_stream>>>(
-        static_cast<T*>(args.data), static_cast<const T*>(args.values), buffers.keys_out, buffers.positions_out,
-        args.outer, args.count, args.inner, args.data_dim_size);
-    cuda::check_last_launch("index_add_runs_kernel");
+    auto* data = static_cast<T*>(args.data);
+    const auto* values = static_cast<const T*>(args.values);
+    if (args.inner < kRowAddMin) {
+      index_add_runs_kernel<T><<<blocks_for(n), kThreads, 0, cuda_stream>>>(
+          data, values, buffers.keys_out, buffers.positions_out, args.outer, args.count, args.inner,
+          args.data_dim_size);
+      cuda::check_last_launch("index_add_runs_kernel");
+      return;
+    }
+    // Every row starts on 16 bytes when the bases do and a row is whole vectors.
+    constexpr int kVec = 16 / static_cast<int>(sizeof(T));
+    const bool vectors = args.inner % kVec == 0 && reinterpret_cast<uintptr_t>(data) % 16 == 0 &&
+                         reinterpret_cast<uintptr_t>(values) % 16 == 0;
+    const int blocks = blocks_for(args.outer * args.count * 32);  // a warp per row
+    if (vectors) {
+      index_add_rows_kernel<T, kVec><<<blocks, kThreads, 0, cuda_stream>>>(
+          data, values, buffers.keys_out, buffers.positions_out, args.outer, args.count, args.inner,
+          args.data_dim_size);
+    } else {
+      index_add_rows_kernel<T, 1><<<blocks, kThreads, 0, cuda_stream>>>(
+          data, values, buffers.keys_out, buffers.positions_out, args.outer, args.count, args.inner,
+          args.data_dim_size);
+    }
+    cuda::check_last_launch("index_add_rows_kernel");
   });
 }
 

@@ -19,6 +19,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <barrier>
 #include <bit>
@@ -408,14 +409,40 @@ inline double max(double a, double b) { return std::fmax(a, b); }
 inline float __fmul_rn(float x, float y) { return x * y; }
 inline double __dmul_rn(double x, double y) { return x * y; }
 
-// ---------------------------------------------------------------- cub (indexing.cu's sort; not emulated)
+// ---------------------------------------------------------------- cub (indexing.cu's sort)
 
+// DeviceRadixSort::SortPairs as its contract says, on the host (the emulated
+// device memory is host memory): a stable sort of the pairs by the key bits
+// [begin_bit, end_bit); a null temp storage asks for its size. Not CUB's
+// algorithm: the kernels around the sort are what the drivers check.
 namespace cub {
 struct DeviceRadixSort {
-  template <typename... A>
-  static cudaError_t SortPairs(A&&...) {
-    EMU_REQUIRE(false, "cub::DeviceRadixSort is not emulated");
-    return cudaErrorNotSupported;
+  template <typename K, typename V, typename N>
+  static cudaError_t SortPairs(void* temp, size_t& temp_bytes, const K* keys_in, K* keys_out, const V* values_in,
+                               V* values_out, N count, int begin_bit = 0, int end_bit = int(sizeof(K) * 8),
+                               cudaStream_t = nullptr) {
+    if (temp == nullptr) {
+      temp_bytes = 256;
+      return cudaSuccess;
+    }
+    EMU_REQUIRE(temp_bytes >= 256, "cub::DeviceRadixSort::SortPairs: temp storage smaller than it asked for");
+    const int width = end_bit - begin_bit;
+    const auto bits = [&](K key) {
+      const K shifted = static_cast<K>(key >> begin_bit);
+      return width >= int(sizeof(K) * 8) ? shifted : static_cast<K>(shifted & ((K(1) << width) - 1));
+    };
+    std::vector<int64_t> order(static_cast<size_t>(count));
+    for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int64_t>(i);
+    std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return bits(keys_in[a]) < bits(keys_in[b]); });
+    std::vector<K> keys(order.size());
+    std::vector<V> values(order.size());
+    for (size_t i = 0; i < order.size(); ++i) {
+      keys[i] = keys_in[order[i]];
+      values[i] = values_in[order[i]];
+    }
+    std::copy(keys.begin(), keys.end(), keys_out);
+    std::copy(values.begin(), values.end(), values_out);
+    return cudaSuccess;
   }
 };
 }  // namespace cub

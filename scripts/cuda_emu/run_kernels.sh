@@ -5,6 +5,8 @@
 # A development tool for sessions without a GPU, not part of CI.
 #   bash scripts/cuda_emu/run_kernels.sh norm       # layer norm, forward and backward (test_norm.cpp)
 #   bash scripts/cuda_emu/run_kernels.sh indexing   # gather_rows_kernel / gather_kernel (test_indexing.cpp)
+#   bash scripts/cuda_emu/run_kernels.sh index_add  # index_add_sorted_cuda: the embedding/index_select backward,
+#                                                   # both run kernels, vs a host reference (test_index_add.cpp)
 #   bash scripts/cuda_emu/run_kernels.sh random     # dropout forward/backward, uniform/normal/randint vs
 #                                                   # kernels/cpu/random.cpp bit for bit (test_random.cpp)
 #   bash scripts/cuda_emu/run_kernels.sh reduction  # reduce_cuda (sum/mean/var/amax/amin/arg/norm/all) vs
@@ -30,6 +32,7 @@ shift
 mkdir -p "$work"
 driver="test_$family.cpp"
 if [ "$family" = softmax_paths ]; then family=softmax; driver=softmax_paths.cpp; fi  # a second softmax driver
+if [ "$family" = index_add ]; then family=indexing; driver=test_index_add.cpp; fi  # a second indexing driver
 src="kernels/cuda/$family.cu"
 [ "$family" = selftest ] && src="scripts/cuda_emu/selftest.cu"
 if [ -n "${EMU_SRC:-}" ]; then  # another file in the family's place (e.g. a deliberately broken copy)
