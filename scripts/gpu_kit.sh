@@ -14,9 +14,9 @@
 #        carry [".gpu-kit"]; default steps: preflight tests bench compare memcheck, within the
 #        deadline (default 450 s; each step bounded by the time left, a failed step never stops
 #        the next). Optional steps: racecheck, compile (torch.compile rows in compare), train
-#        (train_fashion --accelerator gpu with no other flag), profile (one GPT-2 124M step and one
-#        ResNet-9 channels-last iteration of kiln and of PyTorch under ncu: kernel time by family,
-#        profile.md), accuracy (ResNet-9 bf16-mixed to 93% and 94% test accuracy, kiln against
+#        (train_fashion --accelerator gpu with no other flag), profile (one GPT-2 124M step, one
+#        ResNet-9 channels-last and one FashionCNN 16-mixed iteration of kiln and of PyTorch under
+#        ncu: kernel time by family, profile.md), accuracy (ResNet-9 bf16-mixed to 93% and 94% test accuracy, kiln against
 #        PyTorch, bench/time_to_accuracy.py: accuracy.md, about 1-2 minutes). --tests test_a,test_b
 #        limits the tests, memcheck and racecheck steps to those files (a rerun of the failures).
 # run writes at most 7 files to $OUT (default /tmp/kiln-kit-out): summary.md (device, driver,
@@ -396,11 +396,12 @@ step_compare() {
   fi
 }
 
-# One GPT-2 124M training step (batch 16 x 1024, bf16-mixed) and one ResNet-9
-# iteration (batch 512, bf16-mixed, channels-last: issue 22's recipe) of kiln
-# and of PyTorch eager under ncu, kernel by kernel: where kiln's step loses to torch's.
+# One GPT-2 124M training step (batch 16 x 1024, bf16-mixed), one ResNet-9
+# iteration (batch 512, bf16-mixed, channels-last: issue 22's recipe) and one
+# FashionCNN iteration (batch 64, 16-mixed) of kiln and of PyTorch eager under
+# ncu, kernel by kernel: where kiln's step loses to torch's.
 step_profile() {
-  local out="$OUT/profile.md" rc=0 rc2=0 ncu
+  local out="$OUT/profile.md" rc=0 rc2=0 rc3=0 ncu
   ncu="$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -n 1 || true)"
   if [ -z "$ncu" ]; then
     verdict profile FAILED "no ncu on this machine"
@@ -411,10 +412,14 @@ step_profile() {
   echo >>"$out"
   run_bounded "$out" 150 "$torch_python" "$kit/bench/profile_step.py" --model resnet9 --channels-last \
     --kiln "$bins/bench_fashion" --python "$torch_python" --ncu "$ncu" --out-dir "$logs/profile" || rc2=$?
-  if [ "$rc" -eq 0 ] && [ "$rc2" -eq 0 ]; then
-    verdict profile ok "GPT-2 124M step and ResNet-9 channels-last iteration, kernel time by family, kiln and torch eager (profile.md)"
+  # FashionCNN batch 64 16-mixed: issue 22's launch-bound case, where the kernel count decides.
+  echo >>"$out"
+  run_bounded "$out" 90 "$torch_python" "$kit/bench/profile_step.py" --model cnn --precision 16-mixed \
+    --kiln "$bins/bench_fashion" --python "$torch_python" --ncu "$ncu" --out-dir "$logs/profile" || rc3=$?
+  if [ "$rc" -eq 0 ] && [ "$rc2" -eq 0 ] && [ "$rc3" -eq 0 ]; then
+    verdict profile ok "GPT-2 124M step, ResNet-9 channels-last and FashionCNN 16-mixed iterations, kernel time by family, kiln and torch eager (profile.md)"
   else
-    verdict profile FAILED "GPT-2 exit $rc, ResNet-9 exit $rc2 (see profile.md)"
+    verdict profile FAILED "GPT-2 exit $rc, ResNet-9 exit $rc2, FashionCNN exit $rc3 (see profile.md)"
   fi
 }
 
