@@ -778,7 +778,8 @@ Tensor from_host_doubles(const std::vector<double>& values, const TensorOptions&
 }
 }  // namespace
 
-Tensor arange(double start, double end, double step, const TensorOptions& options) {
+Tensor arange(double start, double end, double step, const IntegerTensorOptions& integer_options) {
+  const TensorOptions options = integer_options.tensor_options();
   KILN_CHECK(step != 0, "arange: step must be nonzero");
   KILN_CHECK((end - start) / step >= 0 || start == end, "arange: the sign of step ", step,
              " does not lead from ", start, " to ", end);
@@ -788,7 +789,7 @@ Tensor arange(double start, double end, double step, const TensorOptions& option
   return from_host_doubles(values, options);
 }
 
-Tensor arange(double end, const TensorOptions& options) { return arange(0, end, 1, options); }
+Tensor arange(double end, const IntegerTensorOptions& options) { return arange(0, end, 1, options); }
 
 Tensor linspace(double start, double end, int64_t steps, const TensorOptions& options) {
   KILN_CHECK(steps >= 0, "linspace: steps must be non-negative, got ", steps);

@@ -46,6 +46,8 @@ struct TensorImpl {
   ~TensorImpl();
 };
 
+struct IntegerTensorOptions;
+
 struct TensorOptions {
   DType dtype = DType::f32;
   Device device = Device::cpu();
@@ -55,7 +57,25 @@ struct TensorOptions {
   TensorOptions with_dtype(DType d) const { auto o = *this; o.dtype = d; return o; }
   TensorOptions with_device(Device d) const { auto o = *this; o.device = d; return o; }
   TensorOptions with_requires_grad(bool r = true) const { auto o = *this; o.requires_grad = r; return o; }
+  // Given to arange/randint/randperm, the options keep their dtype.
+  operator IntegerTensorOptions() const;
 };
+
+// The options of the factories whose dtype defaults to int64, as torch's do
+// (arange, randint, randperm): the fields of TensorOptions with dtype int64,
+// so that randint(0, 10, {3}, {.device = Device::cuda(0)}) gives int64 as
+// torch.randint(0, 10, (3,), device="cuda") does (a TensorOptions initializer
+// there would leave float32). A TensorOptions passed instead keeps its dtype.
+struct IntegerTensorOptions {
+  DType dtype = DType::i64;
+  Device device = Device::cpu();
+  bool requires_grad = false;
+  bool pinned = false;
+
+  TensorOptions tensor_options() const { return {dtype, device, requires_grad, pinned}; }
+};
+
+inline TensorOptions::operator IntegerTensorOptions() const { return {dtype, device, requires_grad, pinned}; }
 
 class Tensor {
  public:
@@ -184,15 +204,15 @@ Tensor ones_like(const Tensor& like);
 Tensor full_like(const Tensor& like, double value);
 Tensor scalar_tensor(double value, const TensorOptions& options = {});
 // [start, end) with step; the dtype defaults to int64 unless options say otherwise.
-Tensor arange(double start, double end, double step = 1.0, const TensorOptions& options = {.dtype = DType::i64});
-Tensor arange(double end, const TensorOptions& options = {.dtype = DType::i64});
+Tensor arange(double start, double end, double step = 1.0, const IntegerTensorOptions& options = {});
+Tensor arange(double end, const IntegerTensorOptions& options = {});
 Tensor linspace(double start, double end, int64_t steps, const TensorOptions& options = {});
 // Random factories draw from the default generator of the options' device
 // (seeded Philox: the same seed gives the same numbers on CPU and CUDA).
 Tensor rand(const Shape& shape, const TensorOptions& options = {});
 Tensor randn(const Shape& shape, const TensorOptions& options = {});
-Tensor randint(int64_t low, int64_t high, const Shape& shape, const TensorOptions& options = {.dtype = DType::i64});
-Tensor randperm(int64_t n, const TensorOptions& options = {.dtype = DType::i64});
+Tensor randint(int64_t low, int64_t high, const Shape& shape, const IntegerTensorOptions& options = {});
+Tensor randperm(int64_t n, const IntegerTensorOptions& options = {});
 // A tensor over caller memory, without copying (torch.as_tensor / from_blob).
 // The caller keeps `data` alive as long as the tensor (or pass a deleter).
 Tensor from_blob(void* data, const Shape& shape, DType dtype, Device device = Device::cpu(),

@@ -106,6 +106,21 @@ TEST_CASE("rand/randn moments over 1e5 samples") {
   }
 }
 
+TEST_CASE("arange, randint and randperm default to int64 when only the device is given, as torch's") {
+  // A designated initializer naming only the device leaves the dtype at the
+  // factories' default (int64), not at TensorOptions' float32.
+  const Device cpu = Device::cpu();
+  CHECK(randint(0, 10, {3}, {.device = cpu}).dtype() == DType::i64);
+  CHECK(randperm(5, {.device = cpu}).dtype() == DType::i64);
+  CHECK(arange(5, {.device = cpu}).dtype() == DType::i64);
+  CHECK(arange(0, 6, 2, {.device = cpu}).to_vector<int64_t>() == std::vector<int64_t>{0, 2, 4});
+  // A TensorOptions given instead keeps its dtype, float32 included.
+  const TensorOptions half_options{.dtype = DType::f16};
+  CHECK(randint(0, 10, {3}, half_options).dtype() == DType::f16);
+  CHECK(randperm(5, TensorOptions{}).dtype() == DType::f32);
+  CHECK(arange(4, TensorOptions{.dtype = DType::f64}).to_vector<double>() == std::vector<double>{0, 1, 2, 3});
+}
+
 TEST_CASE("randint stays in [low, high) and hits every value; randperm is a permutation") {
   manual_seed(3);
   Tensor r = randint(-3, 4, {20000});

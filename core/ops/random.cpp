@@ -86,7 +86,8 @@ Tensor randn(const Shape& shape, const TensorOptions& options) {
   return finish_factory(out, options);
 }
 
-Tensor randint(int64_t low, int64_t high, const Shape& shape, const TensorOptions& options) {
+Tensor randint(int64_t low, int64_t high, const Shape& shape, const IntegerTensorOptions& integer_options) {
+  const TensorOptions options = integer_options.tensor_options();
   KILN_CHECK(low < high, "randint: expected low < high, got low = ", low, ", high = ", high);
   KILN_CHECK(options.dtype != DType::b8, "randint: bool is not a supported dtype");
   double lowest = 0, highest = 0;
@@ -109,7 +110,8 @@ Tensor randint(int64_t low, int64_t high, const Shape& shape, const TensorOption
   return finish_factory(out, options);
 }
 
-Tensor randperm(int64_t n, const TensorOptions& options) {
+Tensor randperm(int64_t n, const IntegerTensorOptions& integer_options) {
+  const TensorOptions options = integer_options.tensor_options();
   KILN_CHECK(n >= 0, "randperm: n must be non-negative, got ", n);
   KILN_CHECK(options.dtype != DType::b8, "randperm: bool is not a supported dtype");
   double lowest = 0, highest = 0;
