@@ -236,6 +236,9 @@ inline bool trace = std::getenv("EMU_TRACE") != nullptr;
 
 template <typename Kernel, typename... Args>
 void launch(const Config& c, const char* name, Kernel kernel, Args&&... args) {
+  // nvcc rejects kernel parameters over 32764 bytes (CUDA >= 12.1, Volta and newer; optim.cu's
+  // multi-tensor metas are passed by value); the arguments' sizes stand for the parameters' here.
+  static_assert((size_t{0} + ... + sizeof(std::decay_t<Args>)) <= 32764, "kernel parameters over 32764 bytes");
   const unsigned long threads = static_cast<unsigned long>(c.block.x) * c.block.y * c.block.z;
   const unsigned long blocks = static_cast<unsigned long>(c.grid.x) * c.grid.y * c.grid.z;
   if (trace) {
@@ -443,6 +446,76 @@ struct DeviceRadixSort {
     std::copy(keys.begin(), keys.end(), keys_out);
     std::copy(values.begin(), values.end(), values_out);
     return cudaSuccess;
+  }
+};
+
+// DeviceSegmentedRadixSort::SortPairs / SortPairsDescending (sort.cu's topk) as documented: each
+// segment [begin[s], end[s]) stably sorted by CUB's radix order of the key bits [begin_bit, end_bit):
+// floating keys (float, double, __half, __nv_bfloat16) sign-magnitude twiddled, so -NaN < -inf <
+// ... < +inf < +NaN, with -0.0 and +0.0 equal (CUB's ProcessFloatMinusZero); signed integers with
+// the sign bit flipped. Not CUB's algorithm; a null temp storage asks for its size.
+struct DeviceSegmentedRadixSort {
+  template <typename K>
+  static uint64_t radix_bits(K key) {
+    constexpr int bits = int(sizeof(K) * 8);
+    uint64_t u = 0;
+    std::memcpy(&u, &key, sizeof(K));
+    const uint64_t high = uint64_t{1} << (bits - 1), all = bits == 64 ? ~uint64_t{0} : (uint64_t{1} << bits) - 1;
+    if constexpr (std::is_floating_point_v<K> || std::is_same_v<K, __half> || std::is_same_v<K, __nv_bfloat16>) {
+      if (u == high) u = 0;  // -0.0 as +0.0
+      return (u & high) ? (~u & all) : (u | high);
+    } else if constexpr (std::is_signed_v<K>) {
+      return u ^ high;
+    } else {
+      return u;
+    }
+  }
+  template <typename K, typename V, typename B, typename E>
+  static cudaError_t sort(bool descending, void* temp, size_t& temp_bytes, const K* keys_in, K* keys_out,
+                          const V* values_in, V* values_out, int count, int segments, B begin, E end, int begin_bit,
+                          int end_bit) {
+    if (temp == nullptr) {
+      temp_bytes = 256;
+      return cudaSuccess;
+    }
+    EMU_REQUIRE(temp_bytes >= 256, "cub::DeviceSegmentedRadixSort: temp storage smaller than it asked for");
+    const int width = end_bit - begin_bit;
+    const auto bits = [&](K key) {
+      const uint64_t shifted = radix_bits(key) >> begin_bit;
+      return width >= 64 ? shifted : shifted & ((uint64_t{1} << width) - 1);
+    };
+    for (int s = 0; s < segments; ++s) {
+      const int64_t first = begin[s], last = end[s];
+      EMU_REQUIRE(0 <= first && first <= last && last <= count, "cub::DeviceSegmentedRadixSort: a segment out of range");
+      std::vector<int64_t> order(static_cast<size_t>(last - first));
+      for (size_t i = 0; i < order.size(); ++i) order[i] = first + static_cast<int64_t>(i);
+      std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
+        return descending ? bits(keys_in[b]) < bits(keys_in[a]) : bits(keys_in[a]) < bits(keys_in[b]);
+      });
+      std::vector<K> keys(order.size());
+      std::vector<V> values(order.size());
+      for (size_t i = 0; i < order.size(); ++i) {
+        keys[i] = keys_in[order[i]];
+        values[i] = values_in[order[i]];
+      }
+      std::copy(keys.begin(), keys.end(), keys_out + first);
+      std::copy(values.begin(), values.end(), values_out + first);
+    }
+    return cudaSuccess;
+  }
+  template <typename K, typename V, typename B, typename E>
+  static cudaError_t SortPairs(void* temp, size_t& temp_bytes, const K* keys_in, K* keys_out, const V* values_in,
+                               V* values_out, int count, int segments, B begin, E end, int begin_bit = 0,
+                               int end_bit = int(sizeof(K) * 8), cudaStream_t = nullptr) {
+    return sort(false, temp, temp_bytes, keys_in, keys_out, values_in, values_out, count, segments, begin, end,
+                begin_bit, end_bit);
+  }
+  template <typename K, typename V, typename B, typename E>
+  static cudaError_t SortPairsDescending(void* temp, size_t& temp_bytes, const K* keys_in, K* keys_out,
+                                         const V* values_in, V* values_out, int count, int segments, B begin, E end,
+                                         int begin_bit = 0, int end_bit = int(sizeof(K) * 8), cudaStream_t = nullptr) {
+    return sort(true, temp, temp_bytes, keys_in, keys_out, values_in, values_out, count, segments, begin, end,
+                begin_bit, end_bit);
   }
 };
 }  // namespace cub

@@ -81,7 +81,8 @@ def rewrite_shared(src):
         first = parts[0]
         name = declarator_name(first)
         names = [name] + [declarator_name(p) for p in parts[1:]]
-        poison = ' '.join(f'::emu::shared_poison({n}, sizeof({n}));' for n in names)
+        # &name: an array's address, or a scalar's (transforms.cu's `__shared__ ErasingBox box;`).
+        poison = ' '.join(f'::emu::shared_poison(&{n}, sizeof({n}));' for n in names)
         return f'static {body}; {poison}'
 
     flags = code_flags(src)
@@ -143,8 +144,9 @@ def rewrite_launches(src):
         name = ' '.join(kernel.split())
         # The kernel through a generic lambda: template arguments the launch leaves to deduction
         # (reduction.cu's reduce_kernel<T><<<...>>>(x, g, red, write, partial)) are deduced from the
-        # arguments at the call, as nvcc does; a bare template name could not be passed.
-        launch = f'::emu::launch(::emu::Config({config}), "{name}", [](auto&... emu_args) {{ {kernel}(emu_args...); }}'
+        # arguments at the call, as nvcc does; a bare template name could not be passed. [&]: the
+        # kernel may be a local (optim.cu's launch_chunks launches its `Kernel kernel` parameter).
+        launch = f'::emu::launch(::emu::Config({config}), "{name}", [&](auto&... emu_args) {{ {kernel}(emu_args...); }}'
         launch += (', ' + args if args.strip() else '') + ')'
         # Keep the line count: the newlines of the original span stay in `launch`'s pieces.
         removed = src[kernel_start:end + 1].count('\n') - launch.count('\n')

@@ -13,6 +13,19 @@
 #                                                   # kernels/cpu/reduction.cpp (test_reduction.cpp)
 #   bash scripts/cuda_emu/run_kernels.sh pool       # max/avg/adaptive pooling, forward and backward, channels-last
 #                                                   # vs kernels/cpu/pool.cpp and vs pool.cu's NCHW (test_pool.cpp)
+#   bash scripts/cuda_emu/run_kernels.sh batch_norm # norm.cu's batch norm (+ fused ReLU), forward/backward, NCHW and
+#                                                   # rows/NHWC vs kernels/cpu/norm.cpp and float64 (test_batch_norm.cpp)
+#   bash scripts/cuda_emu/run_kernels.sh transforms # crop/flip/normalize/erasing/gather_rows vs kernels/cpu/transforms.cpp
+#                                                   # bit for bit (test_transforms.cpp)
+#   bash scripts/cuda_emu/run_kernels.sh optim      # optim.cu + multi_tensor_apply.cuh (optimizers, step prologue, grad scaler,
+#                                                   # clipping, averaging, schedules) vs kernels/cpu/optim.cpp (test_optim.cpp)
+#   bash scripts/cuda_emu/run_kernels.sh elementwise # elementwise.cu + elementwise_binary.cu + copy.cu through
+#                       # elementwise_launch.cuh (unary/binary/where/casts; dense, every alignment, strided,
+#                       # broadcast, channels-last) vs kernels/cpu/elementwise*.cpp, copy.cpp (test_elementwise.cpp)
+#   bash scripts/cuda_emu/run_kernels.sh scan       # cumsum vs kernels/cpu/scan.cpp bit for bit (test_scan.cpp)
+#   bash scripts/cuda_emu/run_kernels.sh triangular # tril/triu vs kernels/cpu/triangular.cpp bit for bit (test_triangular.cpp)
+#   bash scripts/cuda_emu/run_kernels.sh sort       # topk's kernels around CUB (emu_cuda.h's stand-in sort) vs
+#                                                   # kernels/cpu/sort.cpp (test_sort.cpp)
 #   bash scripts/cuda_emu/run_kernels.sh selftest   # the emulator's primitives vs CUDA's semantics (selftest.cu)
 #   EMU_REV=f518d36 bash scripts/cuda_emu/run_kernels.sh softmax
 #                       # softmax, its backward, cross-entropy as committed at EMU_REV (f518d36's file ran
@@ -27,12 +40,13 @@ set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
 work="${KILN_EMU_DIR:-/tmp/kiln-cuda-emu}"
-family="${1:?usage: run_kernels.sh norm|indexing|softmax|softmax_paths|random|reduction|pool|selftest [args]}"
+family="${1:?usage: run_kernels.sh norm|indexing|softmax|softmax_paths|random|reduction|pool|batch_norm|transforms|optim|elementwise|scan|triangular|sort|selftest [args]}"
 shift
 mkdir -p "$work"
 driver="test_$family.cpp"
 if [ "$family" = softmax_paths ]; then family=softmax; driver=softmax_paths.cpp; fi  # a second softmax driver
 if [ "$family" = index_add ]; then family=indexing; driver=test_index_add.cpp; fi  # a second indexing driver
+if [ "$family" = batch_norm ]; then family=norm; driver=test_batch_norm.cpp; fi  # a second norm driver
 src="kernels/cuda/$family.cu"
 [ "$family" = selftest ] && src="scripts/cuda_emu/selftest.cu"
 if [ -n "${EMU_SRC:-}" ]; then  # another file in the family's place (e.g. a deliberately broken copy)
@@ -44,6 +58,27 @@ elif [ -n "${EMU_REV:-}" ]; then  # the file as committed at EMU_REV (headers st
 else
   (cd "$root" && python3 "$here/gen_cu.py" "$src" "$work/emu_$family.inc")
 fi
+# Families whose kernels span several files: each is rewritten too (a .cu to emu_<name>.inc, a .cuh
+# with launches to $work/<family>_inc/, searched before the tree); an EMU_SRC named like one of them
+# (e.g. /tmp/m1/elementwise_launch.cuh) replaces that one instead of the family's .cu.
+more_src=()
+case "$family" in
+  elementwise) more_src=(kernels/cuda/elementwise_binary.cu kernels/cuda/copy.cu kernels/cuda/elementwise_launch.cuh) ;;
+  optim) more_src=(kernels/cuda/multi_tensor_apply.cuh) ;;
+esac
+more_inc=()
+for s in "${more_src[@]}"; do
+  from="$root/$s"
+  if [ -n "${EMU_SRC:-}" ] && [ "$(basename "$EMU_SRC")" = "$(basename "$s")" ]; then
+    from="$EMU_SRC"
+    (cd "$root" && python3 "$here/gen_cu.py" "$src" "$work/emu_$family.inc")  # the family's own .cu after all
+  fi
+  case "$s" in
+    *.cuh) mkdir -p "$work/${family}_inc/$(dirname "$s")"; more_inc=(-I"$work/${family}_inc")
+           python3 "$here/gen_cu.py" "$from" "$work/${family}_inc/$s" "$s" ;;
+    *) python3 "$here/gen_cu.py" "$from" "$work/emu_$(basename "$s" .cu).inc" "$s" ;;
+  esac
+done
 # The CPU kernels some drivers compare with (bit for bit), built as the project builds them
 # (x86-64-v3 where the host has AVX2; no OpenMP: the CPU results never depend on the thread count).
 cpu_src=()
@@ -51,18 +86,27 @@ case "$family" in
   random) cpu_src=(kernels/cpu/random.cpp) ;;
   reduction) cpu_src=(kernels/cpu/reduction.cpp) ;;
   pool) cpu_src=(kernels/cpu/pool.cpp) ;;
+  transforms) cpu_src=(kernels/cpu/transforms.cpp) ;;
+  optim) cpu_src=(kernels/cpu/optim.cpp) ;;
+  elementwise) cpu_src=(kernels/cpu/elementwise.cpp kernels/cpu/elementwise_binary.cpp kernels/cpu/copy.cpp) ;;
+  scan|triangular|sort) cpu_src=("kernels/cpu/$family.cpp") ;;
 esac
+if [ "$driver" = test_batch_norm.cpp ]; then cpu_src=(kernels/cpu/norm.cpp); fi
+# optim.cpp with its own flag (-fno-math-errno) and no FMA contraction: the emulated .cu has none (baseline
+# x86-64), and test_optim.cpp compares optim_math.h's updates bit for bit.
+cpu_flags=()
+if [ "$family" = optim ]; then cpu_flags=(-ffp-contract=off -fno-math-errno); fi
 cpu_obj=()
 arch=()
 grep -qw avx2 /proc/cpuinfo && grep -qw f16c /proc/cpuinfo && grep -qw fma /proc/cpuinfo && arch=(-march=x86-64-v3)
 for s in "${cpu_src[@]}"; do
   obj="$work/cpu_$(basename "$s" .cpp).o"
-  nice -n 10 g++ -std=c++20 -O2 "${arch[@]}" -Wno-unknown-pragmas -I"$root" -I/usr/local/cuda/include \
+  nice -n 10 g++ -std=c++20 -O2 "${arch[@]}" "${cpu_flags[@]}" -Wno-unknown-pragmas -I"$root" -I/usr/local/cuda/include \
     -I/usr/include/eigen3 -c "$root/$s" -o "$obj"
   cpu_obj+=("$obj")
 done
 nice -n 10 g++ -std=c++20 -O1 -g -pthread -Wall -Wno-unknown-pragmas -Wno-unused-function -Wno-class-memaccess \
-  -I"$work" -I"$here" -I"$root" -I/usr/local/cuda/include \
+  "${more_inc[@]}" -I"$work" -I"$here" -I"$root" -I/usr/local/cuda/include \
   "$here/$driver" "$here/emu_runtime.cpp" "$root/kernels/dtype.cpp" "$root/kernels/strided.cpp" \
   "${cpu_obj[@]}" -o "$work/${driver%.cpp}"
 # Twice: buffers end at a guard page (overruns fault), then start at one (underruns fault).
