@@ -192,6 +192,17 @@ TEST_CASE("elementwise: cast converts dtype and carries the gradient back") {
   CHECK_FALSE(cast(leaf, DType::i64).requires_grad());
 }
 
+TEST_CASE("elementwise: a cast to bool is true for any nonzero value of the source type") {
+  // Doubles below float's range, and int64 values, are nonzero as they are (torch: True).
+  Tensor tiny = f64({1e-50, -1e-300, 0.0, -0.0, 5e-324}, {5});
+  std::vector<bool> expected{true, true, false, false, true};
+  Tensor as_bool = cast(tiny, DType::b8);
+  for (size_t i = 0; i < expected.size(); ++i) CHECK(as_bool.to_vector<bool>()[i] == expected[i]);
+  Tensor strided = cast(tiny.slice(0, 0, 5, 2), DType::b8);  // the element-by-element path too
+  CHECK(strided.to_vector<bool>() == std::vector<bool>{true, false, true});
+  CHECK(cast(tensor<int64_t>({int64_t{1} << 62, 0}, {2}), DType::b8).to_vector<bool>() == std::vector<bool>{true, false});
+}
+
 // ---------------------------------------------------------------- broadcasting and layouts
 
 TEST_CASE("elementwise: broadcasting shapes and values") {

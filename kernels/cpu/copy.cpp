@@ -11,7 +11,13 @@ namespace {
 template <typename To, typename From>
 inline To convert(From value) {
   if constexpr (std::is_same_v<To, bool>) {
-    return static_cast<float>(value) != 0.0f;
+    // Nonzero in the source type: a double such as 1e-50 is true, as in torch
+    // and CUDA (through float it was 0 and false).
+    if constexpr (std::is_same_v<From, Half> || std::is_same_v<From, BFloat16>) {
+      return static_cast<float>(value) != 0.0f;
+    } else {
+      return value != From(0);
+    }
   } else if constexpr (std::is_same_v<To, Half> || std::is_same_v<To, BFloat16>) {
     return To(static_cast<float>(value));
   } else if constexpr (std::is_same_v<From, Half> || std::is_same_v<From, BFloat16>) {
