@@ -77,6 +77,19 @@ struct ChannelAffine {
   A scale, shift;  // bn(x) = x * scale + shift
 };
 
+// The affine forms as two per-channel arrays, for the rows (channels-last)
+// loops, which run over a row's channels and vectorize over these.
+template <typename T>
+struct AffineArrays {
+  std::vector<compute_t<T>> scale, shift;
+  explicit AffineArrays(const std::vector<ChannelAffine<T>>& affines) : scale(affines.size()), shift(affines.size()) {
+    for (size_t c = 0; c < affines.size(); ++c) {
+      scale[c] = affines[c].scale;
+      shift[c] = affines[c].shift;
+    }
+  }
+};
+
 template <typename T>
 inline compute_t<T> affine(compute_t<T> x, const ChannelAffine<T>& a) {
   return x * a.scale + a.shift;
@@ -200,13 +213,9 @@ void batch_norm_forward(const BatchNormArgs& args, const T* x, const compute_t<T
     // Rows: the channels are the contiguous dim, so the loop runs over them
     // with the scales and shifts as arrays (vectorized), each row widened and
     // narrowed once. The same x * scale + shift as affine().
-    std::vector<A> scales(static_cast<size_t>(C)), shifts(static_cast<size_t>(C));
-    for (int64_t c = 0; c < C; ++c) {
-      scales[c] = affines[c].scale;
-      shifts[c] = affines[c].shift;
-    }
-    const A* __restrict__ scale = scales.data();
-    const A* __restrict__ shift = shifts.data();
+    const AffineArrays<T> arrays(affines);
+    const A* __restrict__ scale = arrays.scale.data();
+    const A* __restrict__ shift = arrays.shift.data();
 #pragma omp parallel if (numel > (1 << 15))
     {
       std::vector<float> in_buffer, out_buffer;
@@ -315,13 +324,9 @@ void batch_norm_backward(const BatchNormArgs& args, const T* x, const T* dy, con
   const int64_t per_chunk = (outer + chunks - 1) / chunks;
   std::vector<double> partial(static_cast<size_t>(2 * chunks * C));
   // Per-channel arrays, so that the loops over a row's channels vectorize.
-  std::vector<A> scales(static_cast<size_t>(C)), shifts(static_cast<size_t>(C));
-  for (int64_t c = 0; c < C; ++c) {
-    scales[c] = affines[c].scale;
-    shifts[c] = affines[c].shift;
-  }
-  const A* __restrict__ scale = scales.data();
-  const A* __restrict__ shift = shifts.data();
+  const AffineArrays<T> arrays(affines);
+  const A* __restrict__ scale = arrays.scale.data();
+  const A* __restrict__ shift = arrays.shift.data();
   // dz = dy masked by the recomputed ReLU (dz_at's arithmetic on the per-channel arrays).
   const auto masked = [&](A xv, A g, int64_t c) -> A { return relu_gate<kRelu>(xv * scale[c] + shift[c], g); };
 #pragma omp parallel for schedule(static) if (numel > (1 << 15))
