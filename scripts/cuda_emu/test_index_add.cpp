@@ -15,6 +15,7 @@
 //   test_index_add [width]   (one width only)
 #include "emu_test.h"
 #include "emu_indexing.inc"
+#include "index_error_check.h"
 
 #include <algorithm>
 #include <chrono>
@@ -104,14 +105,7 @@ void run(const Case& c, DType index_dtype) {
                 D < 32 ? "runs kernel" : vectors ? "rows/vectors" : "rows/elements");
   bool ok = wrong == 0;
   if (!ok) std::printf("FAIL %s: %ld of %zu elements differ, first at %ld\n", label, wrong, data.n, first_wrong);
-  const bool flag_ok = bad_values.empty() ? !error.found
-                                          : error.found && error.size == V &&
-                                                std::find(bad_values.begin(), bad_values.end(), error.value) != bad_values.end();
-  if (!flag_ok || cleared.found) {
-    ok = false;
-    std::printf("FAIL %s: error slot found %d value %ld size %ld (then %d)\n", label, error.found,
-                static_cast<long>(error.value), static_cast<long>(error.size), cleared.found);
-  }
+  if (!error_slot_ok(label, error, cleared, bad_values, V)) ok = false;
   if (!ok) {
     ++failures;
     if (std::getenv("EMU_STOP")) std::exit(1);

@@ -8,6 +8,7 @@
 //   test_indexing [width]   (one row width only)
 #include "emu_test.h"
 #include "emu_indexing.inc"
+#include "index_error_check.h"
 
 #include <algorithm>
 #include <chrono>
@@ -126,14 +127,7 @@ void run(const Case& c, DType dtype, DType index_dtype) {
     std::printf("FAIL %s: the kernel took rows %d vectors %d\n", label, chosen.rows, chosen.vectors);
   }
   if (!ok) std::printf("FAIL %s: %ld of %zu elements differ, first at %ld\n", label, wrong, values.n, first_wrong);
-  const bool flag_ok = bad_values.empty() ? !error.found
-                                          : error.found && error.size == V &&
-                                                std::find(bad_values.begin(), bad_values.end(), error.value) != bad_values.end();
-  if (!flag_ok || cleared.found) {
-    ok = false;
-    std::printf("FAIL %s: error slot found %d value %ld size %ld (then %d)\n", label, error.found,
-                static_cast<long>(error.value), static_cast<long>(error.size), cleared.found);
-  }
+  if (!error_slot_ok(label, error, cleared, bad_values, V)) ok = false;
   if (!ok) {
     ++failures;
     if (std::getenv("EMU_STOP")) std::exit(1);
