@@ -153,6 +153,22 @@ TEST_CASE("the transformer ops on CUDA match the CPU [gpu]") {
     KILN_CHECK_CLOSE(masked_fill(xg, gt(xg, 0.5), 7.0).cpu(), masked_fill(xc, gt(xc, 0.5), 7.0), 0, 0);
   }
   CHECK(cumsum(tensor<int32_t>({1, 2, 3}, {3}).cuda(), 0).cpu().to_vector<int64_t>() == std::vector<int64_t>{1, 3, 6});
+  // NaN of either sign above +inf, as on the CPU (CUB's own radix order puts a negative NaN below -inf);
+  // -0.0 and +0.0 tie, the lower index first.
+  const double nan = std::numeric_limits<double>::quiet_NaN(), inf = std::numeric_limits<double>::infinity();
+  const Tensor specials = tensor<double>({1, -nan, -inf, 0.0, nan, -0.0, inf, -2}, {1, 8});
+  for (DType dtype : {DType::f32, DType::f16, DType::bf16, DType::f64}) {
+    INFO(dtype_name(dtype));
+    const Tensor sc = specials.to(dtype), sg = specials.to(Device::cuda(), dtype);
+    CHECK(std::signbit(sc.to_vector<double>()[1]));  // the negative NaN survives the conversion
+    for (bool largest : {true, false}) {
+      const ValuesIndices gpu = topk(sg, 8, 1, largest), cpu = topk(sc, 8, 1, largest);
+      CHECK(gpu.indices.cpu().to_vector<int64_t>() == cpu.indices.to_vector<int64_t>());
+      const std::vector<double> gpu_values = gpu.values.cpu().to_vector<double>();
+      const std::vector<double> cpu_values = cpu.values.to_vector<double>();
+      for (size_t i = 0; i < cpu_values.size(); ++i) CHECK(std::signbit(gpu_values[i]) == std::signbit(cpu_values[i]));
+    }
+  }
   // multinomial: the same races on the same generator state give the same draws.
   const Tensor weights = abs(x.to(DType::f32));
   manual_seed(8);
