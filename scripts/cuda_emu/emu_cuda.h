@@ -408,9 +408,9 @@ inline float max(float a, float b) { return std::fmax(a, b); }
 inline double min(double a, double b) { return std::fmin(a, b); }
 inline double max(double a, double b) { return std::fmax(a, b); }
 // Rounded once (round to nearest even): the host's own float/double multiply, as __fmul_rn/__dmul_rn
-// promise on the device. The emulated code is built for baseline x86-64 (SSE: no FMA instruction, and
-// -std=c++20 turns GCC's contraction off); the CPU kernel objects a driver links are built for
-// x86-64-v3 as the project builds them, where GCC does contract a * b + c into an FMA.
+// promise on the device. The emulated code is built for baseline x86-64, which has no FMA instruction
+// (GCC's C++ modes, -std=c++20 included, do allow contraction); the CPU kernel objects a driver links
+// are built for x86-64-v3 as the project builds them, where GCC does contract a * b + c into an FMA.
 inline float __fmul_rn(float x, float y) { return x * y; }
 inline double __dmul_rn(double x, double y) { return x * y; }
 
