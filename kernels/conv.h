@@ -96,4 +96,13 @@ CudnnConvCacheStats cudnn_conv_cache_stats();
 // Forgets every cached algorithm and zeroes the counters.
 void cudnn_conv_cache_clear();
 
+// Tests of the run-time fallback only (cuDNN's heuristics do not rank an
+// algorithm it then refuses on demand). The first caches, as the forward
+// choice for p and config with 16-byte aligned operands, an algorithm cuDNN
+// refuses for a convolution with a stride above 1 (FFT, with no workspace),
+// and returns its number; the second returns the cached forward algorithm's
+// number for the same key, or -1 when none is cached.
+int cudnn_conv_cache_put_refused_forward_for_testing(const Conv2dParams& p, const ConvCudaConfig& config);
+int cudnn_conv_cached_forward_algo_for_testing(const Conv2dParams& p, const ConvCudaConfig& config);
+
 }  // namespace kiln::kernels

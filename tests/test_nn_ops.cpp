@@ -531,8 +531,8 @@ TEST_CASE("conv2d on CUDA: tensors on a GPU other than the current one run there
 // both). Windows: overlapping (stride < kernel), padded, dilated, one wholly
 // in the padding, odd sizes with no ceil mode (the last row/column left out),
 // channel counts 1, odd, and 16/17 (the CPU kernel's vector loop and its tail).
-// dx comes from autograd::grad: a leaf's .grad is a copy in NCHW
-// (AccumulateGrad keeps only contiguous buffers).
+// dx comes from autograd::grad: the gradient as the kernel wrote it, in the
+// layout of the pooling's input, with no AccumulateGrad copy in between.
 namespace {
 
 struct PoolLayoutCase {

@@ -8,14 +8,20 @@
 //    handles are costly to create and must not be shared by threads at once).
 //  - Algorithms: cudnnGet*_v7 heuristics, cached per key; in benchmark mode
 //    cudnnFind*AlgorithmEx once per key (it synchronizes), cached, counted.
-//    The key holds every shape, the dtype, the layout, the device and the
-//    flags that restrict the choice (deterministic, TF32).
+//    The key holds every shape, the dtype, the layout, the operands'
+//    alignment (up to 16 bytes), the device and the flags that restrict the
+//    choice (deterministic, TF32).
+//  - An algorithm cuDNN refuses at the call (its heuristics can rank one that
+//    this layout, alignment or group count does not take) is replaced by the
+//    next acceptable one that runs, which is cached instead, as PyTorch tries
+//    them all; only when every one fails is it an error.
 //  - float32 runs with CUDNN_FMA_MATH unless TF32 is allowed, so float32
 //    results match the CPU to float32 tolerances; 16-bit types may use tensor
 //    cores. An algorithm is used with the math type cuDNN reported for it.
 //  - Workspace memory comes from the caller (stream-ordered caching allocator);
 //    when the chosen algorithm's workspace cannot be allocated, the next
 //    acceptable algorithm needing less is used (and cached) instead.
+#include <cuda_runtime_api.h>
 #include <cudnn.h>
 
 #include <algorithm>
@@ -170,11 +176,30 @@ struct AlgoKey {
   std::array<int64_t, 16> shape;
   int dtype;
   bool channels_last, deterministic, allow_tf32, benchmark;
+  int alignment;
   int device;
   auto operator<=>(const AlgoKey&) const = default;
 };
 
-AlgoKey make_key(Direction direction, const Conv2dParams& p, const ConvCudaConfig& config) {
+// Device pointers of one call: a = x or dy, b = w or dy, c = the output.
+struct Operands {
+  const void* x;
+  const void* w;
+  const void* dy;
+  void* out;
+};
+
+// The largest power of two up to 16 dividing every operand's address: a view
+// at an odd offset may not take the vectorized kernel chosen for aligned ones.
+int alignment_of(const Operands& ops) {
+  uintptr_t bits = 16;
+  for (const void* pointer : {ops.x, ops.w, ops.dy, static_cast<const void*>(ops.out)}) {
+    if (pointer != nullptr) bits |= reinterpret_cast<uintptr_t>(pointer);
+  }
+  return static_cast<int>(bits & (~bits + 1));
+}
+
+AlgoKey make_key(Direction direction, const Conv2dParams& p, const ConvCudaConfig& config, const Operands& ops) {
   return {static_cast<int>(direction),
           {p.batch, p.in_channels, p.in_h, p.in_w, p.out_channels, p.kernel_h, p.kernel_w, p.out_h, p.out_w,
            p.stride_h, p.stride_w, p.pad_h, p.pad_w, p.dilation_h, p.dilation_w, p.groups},
@@ -183,6 +208,7 @@ AlgoKey make_key(Direction direction, const Conv2dParams& p, const ConvCudaConfi
           config.deterministic,
           config.allow_tf32,
           config.benchmark,
+          alignment_of(ops),
           config.device};
 }
 
@@ -196,13 +222,12 @@ AlgoCache& algo_cache() {
   return *cache;
 }
 
-// Device pointers of one call: a = x or dy, b = w or dy, c = the output.
-struct Operands {
-  const void* x;
-  const void* w;
-  const void* dy;
-  void* out;
-};
+void remember(const AlgoKey& key, const Choice& choice) {
+  AlgoCache& cache = algo_cache();
+  std::lock_guard<std::mutex> lock(cache.mutex);
+  cache.choices[key] = choice;
+  cache.stats.entries = cache.choices.size();
+}
 
 template <typename Perf>
 Candidate to_candidate(const Perf& perf) {
@@ -334,7 +359,7 @@ std::vector<Choice> acceptable_choices(Direction direction, cudnnHandle_t handle
 
 Choice choose(Direction direction, cudnnHandle_t handle, const Descriptors& d, const Conv2dParams& p,
               const ConvCudaConfig& config, const Operands& ops, const WorkspaceAllocator& allocate) {
-  const AlgoKey key = make_key(direction, p, config);
+  const AlgoKey key = make_key(direction, p, config, ops);
   AlgoCache& cache = algo_cache();
   {
     std::lock_guard<std::mutex> lock(cache.mutex);
@@ -379,8 +404,8 @@ Choice choose(Direction direction, cudnnHandle_t handle, const Descriptors& d, c
 // not fail the same way. Empty when none fits.
 std::optional<Choice> fall_back_for_workspace(Direction direction, cudnnHandle_t handle, const Descriptors& d,
                                               const Conv2dParams& p, const ConvCudaConfig& config,
-                                              const Choice& failed, const WorkspaceAllocator& allocate,
-                                              void*& workspace) {
+                                              const Operands& ops, const Choice& failed,
+                                              const WorkspaceAllocator& allocate, void*& workspace) {
   const std::vector<Choice> choices =
       acceptable_choices(direction, handle, d, config, heuristic_candidates(direction, handle, d));
   for (const Choice& choice : choices) {
@@ -390,9 +415,7 @@ std::optional<Choice> fall_back_for_workspace(Direction direction, cudnnHandle_t
     } catch (const OutOfMemoryError&) {
       continue;
     }
-    AlgoCache& cache = algo_cache();
-    std::lock_guard<std::mutex> lock(cache.mutex);
-    cache.choices[make_key(direction, p, config)] = choice;
+    remember(make_key(direction, p, config, ops), choice);
     return choice;
   }
   return std::nullopt;
@@ -408,6 +431,59 @@ struct Scalars {
   const void* zero() const { return is_double ? static_cast<const void*>(&d_zero) : &f_zero; }
 };
 
+// One cuDNN call with `choice`; its status, not thrown.
+cudnnStatus_t launch(Direction direction, cudnnHandle_t handle, const Descriptors& d, const ConvCudaConfig& config,
+                     const Operands& ops, const Choice& choice, void* workspace) {
+  KILN_CUDNN_CHECK(cudnnSetConvolutionMathType(d.conv, choice.math));
+  const Scalars s(config.dtype);
+  switch (direction) {
+    case Direction::forward:
+      return cudnnConvolutionForward(handle, s.one(), d.x, ops.x, d.w, ops.w, d.conv,
+                                     static_cast<cudnnConvolutionFwdAlgo_t>(choice.algo), workspace, choice.workspace,
+                                     s.zero(), d.y, ops.out);
+    case Direction::backward_data:
+      return cudnnConvolutionBackwardData(handle, s.one(), d.w, ops.w, d.y, ops.dy, d.conv,
+                                          static_cast<cudnnConvolutionBwdDataAlgo_t>(choice.algo), workspace,
+                                          choice.workspace, s.zero(), d.x, ops.out);
+    case Direction::backward_filter:
+      return cudnnConvolutionBackwardFilter(handle, s.one(), d.x, ops.x, d.y, ops.dy, d.conv,
+                                            static_cast<cudnnConvolutionBwdFilterAlgo_t>(choice.algo), workspace,
+                                            choice.workspace, s.zero(), d.w, ops.out);
+  }
+  return CUDNN_STATUS_BAD_PARAM;
+}
+
+// cuDNN refused `failed` at the call: run the other acceptable algorithms in
+// preference order and cache the first that succeeds. A refusal launches
+// nothing, but a failed launch leaves an error behind for the next launch
+// check to blame on another kernel: cleared after each failure.
+void run_another(Direction direction, cudnnHandle_t handle, const Descriptors& d, const Conv2dParams& p,
+                 const ConvCudaConfig& config, const Operands& ops, const Choice& failed, cudnnStatus_t status,
+                 const WorkspaceAllocator& allocate) {
+  (void)cudaGetLastError();
+  int tried = 1;
+  for (const Choice& other :
+       acceptable_choices(direction, handle, d, config, heuristic_candidates(direction, handle, d))) {
+    if (other.algo == failed.algo && other.math == failed.math) continue;
+    void* workspace = nullptr;
+    try {
+      workspace = other.workspace > 0 ? allocate(other.workspace) : nullptr;
+    } catch (const OutOfMemoryError&) {
+      continue;
+    }
+    ++tried;
+    if (launch(direction, handle, d, config, ops, other, workspace) == CUDNN_STATUS_SUCCESS) {
+      remember(make_key(direction, p, config, ops), other);
+      return;
+    }
+    (void)cudaGetLastError();
+  }
+  KILN_THROW(direction_name(direction), ": cuDNN refused algorithm ", failed.algo, " (",
+             cudnnGetErrorString(status), ") and every other acceptable one, ", tried, " tried (",
+             config.deterministic ? "deterministic algorithms required, " : "", dtype_name(config.dtype),
+             config.channels_last ? ", channels-last" : ", NCHW", ", groups ", p.groups, ")");
+}
+
 void run(Direction direction, const Conv2dParams& p, const ConvCudaConfig& config, const Operands& ops,
          const WorkspaceAllocator& allocate) {
   cudnnHandle_t handle = handle_for(config.device, config.stream);
@@ -418,29 +494,12 @@ void run(Direction direction, const Conv2dParams& p, const ConvCudaConfig& confi
     workspace = choice.workspace > 0 ? allocate(choice.workspace) : nullptr;
   } catch (const OutOfMemoryError&) {
     const std::optional<Choice> fallback =
-        fall_back_for_workspace(direction, handle, d, p, config, choice, allocate, workspace);
+        fall_back_for_workspace(direction, handle, d, p, config, ops, choice, allocate, workspace);
     if (!fallback) throw;
     choice = *fallback;
   }
-  KILN_CUDNN_CHECK(cudnnSetConvolutionMathType(d.conv, choice.math));
-  const Scalars s(config.dtype);
-  switch (direction) {
-    case Direction::forward:
-      KILN_CUDNN_CHECK(cudnnConvolutionForward(handle, s.one(), d.x, ops.x, d.w, ops.w, d.conv,
-                                               static_cast<cudnnConvolutionFwdAlgo_t>(choice.algo), workspace,
-                                               choice.workspace, s.zero(), d.y, ops.out));
-      break;
-    case Direction::backward_data:
-      KILN_CUDNN_CHECK(cudnnConvolutionBackwardData(handle, s.one(), d.w, ops.w, d.y, ops.dy, d.conv,
-                                                    static_cast<cudnnConvolutionBwdDataAlgo_t>(choice.algo),
-                                                    workspace, choice.workspace, s.zero(), d.x, ops.out));
-      break;
-    case Direction::backward_filter:
-      KILN_CUDNN_CHECK(cudnnConvolutionBackwardFilter(handle, s.one(), d.x, ops.x, d.y, ops.dy, d.conv,
-                                                      static_cast<cudnnConvolutionBwdFilterAlgo_t>(choice.algo),
-                                                      workspace, choice.workspace, s.zero(), d.w, ops.out));
-      break;
-  }
+  const cudnnStatus_t status = launch(direction, handle, d, config, ops, choice, workspace);
+  if (status != CUDNN_STATUS_SUCCESS) run_another(direction, handle, d, p, config, ops, choice, status, allocate);
 }
 
 }  // namespace
@@ -474,6 +533,21 @@ void cudnn_conv_cache_clear() {
   std::lock_guard<std::mutex> lock(cache.mutex);
   cache.choices.clear();
   cache.stats = {};
+}
+
+int cudnn_conv_cache_put_refused_forward_for_testing(const Conv2dParams& p, const ConvCudaConfig& config) {
+  KILN_CHECK(p.stride_h > 1 || p.stride_w > 1, "cudnn_conv_cache_put_refused_forward_for_testing: cuDNN's FFT "
+             "forward takes stride 1; a stride above 1 is needed for a refusal");
+  const Choice refused{static_cast<int>(CUDNN_CONVOLUTION_FWD_ALGO_FFT), Descriptors::requested_math(config), 0};
+  remember(make_key(Direction::forward, p, config, Operands{}), refused);
+  return refused.algo;
+}
+
+int cudnn_conv_cached_forward_algo_for_testing(const Conv2dParams& p, const ConvCudaConfig& config) {
+  AlgoCache& cache = algo_cache();
+  std::lock_guard<std::mutex> lock(cache.mutex);
+  const auto it = cache.choices.find(make_key(Direction::forward, p, config, Operands{}));
+  return it == cache.choices.end() ? -1 : it->second.algo;
 }
 
 }  // namespace kiln::kernels

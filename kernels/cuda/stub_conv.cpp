@@ -25,5 +25,11 @@ void conv2d_backward_weight_cuda(const Conv2dParams&, const ConvCudaConfig&, con
 // No cache without CUDA: empty counters rather than an error, so logging code runs anywhere.
 CudnnConvCacheStats cudnn_conv_cache_stats() { return {}; }
 void cudnn_conv_cache_clear() {}
+int cudnn_conv_cache_put_refused_forward_for_testing(const Conv2dParams&, const ConvCudaConfig&) {
+  no_cuda("cudnn_conv_cache_put_refused_forward_for_testing");
+}
+int cudnn_conv_cached_forward_algo_for_testing(const Conv2dParams&, const ConvCudaConfig&) {
+  no_cuda("cudnn_conv_cached_forward_algo_for_testing");
+}
 
 }  // namespace kiln::kernels

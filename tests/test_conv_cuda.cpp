@@ -1,0 +1,137 @@
+// cuDNN convolutions on the paths a first GPU run has not seen: channels-last
+// (NHWC) with groups (2 and depthwise), with one input channel (Fashion-MNIST's
+// first layer), in 16-bit, under deterministic algorithms and in benchmark
+// mode, each against the same convolution in NCHW, forward and both backward
+// products; and the run-time fallback when cuDNN refuses the cached algorithm.
+#include <doctest/doctest.h>
+
+#include <string>
+
+#include "core/autograd.h"
+#include "core/nn_ops.h"
+#include "core/ops.h"
+#include "kernels/conv.h"
+#include "tests/support/test_util.h"
+
+namespace kiln::testing {
+namespace {
+
+struct ConvCase {
+  const char* name;
+  int64_t in_channels, out_channels, groups, height, width, stride, padding;
+};
+
+// Restores the global convolution flags a case changes, whatever happens in it.
+struct ConvFlags {
+  bool deterministic = deterministic_algorithms_enabled(), benchmark = cudnn_benchmark();
+  ~ConvFlags() {
+    set_deterministic_algorithms(deterministic);
+    set_cudnn_benchmark(benchmark);
+  }
+};
+
+// y, dx and dw of conv2d on x (NCHW or channels-last) with the weight w.
+struct ConvResult {
+  Tensor y, dx, dw;
+};
+ConvResult conv_with_grads(const Tensor& x, const Tensor& w, const Tensor& dy, const ConvCase& c) {
+  const Tensor xr = x.detach().requires_grad_(), wr = w.detach().requires_grad_();
+  const Tensor y = conv2d(xr, wr, Tensor(), c.stride, c.padding, 1, c.groups);
+  const autograd::TensorList grads = autograd::grad({y}, {xr, wr}, {dy});
+  return {y, grads[0], grads[1]};
+}
+
+// Different algorithms in each layout: float32 sums in another order, 16-bit
+// outputs a rounding apart.
+Tolerance layout_tolerance(DType dtype) {
+  switch (dtype) {
+    case DType::f16: return {1e-2, 1e-2};
+    case DType::bf16: return {3e-2, 3e-2};
+    default: return {1e-4, 1e-4};
+  }
+}
+
+TEST_CASE("conv2d on CUDA: channels-last equals NCHW for groups, one channel, 16-bit, deterministic, benchmark [gpu]") {
+  KILN_REQUIRE_GPU();
+  const ConvCase cases[] = {
+      {"one input channel 28x28", 1, 8, 1, 28, 28, 1, 1},
+      {"groups 2", 8, 16, 2, 9, 7, 1, 1},
+      {"depthwise stride 2", 16, 16, 16, 10, 10, 2, 1},
+      {"strided, no padding", 6, 12, 1, 5, 5, 2, 0},
+  };
+  const char* modes[] = {"heuristics", "deterministic", "benchmark"};
+  ConvFlags restore;
+  uint64_t seed = 100;
+  for (const ConvCase& c : cases) {
+    const Shape x_shape{2, c.in_channels, c.height, c.width};
+    const Shape w_shape{c.out_channels, c.in_channels / c.groups, 3, 3};
+    const Tensor x64 = tensor<double>(random_values(shape_numel(x_shape), ++seed), x_shape);
+    const Tensor w64 = tensor<double>(random_values(shape_numel(w_shape), ++seed), w_shape);
+    const int64_t out_h = (c.height + 2 * c.padding - 3) / c.stride + 1, out_w = (c.width + 2 * c.padding - 3) / c.stride + 1;
+    const Shape y_shape{2, c.out_channels, out_h, out_w};
+    const Tensor dy64 = tensor<double>(random_values(shape_numel(y_shape), ++seed), y_shape);
+    for (DType dtype : {DType::f32, DType::bf16, DType::f16}) {
+      for (int mode = 0; mode < 3; ++mode) {
+        const std::string label = std::string(c.name) + ", " + std::string(dtype_name(dtype)) + ", " + modes[mode];
+        CAPTURE(label);
+        set_deterministic_algorithms(mode == 1);
+        set_cudnn_benchmark(mode == 2);
+        try {
+          const Tensor x = x64.to(Device::cuda(), dtype), w = w64.to(Device::cuda(), dtype);
+          const Tensor dy = dy64.to(Device::cuda(), dtype);
+          const ConvResult nchw = conv_with_grads(x, w, dy, c);
+          const ConvResult nhwc = conv_with_grads(x.contiguous(MemoryFormat::channels_last), w, dy, c);
+          CHECK(is_channels_last(nhwc.y));
+          CHECK(is_channels_last(nhwc.dx));
+          const Tolerance tol = layout_tolerance(dtype);
+          KILN_CHECK_CLOSE(nhwc.y.cpu(), nchw.y.cpu(), tol.rtol, tol.atol);
+          KILN_CHECK_CLOSE(nhwc.dx.cpu(), nchw.dx.cpu(), tol.rtol, tol.atol);
+          KILN_CHECK_CLOSE(nhwc.dw.cpu(), nchw.dw.cpu(), tol.rtol, tol.atol * 10);  // sums of 2 x H x W products
+          // And NCHW itself against the CPU in float64, so that both layouts cannot be wrong alike.
+          if (dtype == DType::f32) {
+            const ConvResult cpu = conv_with_grads(x64, w64, dy64, c);
+            KILN_CHECK_CLOSE(nchw.y.cpu().to(DType::f64), cpu.y, 1e-4, 1e-4);
+            KILN_CHECK_CLOSE(nchw.dw.cpu().to(DType::f64), cpu.dw, 1e-4, 1e-3);
+          }
+        } catch (const Error& error) {
+          FAIL_CHECK(label << ": " << error.message());
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("conv2d on CUDA: an algorithm cuDNN refuses at the call is replaced by one that runs, and cached [gpu]") {
+  KILN_REQUIRE_GPU();
+  ConvFlags restore;
+  set_deterministic_algorithms(false);
+  set_cudnn_benchmark(false);
+  const Tensor x64 = tensor<double>(random_values(2 * 8 * 12 * 12, 7), {2, 8, 12, 12});
+  const Tensor w64 = tensor<double>(random_values(16 * 8 * 3 * 3, 8), {16, 8, 3, 3});
+  // The key conv2d's forward will look up: float32 NCHW, stride 2, padding 1.
+  kernels::Conv2dParams p;
+  p.batch = 2;
+  p.in_channels = 8;
+  p.in_h = p.in_w = 12;
+  p.out_channels = 16;
+  p.kernel_h = p.kernel_w = 3;
+  p.out_h = p.out_w = 6;
+  p.stride_h = p.stride_w = 2;
+  p.pad_h = p.pad_w = 1;
+  kernels::ConvCudaConfig config;
+  config.dtype = DType::f32;
+  config.allow_tf32 = allow_tf32();
+  config.device = 0;
+  kernels::cudnn_conv_cache_clear();
+  const int refused = kernels::cudnn_conv_cache_put_refused_forward_for_testing(p, config);
+  CHECK(kernels::cudnn_conv_cached_forward_algo_for_testing(p, config) == refused);
+  const Tensor y = conv2d(x64.to(Device::cuda(), DType::f32), w64.to(Device::cuda(), DType::f32), Tensor(), 2, 1);
+  KILN_CHECK_CLOSE(y.cpu().to(DType::f64), conv2d(x64, w64, Tensor(), 2, 1), 1e-4, 1e-4);
+  const int cached = kernels::cudnn_conv_cached_forward_algo_for_testing(p, config);
+  CHECK(cached != refused);
+  CHECK(cached >= 0);
+  kernels::cudnn_conv_cache_clear();
+}
+
+}  // namespace
+}  // namespace kiln::testing
