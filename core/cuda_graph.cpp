@@ -23,10 +23,12 @@ Graph::Graph(int device) : device_(device < 0 ? current_device() : device), pool
 
 Graph::~Graph() {
   try {
-    if (capturing_) {
+    if (capturing_) {  // an exception unwound through the captured region
       capturing_ = false;
       (void)default_generator(Device::cuda(device_)).end_graph();
-      (void)stream_end_capture(capture_stream_);
+      set_current_stream(device_, previous_stream_);  // the capture stream is destroyed below
+      cuda_allocator(device_).end_pool(capture_stream_);
+      graph_destroy(stream_end_capture(capture_stream_));  // what was recorded is not wanted
     }
   } catch (...) {
   }

@@ -1,5 +1,6 @@
 #include "core/generator.h"
 
+#include <algorithm>
 #include <memory>
 #include <vector>
 
@@ -12,21 +13,35 @@ void Generator::manual_seed(uint64_t seed) {
   state_ = {seed, 0};
 }
 
+bool Generator::in_graph_locked() const {
+  return graph_replay_ != nullptr && std::this_thread::get_id() == graph_thread_;
+}
+
 GeneratorState Generator::state() const {
   std::lock_guard lock(mutex_);
+  if (in_graph_locked()) return {state_.seed, graph_counters_, graph_replay_};
   return state_;
 }
 
 void Generator::set_state(const GeneratorState& state) {
   std::lock_guard lock(mutex_);
+  if (in_graph_locked()) {
+    KILN_CHECK(state.replay == graph_replay_, "Generator::set_state: a state from outside the CUDA graph being "
+               "captured cannot be set inside its capture (the graph's draws are relative to its replay state)");
+    graph_counters_ = state.offset;
+    return;
+  }
+  KILN_CHECK(state.replay == nullptr, "Generator::set_state: a state saved inside a CUDA graph's capture cannot be "
+             "set outside it (its offset is relative to that graph's replays)");
   state_ = state;
 }
 
 GeneratorState Generator::advance(uint64_t counters) {
   std::lock_guard lock(mutex_);
-  if (graph_replay_ != nullptr) {
+  if (in_graph_locked()) {
     const GeneratorState drawn{state_.seed, graph_counters_, graph_replay_};
     graph_counters_ += counters;
+    graph_counters_reached_ = std::max(graph_counters_reached_, graph_counters_);
     return drawn;
   }
   GeneratorState drawn = state_;
@@ -37,13 +52,15 @@ GeneratorState Generator::advance(uint64_t counters) {
 void Generator::begin_graph(const philox::ReplayState* replay) {
   std::lock_guard lock(mutex_);
   graph_replay_ = replay;
+  graph_thread_ = std::this_thread::get_id();
   graph_counters_ = 0;
+  graph_counters_reached_ = 0;
 }
 
 uint64_t Generator::end_graph() {
   std::lock_guard lock(mutex_);
   graph_replay_ = nullptr;
-  return graph_counters_;
+  return graph_counters_reached_;
 }
 
 namespace {

@@ -2,10 +2,13 @@
 // pool, and what a capture refuses.
 #include <doctest/doctest.h>
 
+#include <thread>
+
 #include "core/allocator.h"
 #include "core/cuda_graph.h"
 #include "core/generator.h"
 #include "core/ops.h"
+#include "nn/checkpoint.h"
 #include "tests/support/test_util.h"
 
 namespace kiln::testing {
@@ -31,6 +34,55 @@ TEST_CASE("a generator inside a graph counts draws from 0 against the graph's re
   const GeneratorState eager = generator.advance(2);
   CHECK(eager.replay == nullptr);
   CHECK(eager.offset == 40);
+}
+
+TEST_CASE("a generator's state inside a graph is the graph's: set_state repeats draws, end_graph counts the most reached") {
+  Generator generator(7);
+  generator.set_state({7, 100});
+  philox::ReplayState slot{};
+  generator.begin_graph(&slot);
+  (void)generator.advance(4);
+  const GeneratorState saved = generator.state();
+  CHECK(saved.replay == &slot);
+  CHECK(saved.offset == 4);
+  (void)generator.advance(6);           // a forward's draws, say
+  generator.set_state(saved);           // a recompute goes back to them
+  CHECK(generator.advance(6).offset == 4);
+  CHECK(generator.state().offset == 10);
+  generator.set_state(saved);           // left behind the most reached
+  // Another thread draws from the host state, not the graph's.
+  GeneratorState other;
+  std::thread([&] { other = generator.advance(2); }).join();
+  CHECK(other.replay == nullptr);
+  CHECK(other.offset == 100);
+  CHECK(error_of([&] { generator.set_state({7, 3}); }).find("cannot be set inside its capture") != std::string::npos);
+  CHECK(generator.end_graph() == 10);  // one replay reserves every counter a draw used
+  CHECK(error_of([&] { generator.set_state(saved); }).find("cannot be set outside it") != std::string::npos);
+  CHECK(generator.state().offset == 102);
+}
+
+TEST_CASE("activation checkpointing inside a graph's capture recomputes the forward's dropout mask") {
+  // On the CPU generator, as a capture puts the CUDA one: draws relative to a replay state.
+  const Tensor x = ones({2000});
+  Generator& generator = default_generator(Device::cpu());
+  const GeneratorState before = generator.state();
+  philox::ReplayState slot{};
+  generator.begin_graph(&slot);
+  Tensor leaf = x.detach().requires_grad_();
+  const Tensor y = nn::checkpoint([](const std::vector<Tensor>& in) { return dropout(mul(in[0], 3.0), 0.5); }, {leaf});
+  sum(y).backward();
+  (void)generator.end_graph();
+  generator.set_state(before);
+  // dy/dx = 3 * mask * 2 where the forward kept the element: the recompute's mask must be the forward's.
+  const std::vector<float> kept = y.to_vector<float>(), grad = leaf.grad().to_vector<float>();
+  int64_t mismatched = 0, zeros = 0;
+  for (size_t i = 0; i < kept.size(); ++i) {
+    mismatched += (kept[i] != 0.0f) != (grad[i] != 0.0f);
+    zeros += kept[i] == 0.0f;
+  }
+  CHECK(mismatched == 0);
+  CHECK(zeros > 800);
+  CHECK(zeros < 1200);
 }
 
 TEST_CASE("cuda::Graph records a region once and replays it on new inputs, allocating nothing [gpu]") {
