@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cuda/graph.h"
 #include "kernels/error.h"
 
 namespace kiln {
@@ -206,7 +207,11 @@ void* CachingAllocator::allocate(size_t bytes, cuda::Stream stream) {
   // needs its own address), so that a sanitizer sees the end of the tensor.
   const size_t size = caching_ ? round_size(bytes) : std::max<size_t>(bytes, 1);
   std::lock_guard lock(mutex_);
-  if (!awaiting_.empty()) collect_awaiting_locked(/*wait=*/false);
+  const bool capturing = source_->capturing();
+  if (!capturing) {
+    flush_deferred_locked();
+    if (!awaiting_.empty()) collect_awaiting_locked(/*wait=*/false);
+  }
   const auto pool_entry = stream_pools_.find(stream);
   const uint64_t pool = pool_entry == stream_pools_.end() ? 0 : pool_entry->second;
   // Best fit among cached blocks of the same stream. A large request does not
@@ -227,6 +232,13 @@ void* CachingAllocator::allocate(size_t bytes, cuda::Stream stream) {
   }
   ++stats_.device_malloc_calls;
   void* pointer = source_->allocate(size);
+  if (pointer == nullptr && capturing) {
+    throw OutOfMemoryError(detail::concat("out of memory on ", device_name_, " during a CUDA graph's capture: tried ",
+                                          "to allocate ", bytes, " bytes (", stats_.allocated_bytes, " bytes ",
+                                          "allocated by kiln, ", stats_.reserved_bytes, " reserved; the cache ",
+                                          "cannot be returned to the device during a capture)"),
+                           __FILE__, __LINE__);
+  }
   if (pointer == nullptr) {
     // Free what the cache holds (after the streams blocks await) and retry once.
     ++stats_.oom_retries;
@@ -257,6 +269,15 @@ void CachingAllocator::deallocate(void* pointer) {
   Block block = std::move(it->second);
   live_.erase(it);
   stats_.allocated_bytes -= block.size;
+  if (source_->capturing()) {
+    if (block.other_streams.empty() && cacheable_locked(block)) {
+      retire_locked(std::move(block));
+    } else {
+      deferred_.push_back(std::move(block));
+    }
+    return;
+  }
+  flush_deferred_locked();
   if (block.other_streams.empty()) {
     retire_locked(std::move(block));
     return;
@@ -280,8 +301,12 @@ bool CachingAllocator::record_stream(void* pointer, cuda::Stream stream) {
   return true;
 }
 
+bool CachingAllocator::cacheable_locked(const Block& block) const {
+  return caching_ && !(block.pool != 0 && released_pools_.count(block.pool) != 0);
+}
+
 void CachingAllocator::retire_locked(Block block) {
-  if (caching_ && !(block.pool != 0 && released_pools_.count(block.pool) != 0)) {
+  if (cacheable_locked(block)) {
     block.other_streams.clear();
     cached_.emplace(block.size, std::move(block));
     return;
@@ -314,9 +339,14 @@ void CachingAllocator::release_pool(uint64_t pool) {
   std::lock_guard lock(mutex_);
   if (pool == 0) return;
   released_pools_.insert(pool);
+  const bool capturing = source_->capturing();
   for (auto it = cached_.begin(); it != cached_.end();) {
     if (it->second.pool == pool) {
-      release_block_locked(it->second);
+      if (capturing) {
+        deferred_.push_back(it->second);  // released after the capture
+      } else {
+        release_block_locked(it->second);
+      }
       it = cached_.erase(it);
     } else {
       ++it;
@@ -346,6 +376,20 @@ void CachingAllocator::collect_awaiting_locked(bool wait) {
   awaiting_ = std::move(still_awaiting);
 }
 
+void CachingAllocator::flush_deferred_locked() {
+  std::vector<Block> blocks = std::move(deferred_);
+  deferred_.clear();
+  for (Block& block : blocks) {
+    if (block.other_streams.empty()) {
+      retire_locked(std::move(block));
+      continue;
+    }
+    AwaitingBlock awaiting{std::move(block), {}};
+    for (cuda::Stream other : awaiting.block.other_streams) awaiting.events.push_back(source_->record_event(other));
+    awaiting_.push_back(std::move(awaiting));
+  }
+}
+
 void CachingAllocator::release_cached_locked() {
   // A graph's cached blocks stay: its recorded kernels still use them.
   for (auto it = cached_.begin(); it != cached_.end();) {
@@ -360,6 +404,9 @@ void CachingAllocator::release_cached_locked() {
 
 void CachingAllocator::empty_cache() {
   std::lock_guard lock(mutex_);
+  KILN_CHECK(!source_->capturing(), "empty_cache on ", device_name_, ": not while this thread captures a CUDA ",
+             "graph (nothing can be returned to the device during a capture)");
+  flush_deferred_locked();
   collect_awaiting_locked(/*wait=*/true);
   release_cached_locked();
 }
@@ -387,6 +434,7 @@ struct CudaDeviceMemory : RawDeviceMemory {
   bool event_done(cuda::Event event) override { return cuda::event_query(event); }
   void wait_event(cuda::Event event) override { cuda::event_synchronize(event); }
   void destroy_event(cuda::Event event) override { cuda::destroy_event(event); }
+  bool capturing() const override { return cuda::capturing(); }
   int device;
 };
 

@@ -39,6 +39,11 @@ struct RawDeviceMemory {
   virtual bool event_done(cuda::Event event) = 0;
   virtual void wait_event(cuda::Event event) = 0;
   virtual void destroy_event(cuda::Event event) = 0;
+  // Whether the calling thread is capturing a CUDA graph. Then nothing may go
+  // back to the device and no event may be queried, recorded or waited for:
+  // each would break the capture (cudaFree synchronizes, and an event
+  // recorded on a capturing stream is a node of the graph, not an event).
+  virtual bool capturing() const { return false; }
 };
 
 struct AllocatorStats {
@@ -67,6 +72,11 @@ struct AllocatorStats {
 // its capture): blocks allocated for it are reused only by it, never
 // returned by empty_cache, and released with release_pool when the graph
 // goes, so its replays allocate nothing and touch memory nobody else holds.
+// While the calling thread captures a graph the allocator makes no device call
+// but cudaMalloc: a block freed then that must go back to the device (its
+// graph released, or caching off) or wait for other streams is set aside and
+// handled at the first call outside a capture; out of memory then throws
+// OutOfMemoryError without emptying the cache; empty_cache is refused.
 class CachingAllocator {
  public:
   explicit CachingAllocator(std::unique_ptr<RawDeviceMemory> source, std::string device_name, bool caching = true);
@@ -116,6 +126,10 @@ class CachingAllocator {
   void retire_locked(Block block);
   // Retires the awaiting blocks whose events have all passed; with `wait`, all of them.
   void collect_awaiting_locked(bool wait);
+  // Retires (or, used on other streams, sets awaiting) the blocks freed during a capture.
+  void flush_deferred_locked();
+  // Whether a block nothing uses any more stays cached (else it goes back to the device).
+  bool cacheable_locked(const Block& block) const;
 
   std::unique_ptr<RawDeviceMemory> source_;
   std::string device_name_;
@@ -124,6 +138,7 @@ class CachingAllocator {
   std::unordered_map<void*, Block> live_;
   std::multimap<size_t, Block> cached_;  // by size
   std::vector<AwaitingBlock> awaiting_;
+  std::vector<Block> deferred_;  // freed during a capture; see the class comment
   std::unordered_map<cuda::Stream, uint64_t> stream_pools_;  // streams capturing into a graph's pool
   std::set<uint64_t> released_pools_;
   AllocatorStats stats_;

@@ -42,6 +42,8 @@ struct FakeDeviceMemory : RawDeviceMemory {
     uintptr_t next_event = 1;
     int waits = 0;
     int destroyed_events = 0;
+    int queries = 0;
+    bool capturing = false;  // as if the calling thread captured a CUDA graph
   };
   explicit FakeDeviceMemory(Shared* shared) : shared(shared) {}
   ~FakeDeviceMemory() override {
@@ -61,19 +63,26 @@ struct FakeDeviceMemory : RawDeviceMemory {
     return pointer;
   }
   void release(void* pointer) override {
+    REQUIRE_FALSE(shared->capturing);
     ++shared->release_calls;
     REQUIRE(shared->live.erase(pointer) == 1);
     shared->live_bytes -= shared->sizes[pointer];
     std::free(pointer);
   }
   cuda::Event record_event(cuda::Stream stream) override {
+    REQUIRE_FALSE(shared->capturing);
     cuda::Event event = reinterpret_cast<cuda::Event>(shared->next_event++);
     shared->events[event] = false;
     shared->recorded_on.push_back(stream);
     return event;
   }
-  bool event_done(cuda::Event event) override { return shared->events.at(event); }
+  bool event_done(cuda::Event event) override {
+    ++shared->queries;
+    REQUIRE_FALSE(shared->capturing);
+    return shared->events.at(event);
+  }
   void wait_event(cuda::Event event) override {
+    REQUIRE_FALSE(shared->capturing);
     ++shared->waits;
     shared->events.at(event) = true;
   }
@@ -81,6 +90,7 @@ struct FakeDeviceMemory : RawDeviceMemory {
     ++shared->destroyed_events;
     REQUIRE(shared->events.erase(event) == 1);
   }
+  bool capturing() const override { return shared->capturing; }
   Shared* shared;
 };
 
@@ -387,6 +397,98 @@ TEST_CASE("allocator: a CUDA graph's pool keeps its blocks to itself and stays t
   Fixture uncached(1024 * MiB, /*caching=*/false);
   CHECK(testing::error_of([&] { uncached.allocator.begin_pool(stream_a(), 9); }).find("needs the caching allocator") !=
         std::string::npos);
+}
+
+TEST_CASE("allocator: during a graph's capture nothing goes back to the device and no event is touched") {
+  // The fake fails the case if release, record_event, event_done or wait_event runs while capturing.
+  SUBCASE("a block of a released graph pool, freed during another capture, goes back after it") {
+    Fixture f;
+    f.allocator.begin_pool(stream_b(), 7);
+    void* held = f.allocator.allocate(4096, stream_b());  // e.g. a graph's output someone still holds
+    f.allocator.end_pool(stream_b());
+    f.memory.capturing = true;
+    f.allocator.release_pool(7);  // the first graph destroyed during a second one's capture
+    f.allocator.deallocate(held);
+    CHECK(f.memory.release_calls == 0);
+    CHECK(f.memory.live.count(held) == 1);
+    CHECK(testing::error_of([&] { f.allocator.empty_cache(); }).find("not while this thread captures") !=
+          std::string::npos);
+    f.memory.capturing = false;
+    void* next = f.allocator.allocate(1000, stream_a());  // the first call after the capture
+    CHECK(f.memory.live.count(held) == 0);
+    CHECK(f.allocator.stats().graph_pool_bytes == 0);
+    f.allocator.deallocate(next);
+  }
+  SUBCASE("a cached block of a pool released during a capture goes back after it") {
+    Fixture f;
+    f.allocator.begin_pool(stream_b(), 7);
+    void* cached = f.allocator.allocate(4096, stream_b());
+    f.allocator.deallocate(cached);
+    f.allocator.end_pool(stream_b());
+    f.memory.capturing = true;
+    f.allocator.release_pool(7);
+    CHECK(f.memory.live.count(cached) == 1);
+    f.memory.capturing = false;
+    f.allocator.empty_cache();
+    CHECK(f.memory.live.count(cached) == 0);
+    CHECK(f.allocator.stats().reserved_bytes == 0);
+  }
+  SUBCASE("with caching off a block freed during a capture is released after it") {
+    Fixture f(1024 * MiB, /*caching=*/false);
+    void* p = f.allocator.allocate(1000, stream_a());
+    f.memory.capturing = true;
+    f.allocator.deallocate(p);
+    CHECK(f.memory.live.count(p) == 1);
+    CHECK(f.memory.release_calls == 0);
+    f.memory.capturing = false;
+    void* q = f.allocator.allocate(1000, stream_a());
+    CHECK(f.memory.release_calls == 1);  // p (q may have its address again)
+    f.allocator.deallocate(q);
+  }
+  SUBCASE("a block used on another stream: its events are recorded and queried only after the capture") {
+    Fixture f;
+    void* earlier = f.allocator.allocate(1000, stream_a());
+    f.allocator.record_stream(earlier, stream_b());
+    f.allocator.deallocate(earlier);  // awaiting stream b, from before the capture
+    void* p = f.allocator.allocate(1000, stream_a());
+    f.allocator.record_stream(p, stream_b());
+    const int queries = f.memory.queries;
+    f.memory.capturing = true;
+    f.allocator.deallocate(p);
+    void* during = f.allocator.allocate(1000, stream_a());  // no event queried for `earlier`
+    CHECK(during != earlier);
+    CHECK(during != p);
+    CHECK(f.memory.queries == queries);
+    CHECK(f.memory.recorded_on.size() == 1);  // only earlier's, from before
+    f.allocator.deallocate(during);
+    f.memory.capturing = false;
+    f.pass_events();
+    void* after = f.allocator.allocate(1000, stream_a());
+    CHECK(f.memory.recorded_on.size() == 2);  // p's event, recorded now
+    f.allocator.deallocate(after);
+    f.allocator.empty_cache();
+    CHECK(f.memory.live.empty());
+  }
+  SUBCASE("out of memory during a capture throws without emptying the cache; after it the cache is emptied") {
+    Fixture f(6 * MiB);  // 2 MiB cached + 1 KiB held + the 4 MiB block a 3 MiB request rounds to: too much
+    void* cached = f.allocator.allocate(2 * MiB, stream_a());
+    f.allocator.deallocate(cached);
+    void* held = f.allocator.allocate(1000, stream_a());
+    f.memory.capturing = true;
+    f.allocator.begin_pool(stream_b(), 3);
+    CHECK_THROWS_AS(f.allocator.allocate(3 * MiB, stream_b()), OutOfMemoryError);
+    CHECK(testing::error_of([&] { (void)f.allocator.allocate(3 * MiB, stream_b()); })
+              .find("during a CUDA graph's capture") != std::string::npos);
+    CHECK(f.memory.release_calls == 0);
+    CHECK(f.allocator.stats().oom_retries == 0);
+    f.allocator.end_pool(stream_b());
+    f.memory.capturing = false;
+    void* big = f.allocator.allocate(3 * MiB, stream_b());
+    CHECK(f.allocator.stats().oom_retries == 1);
+    CHECK(f.memory.release_calls == 1);  // the cached block (big may have its address again)
+    f.allocator.deallocate(big);
+    f.allocator.deallocate(held);
+  }
 }
 
 TEST_CASE("allocator: deallocating an unknown pointer is a bug, reported") {
