@@ -60,6 +60,15 @@ class GradScaler {
   Tensor growth_tracker() const { return growth_tracker_; }
   const GradScalerOptions& options() const { return options_; }
 
+  // The host side of a step in progress: which optimizers were unscaled or
+  // stepped since the last update(). The Trainer keeps it before capturing a
+  // step into a CUDA graph and puts it back when it gives that capture up:
+  // nothing recorded ran, and the step runs again eagerly.
+  enum class Stage { ready, unscaled, stepped };
+  using StepProgress = std::map<Optimizer*, Stage>;
+  StepProgress step_progress() const { return stages_; }
+  void restore_step_progress(StepProgress progress) { stages_ = std::move(progress); }
+
   // {"growth_factor", "backoff_factor", "growth_interval", "enabled"} + the
   // tensors "scale" and "_growth_tracker" (torch's keys; no sync). As torch,
   // load_state_dict does nothing on a disabled scaler and throws kiln::Error
@@ -68,7 +77,6 @@ class GradScaler {
   void load_state_dict(const StateDict& state);
 
  private:
-  enum class Stage { ready, unscaled, stepped };
   void lazy_init(Device device);
 
   GradScalerOptions options_;

@@ -8,6 +8,7 @@
 
 #include "core/autograd.h"
 #include "core/saved_json.h"
+#include "kernels/cuda/graph.h"
 #include "optim/detail.h"
 
 namespace kiln::optim {
@@ -161,6 +162,11 @@ Tensor Optimizer::scratch(int64_t count) const {
 Optimizer::ParamState& Optimizer::ensure_state(int64_t index) {
   ParamState& s = state_[index];
   if (s.step.defined()) return s;
+  // Made inside a capture, the state's first values would be recorded and set
+  // again at every replay (Adam's moments back to 0, the master copy back to
+  // the 16-bit weights), and an abandoned capture would leave it never set.
+  KILN_CHECK(!cuda::capturing(), name(), ": the state of parameter ", index, " would be created inside a CUDA "
+             "graph's capture (its first gradient came there); take an eager step with it first");
   NoGradGuard no_grad;
   const Tensor& p = params_[index];
   s.step = zeros({}, {.dtype = DType::i64, .device = device_});

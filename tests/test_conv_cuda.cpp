@@ -67,7 +67,8 @@ TEST_CASE("conv2d on CUDA: channels-last equals NCHW for groups, one channel, 16
     const Shape w_shape{c.out_channels, c.in_channels / c.groups, 3, 3};
     const Tensor x64 = tensor<double>(random_values(shape_numel(x_shape), ++seed), x_shape);
     const Tensor w64 = tensor<double>(random_values(shape_numel(w_shape), ++seed), w_shape);
-    const int64_t out_h = (c.height + 2 * c.padding - 3) / c.stride + 1, out_w = (c.width + 2 * c.padding - 3) / c.stride + 1;
+    const int64_t out_h = (c.height + 2 * c.padding - 3) / c.stride + 1;
+    const int64_t out_w = (c.width + 2 * c.padding - 3) / c.stride + 1;
     const Shape y_shape{2, c.out_channels, out_h, out_w};
     const Tensor dy64 = tensor<double>(random_values(shape_numel(y_shape), ++seed), y_shape);
     for (DType dtype : {DType::f32, DType::bf16, DType::f16}) {

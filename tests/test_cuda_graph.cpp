@@ -2,6 +2,7 @@
 // pool, and what a capture refuses.
 #include <doctest/doctest.h>
 
+#include <stdexcept>
 #include <thread>
 
 #include "core/allocator.h"
@@ -36,7 +37,7 @@ TEST_CASE("a generator inside a graph counts draws from 0 against the graph's re
   CHECK(eager.offset == 40);
 }
 
-TEST_CASE("a generator's state inside a graph is the graph's: set_state repeats draws, end_graph counts the most reached") {
+TEST_CASE("a generator's state in a graph is the graph's: set_state repeats draws, end_graph counts the most reached") {
   Generator generator(7);
   generator.set_state({7, 100});
   philox::ReplayState slot{};
@@ -124,6 +125,76 @@ TEST_CASE("cuda::Graph refuses a host read inside the capture and names it [gpu]
   CHECK_FALSE(graph.captured());
   CHECK_FALSE(cuda::capturing());
   CHECK(sum(x).item<float>() == 10.0f);  // the device works normally afterwards
+}
+
+TEST_CASE("cuda::Graph refuses a copy from pinned host memory in the capture (a replay would read it again) [gpu]") {
+  KILN_REQUIRE_GPU();
+  const Tensor host = ones({256}).pin_memory();
+  cuda::Graph graph;
+  graph.capture_begin();
+  const std::string message = error_of([&] { (void)host.to(Device::cuda(0), /*non_blocking=*/true); });
+  CHECK(message.find("a host-to-device copy was called") != std::string::npos);
+  CHECK(error_of([&] { graph.capture_end(); }).find("a host-to-device copy was refused") != std::string::npos);
+  CHECK(sum(host.to(Device::cuda(0), true)).item<float>() == 256.0f);
+}
+
+TEST_CASE("cuda::Graph destroyed inside its capture (an exception) leaves the thread on its own stream again [gpu]") {
+  KILN_REQUIRE_GPU();
+  const cuda::Stream before = cuda::current_stream(0);
+  try {
+    cuda::Graph graph;
+    graph.capture_begin();
+    (void)add(ones({16}, {.device = Device::cuda(0)}), 1.0);
+    throw std::runtime_error("unwinding through the captured region");
+  } catch (const std::runtime_error&) {
+  }
+  CHECK_FALSE(cuda::capturing());
+  CHECK(cuda::current_stream(0) == before);
+  CHECK(sum(ones({16}, {.device = Device::cuda(0)})).item<float>() == 16.0f);  // kernels run on a live stream
+}
+
+TEST_CASE("a graph's output freed while a second graph captures goes back to the device after that capture [gpu]") {
+  KILN_REQUIRE_GPU();
+  const Device gpu = Device::cuda(0);
+  Tensor x = ones({4096}, {.device = gpu});
+  (void)mul(x, 2.0);
+  Tensor old_output;
+  {
+    cuda::Graph first;
+    first.capture_begin();
+    old_output = mul(x, 2.0);
+    first.capture_end();
+    first.replay();
+  }  // the first graph is gone; its pool is released, its output still held
+  cuda::Graph second;
+  second.capture_begin();
+  old_output = mul(x, 3.0);  // frees the first graph's block: inside a capture, nothing goes back to the device
+  second.capture_end();
+  second.replay();
+  CHECK(old_output.cpu().to_vector<float>()[4095] == 6.0f);
+  empty_cache(gpu);  // the first call outside the capture returns the deferred block
+  CHECK(memory_stats(gpu).graph_pool_bytes > 0);  // the second graph's, still held
+}
+
+TEST_CASE("another thread allocating and freeing pinned memory during a capture leaves the capture intact [gpu]") {
+  KILN_REQUIRE_GPU();
+  // The Trainer's loader threads do this (pinned batch buffers) while the main thread captures a step.
+  const Device gpu = Device::cuda(0);
+  Tensor x = ones({1024}, {.device = gpu});
+  (void)add(x, 1.0);
+  cuda::Graph graph;
+  graph.capture_begin();
+  Tensor y = add(x, 1.0);
+  std::thread([] {
+    for (int i = 0; i < 4; ++i) {
+      const Tensor pinned = ones({1 << 16}).pin_memory();  // cudaHostAlloc, then cudaFreeHost at scope end
+      CHECK(pinned.is_pinned());
+    }
+  }).join();
+  Tensor z = mul(y, 2.0);
+  graph.capture_end();
+  graph.replay();
+  CHECK(z.cpu().to_vector<float>()[1023] == 4.0f);
 }
 
 TEST_CASE("dropout inside a graph draws new numbers at every replay, the ones eager dropout would draw [gpu]") {

@@ -354,15 +354,19 @@ namespace {
 
 // A small conv net with BatchNorm and dropout, trained with AdamW and OneCycle.
 struct GraphNet : TrainModule {
-  explicit GraphNet(double dropout_p = 0.0) {
+  explicit GraphNet(double dropout_p = 0.0, std::optional<int64_t> late_from = std::nullopt) : late_from(late_from) {
     manual_seed(5);
     net = std::make_shared<nn::Sequential>(std::vector<std::shared_ptr<nn::Module>>{
         nn::conv_bn_act(1, 8, 3, 1, 1), std::make_shared<nn::Flatten>(), std::make_shared<nn::Dropout>(dropout_p),
         std::make_shared<nn::Linear>(8 * 8 * 8, 10)});
+    // A parameter of the model the forward uses only from batch `late_from` on.
+    if (late_from) late = net->register_module("late", std::make_shared<nn::Linear>(10, 10));
   }
   nn::Module& model() override { return *net; }
-  Tensor training_step(const Batch& batch, int64_t) override {
-    Tensor loss = cross_entropy(net->forward(batch.input), batch.target);
+  Tensor training_step(const Batch& batch, int64_t batch_idx) override {
+    Tensor logits = net->forward(batch.input);
+    if (late && batch_idx >= *late_from) logits = late->forward(logits);
+    Tensor loss = cross_entropy(logits, batch.target);
     log("train_loss", loss, true, true);
     // Set by InjectInf: 1, or inf for the micro-batches whose step must be skipped.
     return loss_factor.defined() ? mul(loss, loss_factor) : loss;
@@ -379,7 +383,20 @@ struct GraphNet : TrainModule {
     return config;
   }
   std::shared_ptr<nn::Sequential> net;
+  std::optional<int64_t> late_from;
+  std::shared_ptr<nn::Linear> late;
   Tensor loss_factor;  // 0-d, on the device, when InjectInf is on
+};
+
+// Reads the GradScaler's scale (a host read) before every optimizer step:
+// inside a capture that comes after the scaler's unscale_, so the capture is
+// given up with the scaler half-way through a step.
+struct ReadScaleBeforeStep : Callback {
+  std::string name() const override { return "ReadScaleBeforeStep"; }
+  void on_before_optimizer_step(Trainer& trainer, TrainModule&, optim::Optimizer&) override {
+    if (trainer.scaler() != nullptr) scales.push_back(trainer.scaler()->get_scale());
+  }
+  std::vector<double> scales;
 };
 
 std::shared_ptr<TensorDataset> graph_data(int64_t n) {
@@ -442,6 +459,8 @@ struct GraphFit {
   double dropout_p = 0.0;
   std::set<int64_t> inf_at;  // micro-batches whose loss InjectInf makes inf
   std::optional<int64_t> swa_epoch_start;  // StochasticWeightAveraging from this (1-based) epoch
+  bool read_scale_before_step = false;     // ReadScaleBeforeStep
+  std::optional<int64_t> late_from;        // GraphNet's late layer
 };
 
 GraphRun fit_graph(const GraphFit& fit) {
@@ -457,9 +476,10 @@ GraphRun fit_graph(const GraphFit& fit) {
   options.accumulate_grad_batches = fit.accumulate;
   options.accumulation_schedule = fit.accumulation_schedule;
   options.gradient_clip_val = 1.0;
-  GraphNet module(fit.dropout_p);
+  GraphNet module(fit.dropout_p, fit.late_from);
   auto probe = std::make_shared<MallocProbe>();
   options.callbacks = {probe};
+  if (fit.read_scale_before_step) options.callbacks.push_back(std::make_shared<ReadScaleBeforeStep>());
   if (!fit.inf_at.empty()) options.callbacks.push_back(std::make_shared<InjectInf>(module, fit.inf_at));
   if (fit.swa_epoch_start) {
     StochasticWeightAveragingOptions swa;
@@ -697,5 +717,41 @@ TEST_CASE("Trainer cuda_graph: a schedule swapped mid-fit (StochasticWeightAvera
   // Given up, the pools go back to the device; a block still held would be
   // host state that points into a graph's pool (worth a look, not a failure).
   WARN(graphed.pool_bytes.back() == graphed.pool_bytes_before);
+  check_same_bits(graphed, eager);
+}
+
+TEST_CASE("Trainer cuda_graph: a capture given up after the 16-mixed unscale runs the step eagerly, = eager [gpu]") {
+  KILN_REQUIRE_GPU();
+  // The host read in on_before_optimizer_step refuses the capture after the
+  // GradScaler unscaled it; the eager rerun of that step must not find the
+  // scaler's step half done ("unscale_() has already been called").
+  GraphFit eager_fit, graphed_fit;
+  graphed_fit.cuda_graph = true;
+  for (GraphFit* fit : {&eager_fit, &graphed_fit}) {
+    fit->precision = "16-mixed";
+    fit->samples = 16 * 12;
+    fit->max_steps = 12;
+    fit->read_scale_before_step = true;
+  }
+  const GraphRun eager = fit_graph(eager_fit);
+  const GraphRun graphed = fit_graph(graphed_fit);
+  WARN(graphed.pool_bytes.back() == graphed.pool_bytes_before);  // nothing captured kept (worth a look)
+  check_same_bits(graphed, eager);
+  CHECK(graphed.scale == eager.scale);
+}
+
+TEST_CASE("Trainer cuda_graph: a parameter first given a gradient in the captured step gives the graph up [gpu]") {
+  KILN_REQUIRE_GPU();
+  // Its optimizer state would be made inside the capture: recorded, so every
+  // replay would set Adam's moments back to zero. Refused; the steps run eagerly.
+  GraphFit eager_fit, graphed_fit;
+  graphed_fit.cuda_graph = true;
+  for (GraphFit* fit : {&eager_fit, &graphed_fit}) {
+    fit->samples = 16 * 12;
+    fit->max_steps = 12;
+    fit->late_from = kCudaGraphWarmupSteps;  // the first batch after the warm-up: the one captured
+  }
+  const GraphRun eager = fit_graph(eager_fit);
+  const GraphRun graphed = fit_graph(graphed_fit);
   check_same_bits(graphed, eager);
 }

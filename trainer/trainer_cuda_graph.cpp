@@ -5,6 +5,7 @@
 #include <iostream>
 #include <vector>
 
+#include "core/allocator.h"
 #include "core/autograd.h"
 #include "core/cuda_graph.h"
 #include "trainer/trainer.h"
@@ -62,6 +63,9 @@ bool Trainer::graphed_step(TrainModule& module, const Batch& moved, int64_t batc
   std::vector<Tensor> grads_before;
   grads_before.reserve(parameters.size());
   for (const Tensor& parameter : parameters) grads_before.push_back(parameter.grad());
+  const std::vector<const optim::Optimizer*> unscaled_before = unscaled_;
+  using ScalerProgress = optim::GradScaler::StepProgress;
+  const ScalerProgress scaler_before = scaler_ ? scaler_->step_progress() : ScalerProgress{};
   auto logs = std::make_unique<LogRecording>(module);
   // Nothing of the captured work ran: undo its host effects, so the micro-batch can run eagerly.
   const auto undo = [&] {
@@ -69,12 +73,17 @@ bool Trainer::graphed_step(TrainModule& module, const Batch& moved, int64_t batc
     batch_in_epoch_ = batch_before;
     total_batches_ = total_before;
     global_step_ = step_before;
-    unscaled_.clear();
+    unscaled_ = unscaled_before;
+    if (scaler_) scaler_->restore_step_progress(scaler_before);  // else the eager unscale_ finds it done
     // The gradients the window holds so far (kept ones), or none (k = 1); a
     // gradient made during the capture is memory of the graph's pool.
     for (size_t i = 0; i < parameters.size(); ++i) parameters[i].set_grad(grads_before[i]);
   };
   cuda::Graph& recorder = graph->graph(kind);
+  // The graph's pool cannot take the blocks the eager steps left cached, and
+  // nothing can be returned to the device during the capture: return them now,
+  // so that a model using most of the device still has room for the graph.
+  empty_cache(device_);
   try {
     recorder.capture_begin();
     try {

@@ -73,7 +73,8 @@ bool capturing() { return capture_depth > 0; }
 void check_not_capturing(const char* what) {
   if (capture_depth > 0 && refused.empty()) refused = what;
   KILN_CHECK(capture_depth == 0, what, " was called while this thread captures a CUDA graph: a graph cannot record ",
-             "a host read or a synchronization (keep .item(), .cpu() and prints out of the captured region)");
+             "a host read, a copy from host memory or a synchronization (keep .item(), .cpu(), prints and tensors ",
+             "made from host data out of the captured region)");
 }
 
 RelaxedCapture::RelaxedCapture() {

@@ -246,8 +246,11 @@ bool is_pinned(const void* pointer) {
 
 void memcpy_async(void* dst, const void* src, size_t bytes, CopyKind kind, Stream stream) {
   // A copy to the host is recorded fine, but whoever reads the host buffer
-  // reads it when the graph runs, not when it is captured: refused.
+  // reads it when the graph runs, not when it is captured: refused. A copy
+  // from the host would read the host buffer again at every replay, long
+  // after its owner let it go (a pageable one synchronizes besides): refused.
   if (kind == CopyKind::device_to_host) check_not_capturing("a device-to-host copy");
+  if (kind == CopyKind::host_to_device) check_not_capturing("a host-to-device copy");
   if (kind == CopyKind::device_to_host) device_to_host_copies.fetch_add(1, std::memory_order_relaxed);
   if (bytes == 0) return;
   DeviceGuard guard(device_of(stream), "memcpy_async");
