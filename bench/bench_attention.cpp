@@ -97,14 +97,18 @@ void run_cases(Table& table, Device device, DType dtype, const std::vector<Case>
                    time_fn([&] { (void)matmul_attention(q, k, v, causal_mask); }), io_bytes + 2 * scores_bytes,
                    forward_flops, ""});
       }
-      auto both = [&] { scaled_dot_product_attention(q, k, v, Tensor(), 0.0, c.causal).backward(dout); };
+      // autograd::grad, not backward(): no accumulation into q, k and v's .grad at
+      // each repeat (torch_attention.py alike): the attention alone is timed.
+      auto both = [&] {
+        (void)autograd::grad({scaled_dot_product_attention(q, k, v, Tensor(), 0.0, c.causal)}, {q, k, v}, {dout});
+      };
       table.add({"fused forward+backward", shape, dtype_text, time_fn(both), 3 * io_bytes, 3.5 * forward_flops, ""});
       if (with_reference) {
         table.add({"fused fwd+bwd, reference kernels", shape, dtype_text,
                    with_kernels(kReference, [&] { return time_fn(both); }), 3 * io_bytes, 3.5 * forward_flops, ""});
       }
       table.add({"matmul+softmax fwd+bwd", shape, dtype_text,
-                 time_fn([&] { matmul_attention(q, k, v, causal_mask).backward(dout); }),
+                 time_fn([&] { (void)autograd::grad({matmul_attention(q, k, v, causal_mask)}, {q, k, v}, {dout}); }),
                  3 * io_bytes + 6 * scores_bytes, 3.0 * forward_flops, ""});
     } catch (const Error& error) {
       table.add_failure("attention", shape, dtype_text, error.what());
