@@ -148,8 +148,10 @@ cmd_pack() {
     echo "commit: $(git -C "$repo" rev-parse HEAD 2>/dev/null || echo unknown)$(git -C "$repo" diff --quiet HEAD 2>/dev/null || echo ' (with uncommitted changes)')"
     echo "packed: $(date -u '+%Y-%m-%d %H:%M:%S UTC') on $(hostname)"
     echo "build: $build"
-    echo "cuDNN headers: $(awk '/#define CUDNN_(MAJOR|MINOR|PATCHLEVEL) /{printf "%s%s", sep, $3; sep="."}' \
-      /usr/include/cudnn_version.h /usr/include/x86_64-linux-gnu/cudnn_version*.h 2>/dev/null | head -c 20)"
+    local header
+    header="$(ls /usr/local/cuda/include/cudnn_version.h /usr/local/include/cudnn_version.h \
+      /usr/include/cudnn_version.h 2>/dev/null | head -n 1 || true)"
+    echo "cuDNN headers: $([ -n "$header" ] && awk '/#define CUDNN_(MAJOR|MINOR|PATCHLEVEL) /{printf "%s%s", sep, $3; sep="."}' "$header")"
     echo "binaries: $(ls "$stage/bin" | tr '\n' ' ')"
     echo "libraries: $(ls "$stage/lib" | tr '\n' ' ')"
     echo "fallback libraries: $(ls "$stage/lib-fallback" | tr '\n' ' ')"
