@@ -590,6 +590,14 @@ Tensor& Tensor::copy_(const Tensor& source, bool non_blocking) {
     kernels::copy_cuda(iter, ops[0], ops[1], launch_on(dst_device, "copy_").stream);
     return *this;
   }
+  // A pinned host source in another dtype (a bf16-true batch from float32
+  // pinned buffers): its bytes travel as they are, without waiting, and the
+  // cast runs on the device. Cast on the host, they would be staged in
+  // pageable memory, whose copy has to wait for the device.
+  if (dst_device.is_cuda() && src_device.is_cpu() && non_blocking && source.dtype() != dtype() &&
+      source.is_pinned()) {
+    return copy_(source.to(dst_device, /*non_blocking=*/true));
+  }
   // Across devices: stage a dense copy in the destination dtype on the source
   // side, move the bytes, then scatter into the destination's layout if needed.
   // A dense channels-last destination takes the bytes of a source with its

@@ -518,6 +518,22 @@ TEST_CASE("tensor: a copy between two GPUs is complete when it returns [gpu2]") 
   CHECK(sum(reuse).item<double>() == -2.0 * 1024 * 512);
 }
 
+TEST_CASE("tensor: a non_blocking copy from pinned memory into another dtype does not wait; cast on the GPU [gpu]") {
+  KILN_REQUIRE_GPU();
+  // A bf16-true batch: float32 pinned buffers into bfloat16 (and uint8 labels into int64) on the GPU.
+  Tensor pinned = arange(0, 4096, 1, {.dtype = DType::f32}).pin_memory();
+  Tensor labels = randint(0, 10, {4096}, {.dtype = DType::u8}).pin_memory();
+  Tensor inputs = empty({4096}, {.dtype = DType::bf16, .device = Device::cuda(0)});
+  Tensor targets = empty({4096}, {.dtype = DType::i64, .device = Device::cuda(0)});
+  cuda::device_synchronize(0);
+  const cuda::SyncCounters before = cuda::sync_counters();
+  inputs.copy_(pinned, /*non_blocking=*/true);
+  targets.copy_(labels, /*non_blocking=*/true);
+  CHECK(cuda::sync_counters().synchronizations == before.synchronizations);
+  KILN_CHECK_CLOSE(inputs.cpu(), pinned.to(DType::bf16), 0, 0);
+  KILN_CHECK_CLOSE(targets.cpu(), labels.to(DType::i64), 0, 0);
+}
+
 TEST_CASE("tensor: non_blocking copy into pinned memory [gpu]") {
   KILN_REQUIRE_GPU();
   Tensor device_values = arange(0, 4096, 1, {.dtype = DType::f32, .device = Device::cuda(0)});

@@ -51,7 +51,12 @@ class NcclWork final : public Work {
   NcclWork(std::shared_ptr<NcclState> state, std::string description, int device, std::vector<Tensor> keep_alive)
       : state_(std::move(state)), description_(std::move(description)), device_(device),
         done_(cuda::create_event(device, /*timing=*/false)), keep_alive_(std::move(keep_alive)), started_(Clock::now()) {}
-  ~NcclWork() override { cuda::destroy_event(done_); }
+  ~NcclWork() override {
+    try {
+      cuda::destroy_event(done_);
+    } catch (...) {  // after a sticky CUDA error, or at exit: never throw from a destructor
+    }
+  }
 
   void wait() override {
     state_->throw_if_broken(description_);

@@ -15,6 +15,8 @@
   do {                                                                                \
     const cudaError_t kiln_cuda_status_ = (call);                                     \
     if (kiln_cuda_status_ != cudaSuccess) [[unlikely]] {                              \
+      /* cleared, or the next launch check would blame another kernel for it */       \
+      (void)cudaGetLastError();                                                       \
       throw ::kiln::Error(::kiln::detail::concat("CUDA error: ", #call, " failed: ",  \
                                                  cudaGetErrorString(kiln_cuda_status_), \
                                                  " (", cudaGetErrorName(kiln_cuda_status_), ")"), \

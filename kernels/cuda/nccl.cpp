@@ -32,9 +32,11 @@ ncclDataType_t nccl_dtype(DType dtype) {
   KILN_THROW("nccl: unsupported dtype ", dtype_name(dtype));
 }
 
-ncclRedOp_t nccl_op(RedOp op) {
+// bool: sum is a logical or (as Gloo's and torch's), so as bytes it is a max:
+// a sum of bytes would give 2 for two trues, and 0 for 256.
+ncclRedOp_t nccl_op(RedOp op, DType dtype) {
   switch (op) {
-    case RedOp::sum: return ncclSum;
+    case RedOp::sum: return dtype == DType::b8 ? ncclMax : ncclSum;
     case RedOp::avg: return ncclAvg;
     case RedOp::max: return ncclMax;
     case RedOp::min: return ncclMin;
@@ -142,7 +144,7 @@ void all_reduce(const void* send, void* recv, size_t count, DType dtype, RedOp o
                 int64_t timeout_ms) {
   ncclComm_t c = as_comm(comm);
   cuda::DeviceGuard guard(comm_device(c), "nccl");
-  finish_call(ncclAllReduce(send, recv, count, nccl_dtype(dtype), nccl_op(op), c, static_cast<cudaStream_t>(stream)),
+  finish_call(ncclAllReduce(send, recv, count, nccl_dtype(dtype), nccl_op(op, dtype), c, static_cast<cudaStream_t>(stream)),
               c, "all_reduce", timeout_ms);
 }
 
@@ -166,7 +168,7 @@ void reduce_scatter(const void* send, void* recv, size_t recv_count, DType dtype
                     cuda::Stream stream, int64_t timeout_ms) {
   ncclComm_t c = as_comm(comm);
   cuda::DeviceGuard guard(comm_device(c), "nccl");
-  finish_call(ncclReduceScatter(send, recv, recv_count, nccl_dtype(dtype), nccl_op(op), c,
+  finish_call(ncclReduceScatter(send, recv, recv_count, nccl_dtype(dtype), nccl_op(op, dtype), c,
                                 static_cast<cudaStream_t>(stream)),
               c, "reduce_scatter", timeout_ms);
 }

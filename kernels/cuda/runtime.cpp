@@ -46,12 +46,21 @@ thread_local bool thread_has_device = false;
 // primary context: a few hundred MB on GPU 0 for every rank of a job whose
 // ranks use cuda:1, cuda:2, ... (and a DeviceGuard restoring 0 would create
 // it too). Such a thread takes the process's device instead, once.
+// Until the process chooses (set_device), a thread stays undecided: a call
+// made before that (building the data set, say) must not pin it to device 0.
 void adopt_process_device() {
   if (thread_has_device) return;
-  thread_has_device = true;
   const int device = process_device.load(std::memory_order_relaxed);
+  if (device < 0) return;
+  thread_has_device = true;
   if (device > 0 && cudaSetDevice(device) != cudaSuccess) (void)cudaGetLastError();
 }
+
+// Whether this process has pinned any host memory: until it has, no pointer
+// can be pinned memory of kiln's, and is_pinned answers without a CUDA call
+// (cudaPointerGetAttributes creates the current device's context: GPU 0's on
+// every rank whose data set is read before set_device).
+std::atomic<bool> pinned_memory_used{false};
 
 void check_device(int device, const char* what) {
   const int count = device_count();
@@ -216,6 +225,7 @@ size_t device_total_memory(int device) {
 void* host_alloc_pinned(size_t bytes) {
   KILN_CHECK(device_count() > 0, "pinned memory: no CUDA device is available");
   adopt_process_device();
+  pinned_memory_used.store(true, std::memory_order_relaxed);
   void* pointer = nullptr;
   // Portable: pinned for every device's context, so any GPU can copy from it.
   const cudaError_t status = cudaHostAlloc(&pointer, bytes, cudaHostAllocPortable);
@@ -234,7 +244,7 @@ void host_free_pinned(void* pointer) {
 }
 
 bool is_pinned(const void* pointer) {
-  if (pointer == nullptr || device_count() == 0) return false;
+  if (pointer == nullptr || !pinned_memory_used.load(std::memory_order_relaxed) || device_count() == 0) return false;
   adopt_process_device();
   cudaPointerAttributes attributes{};
   if (cudaPointerGetAttributes(&attributes, pointer) != cudaSuccess) {
