@@ -70,13 +70,23 @@ void DevicePrefetcher::prefetch() {
   entry.device.target = empty(host->target.shape(), {.dtype = host->target.dtype(), .device = device_});
   cuda::record_event(order_event_, compute);
   cuda::stream_wait_event(copy_stream_, order_event_);
-  {
-    StreamGuard guard(index, copy_stream_);
-    entry.device.input.copy_(host->input, /*non_blocking=*/true);
-    entry.device.target.copy_(host->target, /*non_blocking=*/true);
+  try {
+    {
+      StreamGuard guard(index, copy_stream_);
+      entry.device.input.copy_(host->input, /*non_blocking=*/true);
+      entry.device.target.copy_(host->target, /*non_blocking=*/true);
+    }
+    entry.copied = take_event();
+    cuda::record_event(entry.copied, copy_stream_);
+  } catch (...) {
+    // A copy may be queued: the pinned batch and the device blocks must outlive it
+    // (the loader refills the one, the compute stream reuses the others).
+    try {
+      cuda::stream_synchronize(copy_stream_);
+    } catch (...) {
+    }
+    throw;
   }
-  entry.copied = take_event();
-  cuda::record_event(entry.copied, copy_stream_);
   entry.host = std::move(*host);
   pending_ = std::move(entry);
 }

@@ -217,6 +217,15 @@ struct DistributedDataParallel::Reducer {
       std::string list;
       for (size_t i = 0; i < missing.size() && i < 10; ++i) list += (i ? ", '" : "'") + missing[i] + "'";
       if (missing.size() > 10) list += " and " + std::to_string(missing.size() - 10) + " more";
+      // The buckets already launched write their flat buffers until they finish: the next
+      // step's gradient copies into them must come after (a stream wait for NCCL).
+      for (Bucket& b : buckets) {
+        if (!b.work) continue;
+        try {
+          b.work->wait();
+        } catch (...) {  // the error below says what went wrong; a broken group says so at its next use
+        }
+      }
       reset();
       KILN_THROW("DistributedDataParallel: ", missing.size(), " parameter(s) received no gradient in this step: ",
                  list, ". Every trainable parameter must take part in the loss on every rank, or pass "
