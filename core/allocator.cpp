@@ -278,6 +278,10 @@ void CachingAllocator::deallocate(void* pointer) {
     return;
   }
   flush_deferred_locked();
+  put_back_locked(std::move(block));
+}
+
+void CachingAllocator::put_back_locked(Block block) {
   if (block.other_streams.empty()) {
     retire_locked(std::move(block));
     return;
@@ -379,15 +383,7 @@ void CachingAllocator::collect_awaiting_locked(bool wait) {
 void CachingAllocator::flush_deferred_locked() {
   std::vector<Block> blocks = std::move(deferred_);
   deferred_.clear();
-  for (Block& block : blocks) {
-    if (block.other_streams.empty()) {
-      retire_locked(std::move(block));
-      continue;
-    }
-    AwaitingBlock awaiting{std::move(block), {}};
-    for (cuda::Stream other : awaiting.block.other_streams) awaiting.events.push_back(source_->record_event(other));
-    awaiting_.push_back(std::move(awaiting));
-  }
+  for (Block& block : blocks) put_back_locked(std::move(block));
 }
 
 void CachingAllocator::release_cached_locked() {

@@ -126,7 +126,10 @@ class CachingAllocator {
   void retire_locked(Block block);
   // Retires the awaiting blocks whose events have all passed; with `wait`, all of them.
   void collect_awaiting_locked(bool wait);
-  // Retires (or, used on other streams, sets awaiting) the blocks freed during a capture.
+  // A freed block nothing uses on its own stream: retired, or, used on other
+  // streams too, set awaiting them (an event recorded on each).
+  void put_back_locked(Block block);
+  // put_back_locked for the blocks freed during a capture.
   void flush_deferred_locked();
   // Whether a block nothing uses any more stays cached (else it goes back to the device).
   bool cacheable_locked(const Block& block) const;
