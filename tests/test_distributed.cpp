@@ -296,6 +296,24 @@ void scenario_fail(const std::shared_ptr<ProcessGroup>& group) {
   write_result("OK not stopped");
 }
 
+// A second init_process_group in the same process and restart round (after a
+// destroy), with the launcher's store still holding the first group's keys.
+std::shared_ptr<ProcessGroup> scenario_reinit(std::shared_ptr<ProcessGroup> group) {
+  for (int generation = 0; generation < 2; ++generation) {
+    Tensor t = full({4}, static_cast<double>(group->rank() + 1) * (generation + 1));
+    group->all_reduce(t, ReduceOp::sum)->wait();
+    const double w = group->size();
+    expect_values(t, std::vector<double>(4, w * (w + 1) / 2 * (generation + 1)),
+                  "all_reduce of group " + std::to_string(generation));
+    if (generation == 0) {
+      destroy_process_group();
+      group = init_process_group();
+    }
+  }
+  write_result("OK");
+  return group;
+}
+
 }  // namespace
 
 TEST_CASE("distributed_worker_entry" * doctest::skip()) {
@@ -310,6 +328,7 @@ TEST_CASE("distributed_worker_entry" * doctest::skip()) {
     else if (scenario == "hung_peer") scenario_hung_peer(group);
     else if (scenario == "restart") scenario_restart(group);
     else if (scenario == "fail") scenario_fail(group);
+    else if (scenario == "reinit") group = scenario_reinit(group);
     else KILN_THROW("unknown scenario ", scenario);
     destroy_process_group();
   } catch (const std::exception& e) {
@@ -427,6 +446,12 @@ TEST_CASE("ProcessGroup: collectives over Gloo with 2 and 3 processes") {
     INFO(run.describe());
     for (int r = 0; r < world; ++r) CHECK(run.results[r] == "OK");
   }
+}
+
+TEST_CASE("ProcessGroup: destroyed and made again in one process and restart round, under the launcher's store") {
+  const WorkerRun run = run_workers("reinit", 2, {});
+  INFO(run.describe());
+  for (int r = 0; r < 2; ++r) CHECK(run.results[r] == "OK");
 }
 
 TEST_CASE("DDP: parameters equal single-process training on the concatenated batch") {

@@ -2,6 +2,8 @@
 // torchrun's environment and the default group.
 #include "core/distributed/process_group.h"
 
+#include <atomic>
+
 #include <arpa/inet.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -223,9 +225,13 @@ std::shared_ptr<ProcessGroup> init_process_group(const ProcessGroupOptions& opti
   const DistributedEnv env = read_torchrun_env();
   const bool serve = env.rank == 0 && !env.use_agent_store;
   auto store = std::make_shared<TCPStore>(env.master_addr, env.master_port, serve, options.timeout);
-  // Keys of each restart round apart, so a restarted job never reads a stale key.
-  auto group = std::make_shared<ProcessGroup>(store, env.rank, env.world_size, options,
-                                              "kiln/round" + std::to_string(env.restart_count) + "/default/");
+  // Keys of each restart round apart, so a restarted job never reads a stale
+  // key; and of each init in a process apart (every rank inits as often): the
+  // launcher's store keeps a destroyed group's keys, its peers' old addresses.
+  static std::atomic<int64_t> inits{0};
+  const std::string prefix = "kiln/round" + std::to_string(env.restart_count) + "/init" +
+                             std::to_string(inits.fetch_add(1)) + "/default/";
+  auto group = std::make_shared<ProcessGroup>(store, env.rank, env.world_size, options, prefix);
   std::lock_guard<std::mutex> lock(default_mutex);
   default_group = group;
   return group;
