@@ -23,10 +23,20 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def run(command, env):
+FAILURES = []  # torch.compile runs that failed (kiln and torch eager are required)
+
+
+def run(command, env, required=True):
+    """The run's JSON line. A failed required run ends the script; another is noted
+    (FAILURES, printed under the table) and gives None, so the rows measured still print."""
     result = subprocess.run(command, env=env, capture_output=True, text=True, cwd=ROOT)
     if result.returncode != 0:
-        sys.exit(f"compare_transformers: {' '.join(command)} failed ({result.returncode}):\n{result.stderr}")
+        message = f"compare_transformers: {' '.join(command)} failed ({result.returncode}):\n{result.stderr[-3000:]}"
+        if required:
+            sys.exit(message)
+        print(message, file=sys.stderr)
+        FAILURES.append(f"{' '.join(command[:3])} ... failed with exit {result.returncode} (stderr above)")
+        return None
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
@@ -53,8 +63,11 @@ def main():
         seeded = common + ["--seed", str(42 + round_index)]
         kiln_runs.append(run([args.kiln] + seeded, env))
         for name, flags in peers.items():
-            peer_runs[name].append(run([args.python, os.path.join(ROOT, "bench", "torch_transformer.py"), "--threads",
-                                        "2"] + seeded + flags, env))
+            peer_run = run([args.python, os.path.join(ROOT, "bench", "torch_transformer.py"), "--threads", "2"]
+                           + seeded + flags, env, required=name == "torch")
+            if peer_run is not None:
+                peer_runs[name].append(peer_run)
+    peer_runs = {name: runs for name, runs in peer_runs.items() if runs}
     commit = os.environ.get("KILN_COMMIT") or subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
     first = kiln_runs[0]
@@ -76,6 +89,10 @@ def main():
         ms = statistics.median(r["ms_per_step"] for r in runs)
         print(f"| {name} | {ms:.1f} | {statistics.median(r['tokens_per_s'] for r in runs):,.0f} | "
               f"{statistics.median(r['model_tflops'] for r in runs):.3f} | {mfu(runs)} | {ms / kiln_ms:.2f}x |")
+    for failure in FAILURES:
+        print(f"\nFAILED: {failure}")
+    if FAILURES:
+        sys.exit(1)
 
 
 if __name__ == "__main__":
