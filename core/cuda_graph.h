@@ -21,7 +21,17 @@
 // replay: during the capture the device's default generator counts their
 // draws relative to a seed and offset the graph keeps in device memory, and
 // replay() reserves that many counters from the generator and writes them
-// there (a one-thread kernel) before launching the graph. The graph, its pool and its stream go with the object.
+// there (a one-thread kernel) before launching the graph; during the capture
+// the generator's state() is the graph's, so activation checkpointing's
+// recompute repeats its forward's draws. The graph, its pool and its stream go
+// with the object (destroyed mid-capture, it ends the capture and puts the
+// thread's stream back).
+// Also refused during a capture, each with kiln::Error naming it: a copy from
+// host memory (a replay would read the host buffer again), creating optimizer
+// state (its first values would be set again at every replay: take an eager
+// step first), empty_cache. The caching allocator makes no device call but
+// cudaMalloc while a thread captures; what must go back to the device waits
+// for its first call after the capture.
 #pragma once
 
 #include <cstdint>
