@@ -30,7 +30,7 @@
 #   EMU_REV=f518d36 bash scripts/cuda_emu/run_kernels.sh softmax
 #                       # softmax, its backward, cross-entropy as committed at EMU_REV (f518d36's file ran
 #                       # on an H200: the emulator's own check); without EMU_REV the work tree's file
-#   bash scripts/cuda_emu/run_kernels.sh softmax_paths  # softmax.cu's launch paths (every row layout, widths
+#   bash scripts/cuda_emu/run_kernels.sh softmax_paths  # softmax.cu's and cross_entropy.cu's launch paths (every row layout, widths
 #                       # to 50257, offset buffers, label smoothing) vs float64 (softmax_paths.cpp)
 #   EMU_SRC=/tmp/broken.cu bash scripts/cuda_emu/run_kernels.sh random   # that file instead (mutation checks)
 #   extra arguments go to the test program (e.g. `norm 768`: one width); EMU_STOP=1 stops at the first
@@ -65,10 +65,16 @@ more_src=()
 case "$family" in
   elementwise) more_src=(kernels/cuda/elementwise_binary.cu kernels/cuda/copy.cu kernels/cuda/elementwise_launch.cuh) ;;
   optim) more_src=(kernels/cuda/multi_tensor_apply.cuh) ;;
+  softmax) more_src=(kernels/cuda/cross_entropy.cu) ;;  # softmax_rows.cuh has no launch: read from the tree
 esac
 more_inc=()
 for s in "${more_src[@]}"; do
   from="$root/$s"
+  # A file the family did not have yet at EMU_REV (cross_entropy.cu was part of softmax.cu): empty.
+  if [ -n "${EMU_REV:-}" ] && ! git -C "$root" cat-file -e "$EMU_REV:$s" 2>/dev/null; then
+    echo "// $s: not in $EMU_REV" >"$work/emu_$(basename "$s" .cu).inc"
+    continue
+  fi
   if [ -n "${EMU_SRC:-}" ] && [ "$(basename "$EMU_SRC")" = "$(basename "$s")" ]; then
     from="$EMU_SRC"
     (cd "$root" && python3 "$here/gen_cu.py" "$src" "$work/emu_$family.inc")  # the family's own .cu after all

@@ -1,4 +1,4 @@
-// softmax.cu's launch paths, emulated, against a float64 reference: softmax
+// softmax.cu's and cross_entropy.cu's launch paths, emulated, against a float64 reference: softmax
 // and log-softmax forward and backward, cross-entropy forward and backward.
 // Widths that take every path (sub-warp, warp and block rows in registers,
 // rows streamed twice; cross-entropy's warp, 128- and 512-thread groups),
@@ -11,6 +11,7 @@
 #include "emu_test.h"
 
 #include "emu_softmax.inc"
+#include "emu_cross_entropy.inc"
 #include "softmax_check.h"
 
 #include <chrono>

@@ -1,13 +1,14 @@
 // The emulator's own check: softmax.cu's softmax_kernel (softmax and
 // log-softmax), softmax_grad_kernel, cross_entropy_kernel and
-// cross_entropy_grad_kernel passed on an H200 (kiln's [gpu] parity tests,
-// file unchanged since: run it with EMU_REV=HEAD while the work tree's
-// softmax.cu differs), so a failure there is the emulator's, not the kernel's.
+// cross_entropy_grad_kernel (now in cross_entropy.cu) passed on an H200
+// (kiln's [gpu] parity tests, at f518d36: run it with EMU_REV=f518d36), so a
+// failure there is the emulator's, not the kernel's.
 // Against a float64 reference, outputs starting as NaN, rows of 1 to 1000
 // (blocks of 32 to 512 threads in that version). Uses only softmax.h's API.
 //   test_softmax [cols]   (one width only)
 #include "emu_test.h"
 #include "emu_softmax.inc"
+#include "emu_cross_entropy.inc"
 #include "softmax_check.h"
 
 #include <chrono>
