@@ -27,7 +27,9 @@
 #include "tests/support/test_util.h"
 #include "tests/support/trainer_fixtures.h"
 #include "trainer/cuda_graph_step.h"
+#include "trainer/lr_monitor.h"
 #include "trainer/swa_callback.h"
+#include "trainer/tensorboard_histograms.h"
 #include "trainer/trainer.h"
 
 using namespace kiln;
@@ -59,6 +61,11 @@ TEST_CASE("cuda_graph_obstacle: each condition that keeps a fit's steps out of a
   CHECK(obstacle([](CudaGraphConditions& c) { c.distributed = true; }).find("distributed") != std::string::npos);
   CHECK(obstacle([](CudaGraphConditions& c) { c.profiler = true; }).find("profiler") != std::string::npos);
   CHECK(obstacle([](CudaGraphConditions& c) { c.anomaly_mode = true; }).find("anomaly") != std::string::npos);
+  CHECK(obstacle([](CudaGraphConditions& c) { c.host_work_callback = "TensorBoardHistograms"; })
+            .find("callback TensorBoardHistograms does host work before every optimizer step") != std::string::npos);
+  // Which callbacks say so: the gradient histograms (read to the host before each logged step), not the default.
+  CHECK(TensorBoardHistograms(10).host_work_before_optimizer_step());
+  CHECK_FALSE(LearningRateMonitor().host_work_before_optimizer_step());
   // Gradient accumulation is no obstacle any more (two graphs): no reason names it.
   for (const std::string& reason :
        {obstacle([](CudaGraphConditions& c) { c.on_gpu = false; }),

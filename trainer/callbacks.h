@@ -31,6 +31,11 @@ class Callback {
   virtual void on_train_batch_end(Trainer&, TrainModule&, int64_t /*batch_idx*/) {}
   // Before each optimizer step, after gradients are complete (and synchronized).
   virtual void on_before_optimizer_step(Trainer&, TrainModule&, optim::Optimizer&) {}
+  // Whether on_before_optimizer_step does host work that must run at every
+  // step (reading gradients to the host, say). With cuda_graph the step is
+  // captured once and replayed, its host work not run again: such a callback
+  // keeps the fit's steps eager, said once (trainer/cuda_graph_step.h).
+  virtual bool host_work_before_optimizer_step() const { return false; }
   // Around every validation pass, in fit and in Trainer::validate (Trainer::fitting() tells them apart).
   virtual void on_validation_start(Trainer&, TrainModule&) {}
   virtual void on_validation_end(Trainer&, TrainModule&) {}

@@ -17,6 +17,10 @@ std::string cuda_graph_obstacle(const CudaGraphConditions& c) {
   if (c.distributed) return "distributed training (NCCL inside a captured step is not verified yet)";
   if (c.profiler) return "a profiler is on (it times each scope on the host, which a replay skips)";
   if (c.anomaly_mode) return "anomaly detection is on (it checks every backward output on the host)";
+  if (!c.host_work_callback.empty()) {
+    return "callback " + c.host_work_callback + " does host work before every optimizer step, which a replay "
+           "would skip (it would run once, at the capture)";
+  }
   return "";
 }
 

@@ -79,6 +79,9 @@ struct CudaGraphConditions {
   bool distributed = false;             // more than one process
   bool profiler = false;                // a profiler that times scopes or ops
   bool anomaly_mode = false;
+  // A callback whose on_before_optimizer_step must do host work at every step
+  // (Callback::host_work_before_optimizer_step): its name, or "".
+  std::string host_work_callback;
 };
 
 // Why the optimizer steps of such a fit cannot be captured, or "" when they

@@ -43,7 +43,8 @@ void TensorBoardHistograms::on_before_optimizer_step(Trainer& trainer, TrainModu
   }
   // A value that is NaN or inf would make log_histogram throw; training goes on without that histogram.
   auto log_finite = [&](const std::string& tag, const Tensor& tensor) {
-    const std::vector<double> values = tensor.detach().to(Device::cpu(), DType::f64).contiguous().to_vector<double>();
+    // To the host first: a float64 copy made on the device would double (bfloat16: quadruple) the memory.
+    const std::vector<double> values = tensor.detach().cpu().to(DType::f64).contiguous().to_vector<double>();
     if (std::all_of(values.begin(), values.end(), [](double v) { return std::isfinite(v); })) {
       logger_->log_histogram(tag, values, step);
     } else if (!said_non_finite_) {

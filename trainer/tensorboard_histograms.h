@@ -32,6 +32,8 @@ class TensorBoardHistograms : public Callback {
   std::string name() const override { return "TensorBoardHistograms"; }
   void on_fit_start(Trainer& trainer, TrainModule& module) override;
   void on_before_optimizer_step(Trainer& trainer, TrainModule& module, optim::Optimizer& optimizer) override;
+  // It reads the parameters and gradients to the host every every_n_steps steps.
+  bool host_work_before_optimizer_step() const override { return true; }
 
   int64_t every_n_steps() const { return every_n_steps_; }
 

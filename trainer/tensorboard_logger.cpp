@@ -421,7 +421,8 @@ void TensorBoardLogger::log_histogram(const std::string& tag, const Tensor& valu
              "'): expected a numeric tensor, got bool");
   KILN_CHECK(values.numel() > 0, "TensorBoardLogger::log_histogram('", tag, "'): the tensor of shape ",
              shape_str(values.shape()), " is empty");
-  log_histogram(tag, values.detach().to(Device::cpu(), DType::f64).contiguous().to_vector<double>(), step);
+  // To the host first: a float64 copy made on the device would double (bfloat16: quadruple) the memory.
+  log_histogram(tag, values.detach().cpu().to(DType::f64).contiguous().to_vector<double>(), step);
 }
 
 void TensorBoardLogger::log_histogram(const std::string& tag, const std::vector<double>& values, int64_t step) {

@@ -21,6 +21,12 @@ void Trainer::prepare_cuda_graph() {
   conditions.distributed = world_size() > 1;
   conditions.profiler = dynamic_cast<const PassThroughProfiler*>(profiler_.get()) == nullptr;
   conditions.anomaly_mode = anomaly_mode_enabled();
+  for (const auto& callback : callbacks()) {
+    if (callback->host_work_before_optimizer_step()) {
+      conditions.host_work_callback = callback->name();
+      break;
+    }
+  }
   if (const std::string obstacle = cuda_graph_obstacle(conditions); !obstacle.empty()) {
     if (is_global_zero()) std::cerr << "Trainer: cuda_graph: eager steps for this fit: " << obstacle << "\n";
     return;
