@@ -3,7 +3,9 @@
 #include "core/autocast.h"
 
 #include <map>
+#include <span>
 #include <utility>
+#include <vector>
 
 #include "core/autograd.h"
 #include "core/ops.h"
@@ -93,7 +95,8 @@ AutocastGuard::~AutocastGuard() {
 
 namespace autocast {
 
-Cast plan(Policy policy, std::initializer_list<const Tensor*> inputs) {
+namespace {
+Cast plan_of(Policy policy, std::span<const Tensor* const> inputs) {
   Cast result{policy, DType::f32, false};
   const Tensor* first = nullptr;
   for (const Tensor* t : inputs) {
@@ -125,6 +128,18 @@ Cast plan(Policy policy, std::initializer_list<const Tensor*> inputs) {
     have_floating = true;
   }
   return result;
+}
+}  // namespace
+
+Cast plan(Policy policy, std::initializer_list<const Tensor*> inputs) {
+  return plan_of(policy, std::span<const Tensor* const>(inputs.begin(), inputs.size()));
+}
+
+Cast plan(Policy policy, const std::vector<Tensor>& inputs) {
+  std::vector<const Tensor*> pointers;
+  pointers.reserve(inputs.size());
+  for (const Tensor& t : inputs) pointers.push_back(&t);
+  return plan_of(policy, pointers);
 }
 
 Tensor Cast::operator()(const Tensor& x) const {

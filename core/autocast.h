@@ -87,6 +87,8 @@ struct Cast {
   Tensor operator()(const Tensor& x) const;
 };
 Cast plan(Policy policy, std::initializer_list<const Tensor*> inputs);
+// The same for a list of tensors (cat, stack).
+Cast plan(Policy policy, const std::vector<Tensor>& inputs);
 
 // Entries in this thread's weight cache (for tests and diagnostics).
 size_t weight_cache_size();

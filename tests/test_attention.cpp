@@ -147,6 +147,18 @@ TEST_CASE("attention: the fused CPU kernel equals softmax(q k^T / sqrt(E)) v, ca
   }
 }
 
+TEST_CASE("attention: causal with a value width other than the head dim (the matmul + softmax path)") {
+  // The fused kernels need value dim = head dim: this takes composite_attention, whose causal mask is made on the device.
+  for (const auto& [L, S] : std::vector<std::pair<int64_t, int64_t>>{{5, 5}, {4, 7}, {7, 4}}) {
+    INFO("L " << L << " S " << S);
+    const Tensor q = random_tensor({2, 3, L, 8}, 11), k = random_tensor({2, 3, S, 8}, 12),
+                 v = random_tensor({2, 3, S, 5}, 13);
+    const Tensor expected = reference_attention(q, k, v, causal_additive(L, S), 1.0 / std::sqrt(8.0));
+    KILN_CHECK_CLOSE(scaled_dot_product_attention(q, k, v, Tensor(), 0.0, /*is_causal=*/true), expected, 1e-12,
+                     1e-12);
+  }
+}
+
 TEST_CASE("attention: a bool mask equals its additive form; broadcast masks are not expanded in memory") {
   const Tensor q = random_tensor({2, 2, 6, 8}, 4), k = random_tensor({2, 2, 9, 8}, 5), v = random_tensor({2, 2, 9, 8}, 6);
   std::vector<uint8_t> allowed(2 * 9);

@@ -140,6 +140,33 @@ TEST_CASE("ops with inputs of different floating dtypes promote to the widest un
   CHECK(add(low, low).dtype() == DType::bf16);  // one dtype: nothing to promote
 }
 
+TEST_CASE("cat and stack promote to the widest floating dtype under autocast (a ViT's class token)") {
+  manual_seed(15);
+  const Tensor patches = randn({2, 3, 4}).to(DType::bf16), token = randn({2, 1, 4});
+  CHECK_THROWS_AS(cat({token, patches}, 1), Error);  // outside autocast mixed dtypes are an error
+  AutocastGuard autocast(kCpu, DType::bf16);
+  const Tensor joined = cat({token, patches}, 1);
+  CHECK(joined.dtype() == DType::f32);
+  KILN_CHECK_CLOSE(joined, cat({token, patches.to(DType::f32)}, 1), 0, 0);
+  const Tensor stacked = stack({token.squeeze(1), patches.narrow(1, 0, 1).squeeze(1)}, 0);
+  CHECK(stacked.dtype() == DType::f32);
+  CHECK(cat({patches, patches}, 1).dtype() == DType::bf16);  // one dtype: nothing to promote
+}
+
+TEST_CASE("scaled_dot_product_attention runs in bf16 under CPU autocast, computed in float32") {
+  manual_seed(16);
+  const Tensor q = randn({1, 2, 5, 8}), k = randn({1, 2, 5, 8}), v = randn({1, 2, 5, 8});
+  Tensor out;
+  {
+    AutocastGuard autocast(kCpu, DType::bf16);
+    out = scaled_dot_product_attention(q, k, v, Tensor(), 0.0, /*is_causal=*/true);  // recursed without end
+  }
+  CHECK(out.dtype() == DType::bf16);
+  const Tensor expected = scaled_dot_product_attention(q.to(DType::bf16).to(DType::f32), k.to(DType::bf16).to(DType::f32),
+                                                       v.to(DType::bf16).to(DType::f32), Tensor(), 0.0, true);
+  KILN_CHECK_CLOSE(out.to(DType::f32), expected, 1e-2, 1e-2);
+}
+
 TEST_CASE("the weight cache casts a parameter once per autocast region") {
   manual_seed(15);
   Tensor w = parameter({3, 8});

@@ -85,11 +85,9 @@ Tensor composite_attention(const Tensor& q, const Tensor& k, const Tensor& v, co
   Tensor scores = mul(matmul(q, k.transpose(-2, -1)), scale);
   Tensor additive;
   if (is_causal) {
-    std::vector<float> values(static_cast<size_t>(L * S), 0.0f);
-    for (int64_t i = 0; i < L; ++i) {
-      for (int64_t j = i + 1; j < S; ++j) values[static_cast<size_t>(i * S + j)] = -std::numeric_limits<float>::infinity();
-    }
-    additive = tensor<float>(values, {L, S}).to(q.device());
+    // Made on the device: no host copy per call (nor one a CUDA graph's capture would refuse).
+    additive = triu(full({L, S}, -std::numeric_limits<double>::infinity(), {.dtype = DType::f32, .device = q.device()}),
+                    1);
   } else if (mask.defined()) {
     additive = mask.dtype() == DType::b8 ? additive_mask(mask, scores.dtype()) : mask;
   }
@@ -124,7 +122,9 @@ Tensor scaled_dot_product_attention(const Tensor& query, const Tensor& key, cons
   check_inputs(query, key, value, attn_mask, dropout_p, is_causal);
   const DType dtype = query.dtype();
   if (query.is_cpu() && (dtype == DType::f16 || dtype == DType::bf16)) {
-    // The CPU computes 16-bit types in float32.
+    // The CPU computes 16-bit types in float32; under autocast the float32
+    // call would be cast back to bfloat16, and so on without end.
+    AutocastGuard float32_kernel(DeviceType::cpu, DType::bf16, /*enabled=*/false);
     return scaled_dot_product_attention(query.to(DType::f32), key.to(DType::f32), value.to(DType::f32), attn_mask,
                                         dropout_p, is_causal, scale)
         .to(dtype);

@@ -10,6 +10,7 @@
 // inputs must have the same dtype and device (no promotion).
 #include <algorithm>
 
+#include "core/autocast.h"
 #include "core/autograd.h"
 #include "core/ops.h"
 
@@ -87,10 +88,29 @@ Tensor cat_impl(const char* op, const std::vector<Tensor>& tensors, int64_t dim)
 
 }  // namespace
 
-Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) { return cat_impl("cat", tensors, dim); }
+namespace {
+// Under autocast cat and stack take the widest floating dtype of their inputs
+// (torch's promote list): a bfloat16 activation joins a float32 parameter.
+std::vector<Tensor> promoted(const autocast::Cast& to, const std::vector<Tensor>& tensors) {
+  std::vector<Tensor> out;
+  out.reserve(tensors.size());
+  for (const Tensor& t : tensors) out.push_back(to(t));
+  return out;
+}
+}  // namespace
+
+Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
+  if (const autocast::Cast to = autocast::plan(autocast::Policy::promote, tensors)) {
+    return cat_impl("cat", promoted(to, tensors), dim);
+  }
+  return cat_impl("cat", tensors, dim);
+}
 
 Tensor stack(const std::vector<Tensor>& tensors, int64_t dim) {
   KILN_CHECK(!tensors.empty(), "stack: expected a non-empty list of tensors");
+  if (const autocast::Cast to = autocast::plan(autocast::Policy::promote, tensors)) {
+    return stack(promoted(to, tensors), dim);
+  }
   for (size_t i = 0; i < tensors.size(); ++i) {
     KILN_CHECK(tensors[i].defined(), "stack: tensor ", i, " is undefined");
     KILN_CHECK(tensors[i].shape() == tensors[0].shape(), "stack: expected tensors of equal shape, but tensor ", i,
