@@ -14,31 +14,18 @@ the table gives the mean over the rounds and its range).
 """
 import argparse
 import datetime
-import json
 import os
 import platform
 import statistics
 import subprocess
 import sys
 
+from peer_runs import PeerRuns
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-FAILURES = []  # runs that are not the baseline (kiln's CUDA graph, torch.compile) and failed
-
-
-def run(command, env, required=True):
-    """The run's JSON line. A failed required run ends the script; another is noted
-    (FAILURES, printed under the table) and gives None, so the rows measured still print."""
-    result = subprocess.run(command, env=env, capture_output=True, text=True, cwd=ROOT)
-    if result.returncode != 0:
-        message = f"compare_fashion: {' '.join(command)} failed ({result.returncode}):\n{result.stderr[-3000:]}"
-        if required:
-            sys.exit(message)
-        print(message, file=sys.stderr)
-        FAILURES.append(f"{' '.join(command[:2])} ... failed with exit {result.returncode} (stderr above)")
-        return None
-    return json.loads(result.stdout.strip().splitlines()[-1])
+RUNS = PeerRuns("compare_fashion", ROOT)
 
 
 def main():
@@ -83,14 +70,14 @@ def main():
     kiln_runs, graph_runs, peer_runs = [], [], {name: [] for name in peers}
     for round_index in range(args.rounds):
         seeded = common + ["--seed", str(42 + round_index)]
-        kiln_runs.append(run([args.kiln] + seeded, env))
+        kiln_runs.append(RUNS.run([args.kiln] + seeded, env))
         if args.cuda_graph:
-            graph_run = run([args.kiln, "--cuda-graph"] + seeded, env, required=False)
+            graph_run = RUNS.run([args.kiln, "--cuda-graph"] + seeded, env, required=False)
             if graph_run is not None:
                 graph_runs.append(graph_run)
         for name, flags in peers.items():
-            peer_run = run([args.python, os.path.join(ROOT, "bench", "torch_fashion.py"), "--threads", "2"] + seeded
-                           + flags, env, required=name == "eager")
+            peer_run = RUNS.run([args.python, os.path.join(ROOT, "bench", "torch_fashion.py"), "--threads", "2"]
+                                + seeded + flags, env, required=name == "eager")
             if peer_run is not None:
                 peer_runs[name].append(peer_run)
     peer_runs = {name: runs for name, runs in peer_runs.items() if runs}
@@ -140,10 +127,7 @@ def main():
                    else "CUDA" + (f", {args.precision}" if args.precision != "32-true" else ""))
         print(f"| {runs[0]['framework']} {name} ({setting}) | {rate:,.0f} | {kiln_rate / rate:.2f}x | "
               f"{accuracy(runs)} |{throughput(rate)}")
-    for failure in FAILURES:
-        print(f"\nFAILED: {failure}")
-    if FAILURES:
-        sys.exit(1)
+    RUNS.finish()
     if args.accelerator == "cpu" and any(runs[0]["blas"] == "blas" for runs in peer_runs.values()):
         print("\nWARNING: torch ran on the reference BLAS (several times slower than OpenBLAS): not a fair peer; "
               "install libopenblas0-pthread (issue 9).")

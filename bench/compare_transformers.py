@@ -13,31 +13,18 @@ CPU: Debian's python3-torch with OPENBLAS_NUM_THREADS=1 and 2 torch threads
 """
 import argparse
 import datetime
-import json
 import os
 import platform
 import statistics
 import subprocess
 import sys
 
+from peer_runs import PeerRuns
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-FAILURES = []  # torch.compile runs that failed (kiln and torch eager are required)
-
-
-def run(command, env, required=True):
-    """The run's JSON line. A failed required run ends the script; another is noted
-    (FAILURES, printed under the table) and gives None, so the rows measured still print."""
-    result = subprocess.run(command, env=env, capture_output=True, text=True, cwd=ROOT)
-    if result.returncode != 0:
-        message = f"compare_transformers: {' '.join(command)} failed ({result.returncode}):\n{result.stderr[-3000:]}"
-        if required:
-            sys.exit(message)
-        print(message, file=sys.stderr)
-        FAILURES.append(f"{' '.join(command[:3])} ... failed with exit {result.returncode} (stderr above)")
-        return None
-    return json.loads(result.stdout.strip().splitlines()[-1])
+RUNS = PeerRuns("compare_transformers", ROOT)
 
 
 def main():
@@ -61,10 +48,10 @@ def main():
     kiln_runs, peer_runs = [], {name: [] for name in peers}
     for round_index in range(args.rounds):
         seeded = common + ["--seed", str(42 + round_index)]
-        kiln_runs.append(run([args.kiln] + seeded, env))
+        kiln_runs.append(RUNS.run([args.kiln] + seeded, env))
         for name, flags in peers.items():
-            peer_run = run([args.python, os.path.join(ROOT, "bench", "torch_transformer.py"), "--threads", "2"]
-                           + seeded + flags, env, required=name == "torch")
+            peer_run = RUNS.run([args.python, os.path.join(ROOT, "bench", "torch_transformer.py"), "--threads", "2"]
+                                + seeded + flags, env, required=name == "torch")
             if peer_run is not None:
                 peer_runs[name].append(peer_run)
     peer_runs = {name: runs for name, runs in peer_runs.items() if runs}
@@ -89,10 +76,7 @@ def main():
         ms = statistics.median(r["ms_per_step"] for r in runs)
         print(f"| {name} | {ms:.1f} | {statistics.median(r['tokens_per_s'] for r in runs):,.0f} | "
               f"{statistics.median(r['model_tflops'] for r in runs):.3f} | {mfu(runs)} | {ms / kiln_ms:.2f}x |")
-    for failure in FAILURES:
-        print(f"\nFAILED: {failure}")
-    if FAILURES:
-        sys.exit(1)
+    RUNS.finish()
 
 
 if __name__ == "__main__":

@@ -133,7 +133,8 @@ cmd_pack() {
   cp "$repo/scripts/check_torch_interop.py" "$repo/scripts/check_tensorboard.py" "$kit/scripts/"
   cp "$repo/bench/compare_fashion.py" "$repo/bench/torch_fashion.py" "$repo/bench/compare_transformers.py" \
     "$repo/bench/torch_transformer.py" "$repo/bench/torch_attention.py" "$repo/bench/profile_step.py" \
-    "$repo/bench/compare_gemm.py" "$repo/bench/compare_conv.py" "$repo/bench/time_to_accuracy.py" "$kit/bench/"
+    "$repo/bench/compare_gemm.py" "$repo/bench/compare_conv.py" "$repo/bench/time_to_accuracy.py" \
+    "$repo/bench/peer_runs.py" "$kit/bench/"
 
   # The GPU cases per test file, as the binary lists them; the test files.
   local source test_name
