@@ -391,10 +391,11 @@ Choice choose(Direction direction, cudnnHandle_t handle, const Descriptors& d, c
   KILN_CHECK(!choices.empty(), direction_name(direction), ": cuDNN offers no algorithm for this convolution (",
              config.deterministic ? "deterministic algorithms required, " : "", dtype_name(config.dtype),
              config.channels_last ? ", channels-last" : ", NCHW", ")");
-  std::lock_guard<std::mutex> lock(cache.mutex);
-  if (config.benchmark) ++cache.stats.misses;
-  cache.choices[key] = choices.front();
-  cache.stats.entries = cache.choices.size();
+  if (config.benchmark) {
+    std::lock_guard<std::mutex> lock(cache.mutex);
+    ++cache.stats.misses;
+  }
+  remember(key, choices.front());
   return choices.front();
 }
 
