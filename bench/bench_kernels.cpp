@@ -18,6 +18,7 @@
 #include <string>
 
 #include "bench/harness.h"
+#include "core/autocast.h"
 #include "core/autograd.h"
 #include "core/nn_ops.h"
 #include "core/ops.h"
@@ -172,6 +173,32 @@ void run_transformer_cases(Table& table, Device device, int64_t rows, TimeFn&& t
         table_weights.zero_grad_();
         embedding(table_weights, ids).backward(dy);
       });
+      if (dtype == DType::bf16) {
+        // GPT-2's loss under autocast: 16-bit logits over its vocabulary (an
+        // eighth of the rows). The floor reads the logits twice (forward,
+        // backward) and writes their gradient; the second row is the same loss
+        // through a float32 copy of the logits ("f32 copy"), as autocast's
+        // float32 policy casts (what kiln did before reading 16-bit logits directly).
+        const int64_t lm_rows = rows / 8;
+        Tensor logits = random_tensor({lm_rows, vocab}, dtype, device, 10).requires_grad_();
+        Tensor targets = randint(0, vocab, {lm_rows}).to(device);
+        const double lm_bytes = 3.0 * static_cast<double>(lm_rows * vocab) * element;
+        const DeviceType device_type = device.type;
+        const std::string lm_shape = shape_text({lm_rows, vocab});
+        measure_row(table, time_fn, "cross_entropy fwd+bwd, autocast", lm_shape, dtype_text, lm_bytes, [&] {
+          logits.zero_grad_();
+          Tensor loss;
+          {
+            AutocastGuard autocast(device_type, dtype);
+            loss = cross_entropy(logits, targets);
+          }
+          loss.backward();
+        });
+        measure_row(table, time_fn, "cross_entropy fwd+bwd, f32 copy", lm_shape, dtype_text, lm_bytes, [&] {
+          logits.zero_grad_();
+          cross_entropy(logits.to(DType::f32), targets).backward();
+        });
+      }
     } catch (const Error& error) {
       table.add_failure("transformer inputs", shape_text_, dtype_text, error.what());
     }

@@ -70,7 +70,7 @@ struct CrossEntropyGradArgs {
   const int64_t* target = nullptr;  // (rows)
   const void* weight = nullptr;     // (classes) or null
   const void* lse = nullptr;        // (rows) Acc
-  const void* grad = nullptr;       // dtype: (rows) when per_row_grad, else one value
+  const void* grad = nullptr;       // Acc: (rows) when per_row_grad, else one value
   bool per_row_grad = false;
   const void* total_weight = nullptr;  // Acc scalar: the mean's divisor, or null (sum / none)
   const void* weight_sum = nullptr;    // Acc scalar: sum of the class weights, or null (then classes)

@@ -126,6 +126,53 @@ TEST_CASE("softmax, losses, norms, reductions and exp/log/pow run in float32 und
   CHECK(mm(wide, wide).dtype() == DType::f64);
 }
 
+// cross_entropy under autocast reads bfloat16 logits as they are (no float32
+// copy); the loss and the gradient must be those of the cast, bit for bit.
+TEST_CASE("cross_entropy takes 16-bit logits under autocast without a float32 copy, as the cast would") {
+  manual_seed(29);
+  const int64_t rows = 37, classes = 301;
+  const Tensor base = mul(randn({rows, classes}), 4.0).requires_grad_();
+  std::vector<int64_t> labels(rows);
+  for (int64_t r = 0; r < rows; ++r) labels[r] = (r * 7919) % classes;
+  labels[5] = -100;  // ignored
+  const Tensor target = tensor<int64_t>(labels, {rows});
+  const Tensor row_scale = randn({rows});  // an upstream gradient per row, for reduction none
+  for (const Reduction reduction : {Reduction::mean, Reduction::sum, Reduction::none}) {
+    for (const double smoothing : {0.0, 0.1}) {
+      CAPTURE(static_cast<int>(reduction));
+      CAPTURE(smoothing);
+      const auto run = [&](bool fused) {
+        base.set_grad(Tensor());
+        const Tensor logits = base.to(DType::bf16);  // outside autocast: a recorded cast
+        Tensor loss;
+        if (fused) {
+          AutocastGuard autocast(kCpu, DType::bf16);
+          loss = cross_entropy(logits, target, Tensor(), -100, smoothing, reduction);
+          CHECK(loss.grad_fn()->name() == "cross_entropy");
+          CHECK(input_node(loss, 0) == logits.grad_fn());  // no cast in between
+        } else {
+          loss = cross_entropy(logits.to(DType::f32), target, Tensor(), -100, smoothing, reduction);
+        }
+        CHECK(loss.dtype() == DType::f32);
+        const Tensor scalar = reduction == Reduction::none ? sum(mul(loss, row_scale)) : mul(loss, 3.0);
+        scalar.backward();
+        return std::pair{loss.detach(), base.grad()};
+      };
+      const auto [fused_loss, fused_grad] = run(true);
+      const auto [cast_loss, cast_grad] = run(false);
+      CHECK(fused_loss.to_vector<float>() == cast_loss.to_vector<float>());
+      CHECK(fused_grad.to_vector<float>() == cast_grad.to_vector<float>());
+    }
+  }
+  // With class weights the logits are still cast (one dtype for logits and weights in the kernels).
+  const Tensor weight = add(rand({classes}), 0.5);
+  AutocastGuard autocast(kCpu, DType::bf16);
+  const Tensor logits = base.detach().to(DType::bf16);
+  const Tensor weighted = cross_entropy(logits, target, weight);
+  CHECK(weighted.dtype() == DType::f32);
+  KILN_CHECK_CLOSE(weighted, cross_entropy(logits.to(DType::f32), target, weight), 1e-6, 1e-6);
+}
+
 TEST_CASE("ops with inputs of different floating dtypes promote to the widest under autocast") {
   manual_seed(14);
   const Tensor low = randn({3, 4}).to(DType::bf16), high = randn({4});

@@ -8,6 +8,7 @@
 #include <random>
 #include <vector>
 
+#include "core/autocast.h"
 #include "tests/support/op_info.h"
 #include "tests/support/test_util.h"
 
@@ -338,6 +339,39 @@ TEST_CASE("softmax and losses: CUDA matches the CPU [gpu]") {
   set_detect_anomaly(true);
   CHECK_THROWS_WITH_AS(cross_entropy(zeros({2, 3}).cuda(), bad), doctest::Contains("target 9"), Error);
   set_detect_anomaly(false);
+}
+
+// Under CUDA autocast a 16-bit logits tensor goes to the kernels as it is
+// (core/ops/softmax.cpp): a float32 loss and a 16-bit gradient equal to those
+// of the float32 cast up to the order of float sums (the 16-bit kernels read
+// 8 values per load, the float32 ones 4). GPT-2's vocabulary is one of the rows.
+TEST_CASE("cross_entropy under CUDA autocast reads 16-bit logits as the float32 cast would [gpu]") {
+  KILN_REQUIRE_GPU();
+  for (DType dtype : {DType::bf16, DType::f16}) {
+    for (const Shape& shape : std::vector<Shape>{{64, 1031}, {3, 50257}}) {
+      INFO("dtype " << dtype_name(dtype) << " shape " << shape_str(shape));
+      const Tensor x = random(shape, DType::f32, 11).to(dtype).cuda();
+      const Tensor t = targets({shape[0]}, shape[1], 12, 5).cuda();
+      for (double ls : {0.0, 0.1}) {
+        INFO("ls " << ls);
+        Tensor fused_in = x.detach().requires_grad_(), cast_in = x.detach().requires_grad_();
+        Tensor fused, cast;
+        {
+          AutocastGuard autocast(DeviceType::cuda, dtype);
+          fused = cross_entropy(fused_in, t, Tensor(), -100, ls);
+        }
+        cast = cross_entropy(cast_in.to(DType::f32), t, Tensor(), -100, ls);
+        CHECK(fused.dtype() == DType::f32);
+        KILN_CHECK_CLOSE(fused.cpu(), cast.cpu(), 1e-5, 1e-6);
+        fused.backward();
+        cast.backward();
+        CHECK(fused_in.grad().dtype() == dtype);
+        // One rounding to 16 bits of nearly equal floats: at most one unit in the last place apart.
+        KILN_CHECK_CLOSE(fused_in.grad().cpu().to(DType::f32), cast_in.grad().cpu().to(DType::f32),
+                         dtype == DType::bf16 ? 8e-3 : 1e-3, 1e-7);
+      }
+    }
+  }
 }
 
 }  // namespace kiln::testing

@@ -158,7 +158,7 @@ template <typename T>
 void cross_entropy_grad_typed(const CrossEntropyGradArgs& a) {
   using A = compute_t<T>;
   const T* logits = static_cast<const T*>(a.logits);
-  const T* grad = static_cast<const T*>(a.grad);
+  const A* grad = static_cast<const A*>(a.grad);
   const A* lse = static_cast<const A*>(a.lse);
   T* dlogits = static_cast<T*>(a.dlogits);
   const int64_t C = a.classes;
@@ -180,7 +180,7 @@ void cross_entropy_grad_typed(const CrossEntropyGradArgs& a) {
         dr.setZero();
       } else {
         ConstRow<A> xr(cpu::compute_row(logits + r * C, C, in_buffer), C);
-        const A g = static_cast<A>(static_cast<compute_t<T>>(grad[a.per_row_grad ? r : 0])) / divisor;
+        const A g = grad[a.per_row_grad ? r : 0] / divisor;
         const A nll = (A(1) - ls) * w[t];
         dr = (g * (nll + smooth * W)) * (xr - lse[r]).exp() - (g * smooth) * wr;
         dr[t] -= g * nll;

@@ -110,7 +110,7 @@ __global__ void __launch_bounds__(block_threads<kLanes>) cross_entropy_grad_kern
   const A lse = static_cast<const A*>(a.lse)[r];
   const A divisor = a.total_weight != nullptr ? *static_cast<const A*>(a.total_weight) : A(1);
   const A W = a.weight_sum != nullptr ? *static_cast<const A*>(a.weight_sum) : static_cast<A>(C);
-  const A g = to_acc(static_cast<const T*>(a.grad)[a.per_row_grad ? r : 0]) / divisor;
+  const A g = static_cast<const A*>(a.grad)[a.per_row_grad ? r : 0] / divisor;
   const A ls = static_cast<A>(a.label_smoothing);
   const A smooth = ls / static_cast<A>(C);
   const A nll = (A(1) - ls) * (weight != nullptr ? to_acc(weight[t]) : A(1));

@@ -112,7 +112,8 @@ void run_cross_entropy(int64_t C, const LossCase& k, Misalign mis) {
   std::mt19937_64 engine(static_cast<uint64_t>(C * 7 + k.weighted + k.smoothing * 100 + k.per_row_grad));
   std::normal_distribution<double> normal;
   emu::Buffer<T> logits(R * C, "logits", offset<T>(mis, 0), 0), dlogits(R * C, "dlogits", offset<T>(mis, 1));
-  emu::Buffer<T> weight(k.weighted ? C : 0, "weight", 0, 0), grad_scale(R, "grad", 0, 0);
+  emu::Buffer<T> weight(k.weighted ? C : 0, "weight", 0, 0);
+  emu::Buffer<A> grad_scale(R, "grad", 0, 0);  // the loss's gradient, in Acc (kernels/softmax.h)
   emu::Buffer<int64_t> target(R, "target", 0, 0), bad(1, "bad_target", 0, 0);
   emu::Buffer<A> loss(R, "loss"), row_weight(R, "row_weight"), lse(R, "lse");
   emu::Buffer<A> weight_sum(1, "weight_sum", 0, 0), total_weight(1, "total_weight", 0, 0);
@@ -139,7 +140,7 @@ void run_cross_entropy(int64_t C, const LossCase& k, Misalign mis) {
   total_weight[0] = static_cast<A>(3.5);
   for (int64_t r = 0; r < R; ++r) {
     target[r] = targets[r];
-    grad_scale[r] = from_double<T>(k.per_row_grad ? 0.5 + 0.25 * static_cast<double>(r) : 1.25);
+    grad_scale[r] = static_cast<A>(k.per_row_grad ? 0.5 + 0.25 * static_cast<double>(r) : 1.25);
   }
   bad[0] = LLONG_MIN;
   CrossEntropyArgs args;
@@ -192,7 +193,7 @@ void run_cross_entropy(int64_t C, const LossCase& k, Misalign mis) {
     ref_loss[r] = (1 - ls) * wv[t] * (L - xv[r * C + t]) + (ls != 0 ? ls / C * smooth : 0.0);
     ref_rw[r] = wv[t];
     ref_lse[r] = L;
-    const double g = to_double(grad_scale[k.per_row_grad ? r : 0]) / divisor;
+    const double g = static_cast<double>(grad_scale[k.per_row_grad ? r : 0]) / divisor;
     for (int64_t c = 0; c < C; ++c) {
       const double p = std::exp(xv[r * C + c] - L);
       ref_d[r * C + c] = g * ((1 - ls) * wv[t] * (p - (c == t ? 1.0 : 0.0)) + ls / C * (p * W - wv[c]));

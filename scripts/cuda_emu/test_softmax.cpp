@@ -54,7 +54,8 @@ void run_cross_entropy(int64_t C, bool weighted, double smoothing) {
   const int64_t R = 6;
   std::mt19937_64 engine(static_cast<uint64_t>(C * 7 + weighted + smoothing * 100));
   std::normal_distribution<double> normal;
-  emu::Buffer<T> logits(R * C, "logits", 0, 0), weight(weighted ? C : 0, "weight", 0, 0), grad_scale(1, "grad", 0, 0);
+  emu::Buffer<T> logits(R * C, "logits", 0, 0), weight(weighted ? C : 0, "weight", 0, 0);
+  emu::Buffer<A> grad_scale(1, "grad", 0, 0);  // the loss's gradient, in Acc (kernels/softmax.h)
   emu::Buffer<int64_t> target(R, "target", 0, 0), bad(1, "bad_target", 0, 0);
   emu::Buffer<A> loss(R, "loss"), row_weight(R, "row_weight"), lse(R, "lse"), weight_sum(1, "weight_sum", 0, 0);
   emu::Buffer<T> dlogits(R * C, "dlogits");
@@ -75,7 +76,7 @@ void run_cross_entropy(int64_t C, bool weighted, double smoothing) {
   const int64_t targets[R] = {0, C - 1, -100, C + 3, (C / 2), -5};  // -100 ignored; C + 3 and -5 bad
   for (int64_t r = 0; r < R; ++r) target[r] = targets[r];
   bad[0] = LLONG_MIN;
-  grad_scale[0] = from_double<T>(1.25);
+  grad_scale[0] = static_cast<A>(1.25);
   CrossEntropyArgs args;
   args.dtype = emu_dtype<T>();
   args.logits = logits.data;
@@ -105,7 +106,7 @@ void run_cross_entropy(int64_t C, bool weighted, double smoothing) {
 
   std::vector<double> ref_loss(R), ref_rw(R), ref_lse(R), ref_d(R * C, 0.0), got_loss(R), got_rw(R), got_lse(R),
       got_d(R * C);
-  const double g = to_double(grad_scale[0]), ls = smoothing;
+  const double g = static_cast<double>(grad_scale[0]), ls = smoothing;
   for (int64_t r = 0; r < R; ++r) {
     got_loss[r] = loss[r];
     got_rw[r] = row_weight[r];
