@@ -3,8 +3,13 @@
 //
 // Invariants:
 //   - q (B, H, Tq, D), k (B, H, Tk, D), v (B, H, Tk, D), out and dout
-//     (B, H, Tq, D): dense row-major buffers of one dtype. The front end makes
-//     them so (and broadcasts k/v heads); D is the same for q, k and v.
+//     (B, H, Tq, D), dq, dk, dv like q, k, v: buffers of one dtype whose last
+//     dim is dense; each has its own batch, head and row strides
+//     (AttentionLayout; all zero means dense (B, H, T, D)). So the heads of
+//     a fused qkv projection, (B, T, 3, H, D) viewed as (B, H, T, D), are read
+//     in place, and out can be written (B, T, H, D) for the projection after
+//     it, without copies. D is the same for q, k and v; the front end
+//     broadcasts k/v heads.
 //   - scores s_ij = scale * q_i . k_j + mask_ij; the mask is optional, float32
 //     (float64 for a float64 problem, which only the CPU takes), additive (-inf where a boolean mask is false), read through strides so a
 //     (Tq, Tk) or (B, 1, 1, Tk) mask is never expanded in memory. is_causal
@@ -52,12 +57,26 @@ struct AttentionMask {
   int64_t stride_b = 0, stride_h = 0, stride_q = 0, stride_k = 0;
 };
 
+// Element strides of a (B, H, T, D) operand over B, H and T (its D is dense).
+// All zero: the dense layout, (H * T * D, T * D, D).
+struct AttentionLayout {
+  int64_t batch = 0, head = 0, row = 0;
+};
+
+// `layout` with the dense strides filled in when it is all zero.
+inline AttentionLayout resolved(AttentionLayout layout, int64_t heads, int64_t len, int64_t head_dim) {
+  if (layout.batch == 0 && layout.head == 0 && layout.row == 0) return {heads * len * head_dim, len * head_dim, head_dim};
+  return layout;
+}
+
 struct AttentionArgs {
   DType dtype = DType::f32;
   int64_t batch = 0, heads = 0, q_len = 0, kv_len = 0, head_dim = 0;
   const void* q = nullptr;  // (B, H, Tq, D)
   const void* k = nullptr;  // (B, H, Tk, D)
   const void* v = nullptr;  // (B, H, Tk, D)
+  // Their layouts, and the output's (written by the forward, read by the backward).
+  AttentionLayout q_layout, k_layout, v_layout, out_layout;
   AttentionMask mask;
   bool causal = false;
   double scale = 1.0;
@@ -70,7 +89,7 @@ struct AttentionArgs {
 // Counters a dropout draw of this problem consumes (one word per score).
 uint64_t attention_dropout_counters(const AttentionArgs& args);
 
-// out (B, H, Tq, D) and lse (B, H, Tq) (float32; float64 for f64).
+// out (B, H, Tq, D) in args.out_layout and lse, dense (B, H, Tq) (float32; float64 for f64).
 void attention_forward_cpu(const AttentionArgs& args, void* out, void* lse);
 void attention_forward_cuda(const AttentionArgs& args, void* out, void* lse, cuda::Stream stream);
 
@@ -82,6 +101,7 @@ struct AttentionGradArgs {
   void* dq = nullptr;          // (B, H, Tq, D) or null
   void* dk = nullptr;          // (B, H, Tk, D) or null
   void* dv = nullptr;          // (B, H, Tk, D) or null
+  AttentionLayout dout_layout, dq_layout, dk_layout, dv_layout;
 };
 
 // Bytes of device scratch attention_backward_cuda needs: the row sums of

@@ -129,6 +129,56 @@ Tensor causal_additive(int64_t L, int64_t S) {
   return tensor<double>(values, {L, S});
 }
 
+// Attention on q, k, v read in place from a fused projection (B, T, 3 E)
+// split into heads, against the same inputs copied dense: equal outputs and
+// input gradients, out laid out (B, T, H, D) so that merging its heads is a
+// view. Also a key with a last dim that is not dense (copied by the op) and
+// a value broadcast over the batch (stride 0).
+void check_strided_heads(Device device, DType dtype, int64_t head_dim) {
+  const int64_t B = 2, T = 70, H = 3, E = H * head_dim;
+  const TensorOptions options{.dtype = dtype, .device = device};
+  for (const bool causal : {false, true}) {
+    CAPTURE(causal);
+    const Tensor projection = random_tensor({B, T, 3 * E}, 50, dtype).to(device).requires_grad_();
+    const auto heads = [&](const Tensor& x) { return x.reshape({B, T, H, head_dim}).transpose(1, 2); };
+    const std::vector<Tensor> qkv = split(projection, E, 2);
+    const Tensor strided_out = scaled_dot_product_attention(heads(qkv[0]), heads(qkv[1]), heads(qkv[2]), Tensor(), 0.0, causal);
+    CHECK(strided_out.transpose(1, 2).is_contiguous());  // (B, T, H, D) in memory
+    const Tensor merged = strided_out.transpose(1, 2).reshape({B, T, E});
+    CHECK(merged.data_ptr() == strided_out.data_ptr());  // a view, no copy
+    const Tensor dmerged = random_tensor({B, T, E}, 51, dtype).to(device);
+    merged.backward(dmerged);
+
+    const Tensor dense = projection.detach().clone().requires_grad_();
+    const std::vector<Tensor> dense_qkv = split(dense, E, 2);
+    const Tensor dense_out = scaled_dot_product_attention(heads(dense_qkv[0]).contiguous(), heads(dense_qkv[1]).contiguous(),
+                                                          heads(dense_qkv[2]).contiguous(), Tensor(), 0.0, causal);
+    CHECK(dense_out.is_contiguous());
+    dense_out.backward(dmerged.reshape({B, T, H, head_dim}).transpose(1, 2).contiguous());
+    // The same kernels on the same values, read through other strides: the same bits.
+    CHECK(strided_out.cpu().to(DType::f64).to_vector<double>() == dense_out.cpu().to(DType::f64).to_vector<double>());
+    CHECK(projection.grad().cpu().to(DType::f64).to_vector<double>() ==
+          dense.grad().cpu().to(DType::f64).to_vector<double>());
+  }
+  // A key whose head dim is not dense, and a value broadcast over the batch.
+  const Tensor q = random_tensor({B, H, T, head_dim}, 52, dtype).to(device).requires_grad_();
+  const Tensor k_t = random_tensor({B, H, head_dim, T}, 53, dtype).to(device).requires_grad_();
+  const Tensor v_one = random_tensor({1, H, T, head_dim}, 54, dtype).to(device).requires_grad_();
+  const Tensor out = scaled_dot_product_attention(q, k_t.transpose(2, 3), v_one.expand({B, H, T, head_dim}));
+  const Tensor dout = random_tensor({B, H, T, head_dim}, 55, dtype).to(device);
+  out.backward(dout);
+  const Tensor q2 = q.detach().clone().requires_grad_(), k2 = k_t.detach().transpose(2, 3).contiguous().requires_grad_(),
+               v2 = v_one.detach().expand({B, H, T, head_dim}).contiguous().requires_grad_();
+  const Tensor out2 = scaled_dot_product_attention(q2, k2, v2);
+  out2.backward(dout);
+  CHECK(out.cpu().to(DType::f64).to_vector<double>() == out2.cpu().to(DType::f64).to_vector<double>());
+  CHECK(q.grad().cpu().to(DType::f64).to_vector<double>() == q2.grad().cpu().to(DType::f64).to_vector<double>());
+  CHECK(k_t.grad().transpose(2, 3).cpu().to(DType::f64).to_vector<double>() ==
+        k2.grad().cpu().to(DType::f64).to_vector<double>());
+  KILN_CHECK_CLOSE(v_one.grad().cpu().to(DType::f64), sum(v2.grad(), {0}, true).cpu().to(DType::f64), 1e-5, 1e-5);
+  (void)options;
+}
+
 }  // namespace
 
 TEST_CASE("attention: the fused CPU kernel equals softmax(q k^T / sqrt(E)) v, causal and not, across tiles") {
@@ -156,6 +206,13 @@ TEST_CASE("attention: causal with a value width other than the head dim (the mat
     const Tensor expected = reference_attention(q, k, v, causal_additive(L, S), 1.0 / std::sqrt(8.0));
     KILN_CHECK_CLOSE(scaled_dot_product_attention(q, k, v, Tensor(), 0.0, /*is_causal=*/true), expected, 1e-12,
                      1e-12);
+  }
+}
+
+TEST_CASE("attention: heads are read in place from a fused projection and out is written for merging (CPU)") {
+  for (const DType dtype : {DType::f64, DType::f32}) {
+    CAPTURE(dtype);
+    check_strided_heads(Device::cpu(), dtype, 24);
   }
 }
 
@@ -320,6 +377,20 @@ TEST_CASE("attention: the CUDA kernels match the CPU, forward and backward, in e
   manual_seed(5);
   const Tensor gpu_drop = scaled_dot_product_attention(q.cuda(), k.cuda(), v.cuda(), Tensor(), 0.2, true);
   KILN_CHECK_CLOSE(gpu_drop.cpu(), cpu_drop, 1e-5, 1e-5);
+}
+
+TEST_CASE("attention: CUDA reads heads in place from a fused projection and writes out for merging [gpu]") {
+  KILN_REQUIRE_GPU();
+  for (const DType dtype : {DType::f32, DType::f16, DType::bf16}) {
+    for (const int64_t head_dim : {32, 64, 128}) {
+      for (const kernels::AttentionCudaKernels which :
+           {kernels::AttentionCudaKernels::tensor_core, kernels::AttentionCudaKernels::reference}) {
+        INFO(dtype_name(dtype) << " head_dim " << head_dim << " " << kernels_name(which));
+        const CudaKernelsScope scope(which);
+        check_strided_heads(Device::cuda(), dtype, head_dim);
+      }
+    }
+  }
 }
 
 TEST_CASE("attention: the tensor-core kernels match the reference kernels and the CPU, forward and backward, in float16 and bfloat16 [gpu]") {

@@ -2,9 +2,13 @@
 // (..., L, E) tensors, computed by the fused kernels of kernels/attention.h
 // (flash-style on CUDA, tiled on the CPU; the T x T matrix is never stored)
 // with one autograd node that saves q, k, v, the output and the row
-// log-sum-exp. Problems the fused kernels do not take (a value dim other than
+// log-sum-exp. Rank-4 inputs are read through their strides (the heads of a
+// fused qkv projection need no copy), the output is laid out as the query is
+// (so merging heads back to (B, T, E) is a view) and each input gradient as
+// its input. Problems the fused kernels do not take (a value dim other than
 // the query's, a head dim or dtype the CUDA kernels lack, a mask that needs a
 // gradient) go through the same math written with matmul and softmax.
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -103,6 +107,32 @@ Tensor composite_attention(const Tensor& q, const Tensor& k, const Tensor& v, co
   return matmul(dropout(softmax(scores, -1), dropout_p), v);
 }
 
+// x (..., T, D) as the kernels' (B, H, T, D): a view when its leading dims
+// fold into B and H and its last dim is dense (the heads of a fused qkv
+// projection are read in place), else a dense copy.
+Tensor as_heads(const Tensor& x, int64_t B, int64_t H) {
+  Tensor heads = x.reshape({B, H, x.size(-2), x.size(-1)});
+  if (heads.stride(3) != 1 && heads.size(3) > 1) heads = heads.contiguous();
+  return heads;
+}
+
+kernels::AttentionLayout layout_of(const Tensor& heads) { return {heads.stride(0), heads.stride(1), heads.stride(2)}; }
+
+// A new dense (B, H, T, D) tensor whose dims lie in memory in the order of
+// `like`'s strides (torch's empty_like): out for q read from a (B, T, H, D)
+// projection is written (B, T, H, D), so merging its heads back to (B, T, E)
+// is a view, and dq lands where the projection's gradient needs it.
+Tensor empty_heads_like(const Tensor& like, DType dtype) {
+  std::vector<int64_t> order = {0, 1, 2};  // outermost first
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return like.stride(a) > like.stride(b); });
+  order.push_back(3);
+  Shape shape;
+  for (int64_t d : order) shape.push_back(like.size(d));
+  std::vector<int64_t> back(4);
+  for (int64_t i = 0; i < 4; ++i) back[order[i]] = i;
+  return empty(shape, {.dtype = dtype, .device = like.device()}).permute(back);
+}
+
 // (B, H) of the fused kernels for inputs of rank `rank` with leading dims `lead`.
 std::pair<int64_t, int64_t> batch_heads(const Shape& lead) {
   if (lead.empty()) return {1, 1};
@@ -148,12 +178,18 @@ Tensor scaled_dot_product_attention(const Tensor& query, const Tensor& key, cons
   args.scale = softmax_scale;
   args.dropout_p = static_cast<float>(dropout_p);
 
-  Tensor q, k, v, mask, out, lse;
+  // Inputs of rank 4 are read through their strides and out takes q's
+  // layout; other ranks fold their leading dims into dense (B, H, ...) tensors.
+  const bool strided = query.dim() == 4;
+  Tensor q, k, v, mask, out, out_heads, lse;
   {
     NoGradGuard no_grad;
-    q = query.contiguous();
-    k = key.contiguous();
-    v = value.contiguous();
+    q = strided ? as_heads(query, B, H) : query.contiguous().reshape({B, H, L, E});
+    k = strided ? as_heads(key, B, H) : key.contiguous().reshape({B, H, S, E});
+    v = strided ? as_heads(value, B, H) : value.contiguous().reshape({B, H, S, E});
+    args.q_layout = layout_of(q);
+    args.k_layout = layout_of(k);
+    args.v_layout = layout_of(v);
     if (attn_mask.defined()) {
       Shape scores = query.shape();
       scores.back() = S;
@@ -175,46 +211,63 @@ Tensor scaled_dot_product_attention(const Tensor& query, const Tensor& key, cons
     args.q = q.data_ptr();
     args.k = k.data_ptr();
     args.v = v.data_ptr();
-    out = empty(query.shape(), {.dtype = dtype, .device = query.device()});
+    out_heads = strided ? empty_heads_like(q, dtype) : empty({B, H, L, E}, {.dtype = dtype, .device = query.device()});
+    args.out_layout = layout_of(out_heads);
     lse = empty({B, H, L}, {.dtype = dtype == DType::f64 ? DType::f64 : DType::f32, .device = query.device()});
-    if (dropout_p > 0.0 && out.numel() > 0) {
+    if (dropout_p > 0.0 && out_heads.numel() > 0) {
       const GeneratorState state = default_generator(query.device()).advance(kernels::attention_dropout_counters(args));
       args.seed = state.seed;
       args.offset = state.offset;
       args.replay = state.replay;
     }
-    if (out.numel() > 0) {
+    if (out_heads.numel() > 0) {
       if (query.is_cpu()) {
-        kernels::attention_forward_cpu(args, out.data_ptr(), lse.data_ptr());
+        kernels::attention_forward_cpu(args, out_heads.data_ptr(), lse.data_ptr());
       } else {
-        kernels::attention_forward_cuda(args, out.data_ptr(), lse.data_ptr(), launch_on(query, kOp).stream);
+        kernels::attention_forward_cuda(args, out_heads.data_ptr(), lse.data_ptr(), launch_on(query, kOp).stream);
       }
     }
+    out = out_heads.reshape(query.shape());  // a view: dense, or rank 4
   }
   if (autograd::any_requires_grad({&query, &key, &value})) {
     const bool need_dq = query.requires_grad(), need_dk = key.requires_grad(), need_dv = value.requires_grad();
     autograd::record(
         kOp, {query, key, value}, {out},
         [args, mask, need_dq, need_dk, need_dv, sq = autograd::SavedTensor(q, kOp), sk = autograd::SavedTensor(k, kOp),
-         sv = autograd::SavedTensor(v, kOp), so = autograd::SavedTensor(out.detach(), kOp),  // not out: a cycle
-         lse](const autograd::TensorList& grads) -> autograd::TensorList {
+         sv = autograd::SavedTensor(v, kOp), so = autograd::SavedTensor(out_heads, kOp),  // not out: a cycle
+         lse, query_shape = query.shape(), key_shape = key.shape(),
+         value_shape = value.shape()](const autograd::TensorList& grads) -> autograd::TensorList {
           const Tensor q = sq.unpack(), k = sk.unpack(), v = sv.unpack(), out = so.unpack();
-          const Tensor dout = grads[0].contiguous();
-          const TensorOptions options{.dtype = q.dtype(), .device = q.device()};
-          Tensor dq = need_dq ? empty(q.shape(), options) : Tensor();
-          Tensor dk = need_dk ? empty(k.shape(), options) : Tensor();
-          Tensor dv = need_dv ? empty(v.shape(), options) : Tensor();
+          const int64_t B = q.size(0), H = q.size(1);
+          const Tensor dout = as_heads(grads[0], B, H);
+          const DType dtype = q.dtype();
+          // Each gradient laid out as its input's heads (rank 4), then in the input's shape.
+          const auto gradient = [&](bool needed, const Tensor& like) {
+            return needed ? empty_heads_like(like, dtype) : Tensor();
+          };
+          Tensor dq = gradient(need_dq, q), dk = gradient(need_dk, k), dv = gradient(need_dv, v);
+          const auto shaped = [](const Tensor& heads, const Shape& shape) {
+            return heads.defined() ? heads.reshape(shape) : Tensor();
+          };
           if (q.numel() == 0 || k.numel() == 0) {
             for (Tensor* t : {&dq, &dk, &dv}) {
               if (t->defined()) t->zero_();
             }
-            return {dq, dk, dv};
+            return {shaped(dq, query_shape), shaped(dk, key_shape), shaped(dv, value_shape)};
           }
           kernels::AttentionGradArgs grad_args;
           grad_args.forward = args;
           grad_args.forward.q = q.data_ptr();
           grad_args.forward.k = k.data_ptr();
           grad_args.forward.v = v.data_ptr();
+          grad_args.forward.q_layout = layout_of(q);
+          grad_args.forward.k_layout = layout_of(k);
+          grad_args.forward.v_layout = layout_of(v);
+          grad_args.forward.out_layout = layout_of(out);
+          grad_args.dout_layout = layout_of(dout);
+          if (dq.defined()) grad_args.dq_layout = layout_of(dq);
+          if (dk.defined()) grad_args.dk_layout = layout_of(dk);
+          if (dv.defined()) grad_args.dv_layout = layout_of(dv);
           if (mask.defined() && mask.dtype() == DType::f64) {
             grad_args.forward.mask.data_f64 = mask.data<double>();
           } else if (mask.defined()) {
@@ -235,7 +288,7 @@ Tensor scaled_dot_product_attention(const Tensor& query, const Tensor& key, cons
                                      {.dtype = DType::u8, .device = q.device()});
             kernels::attention_backward_cuda(grad_args, workspace.data_ptr(), scope.stream);
           }
-          return {dq, dk, dv};
+          return {shaped(dq, query_shape), shaped(dk, key_shape), shaped(dv, value_shape)};
         });
   }
   return out;

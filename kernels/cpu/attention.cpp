@@ -8,7 +8,9 @@
 //     the sums need no atomics and come out the same bits on every run and
 //     for every thread count. Scores and probabilities are recomputed from
 //     lse, tile by tile.
-// Float32 and float64 (the front end converts 16-bit inputs to float32).
+// Operands are read and written through their layouts (row strides in the
+// tiles' Eigen maps). Float32 and float64 (the front end converts 16-bit
+// inputs to float32).
 #include <Eigen/Core>
 #include <algorithm>
 #include <cmath>
@@ -29,6 +31,25 @@ constexpr int64_t kQueryBlock = 64;
 constexpr int64_t kKeyBlock = 64;
 
 enum class Slot { scores, grads, output, row_max, row_sum, row_dot, kSlots };
+
+// Row-major tiles with a row stride (an operand's layout.row).
+template <typename T>
+using TileMap = Eigen::Map<MatrixRM<T>, 0, Eigen::OuterStride<>>;
+template <typename T>
+using ConstTileMap = Eigen::Map<const MatrixRM<T>, 0, Eigen::OuterStride<>>;
+
+// One (b, h) of an operand: its first row and its row stride.
+template <typename T>
+struct HeadRows {
+  T* base = nullptr;
+  int64_t row = 0;
+  T* at(int64_t i) const { return base + i * row; }
+};
+
+template <typename T>
+HeadRows<T> head_rows(T* data, const AttentionLayout& layout, int64_t bh, int64_t heads) {
+  return {data + bh / heads * layout.batch + bh % heads * layout.head, layout.row};
+}
 
 // Additive mask (of the problem's float type M) and causal rule of one (b, h).
 template <typename M>
@@ -97,6 +118,9 @@ void forward(const AttentionArgs& args, T* out, T* lse) {
   const T scale = static_cast<T>(args.scale);
   const T neg_inf = -std::numeric_limits<T>::infinity();
   const Dropout dropout = dropout_of(args);
+  const int64_t H = args.heads;
+  const AttentionLayout q_layout = resolved(args.q_layout, H, Tq, D), k_layout = resolved(args.k_layout, H, Tk, D),
+                        v_layout = resolved(args.v_layout, H, Tk, D), out_layout = resolved(args.out_layout, H, Tq, D);
   const auto* q = static_cast<const T*>(args.q);
   const auto* k = static_cast<const T*>(args.k);
   const auto* v = static_cast<const T*>(args.v);
@@ -113,13 +137,15 @@ void forward(const AttentionArgs& args, T* out, T* lse) {
     std::fill(acc, acc + rows * D, T(0));
     std::fill(row_max, row_max + rows, neg_inf);
     std::fill(row_sum, row_sum + rows, T(0));
-    ConstMapRM<T> q_tile(q + (bh * Tq + q0) * D, rows, D);  // (rows, D)
+    const HeadRows<const T> q_head = head_rows(q, q_layout, bh, H), k_head = head_rows(k, k_layout, bh, H),
+                            v_head = head_rows(v, v_layout, bh, H);
+    ConstTileMap<T> q_tile(q_head.at(q0), rows, D, Eigen::OuterStride<>(q_head.row));  // (rows, D)
     MapRM<T> acc_tile(acc, rows, D);
     const int64_t end = key_end(args, q0, rows);
     for (int64_t k0 = 0; k0 < end; k0 += kKeyBlock) {
       const int64_t cols = std::min(kKeyBlock, end - k0);
-      ConstMapRM<T> k_tile(k + (bh * Tk + k0) * D, cols, D);  // (cols, D)
-      ConstMapRM<T> v_tile(v + (bh * Tk + k0) * D, cols, D);
+      ConstTileMap<T> k_tile(k_head.at(k0), cols, D, Eigen::OuterStride<>(k_head.row));  // (cols, D)
+      ConstTileMap<T> v_tile(v_head.at(k0), cols, D, Eigen::OuterStride<>(v_head.row));
       MapRM<T> s(scores, rows, cols);
       s.noalias() = scale * (q_tile * k_tile.transpose());
       for (int64_t r = 0; r < rows; ++r) {
@@ -148,11 +174,12 @@ void forward(const AttentionArgs& args, T* out, T* lse) {
       }
       acc_tile.noalias() += s * v_tile;
     }
-    T* out_rows = out + (bh * Tq + q0) * D;
+    const HeadRows<T> out_head = head_rows(out, out_layout, bh, H);
     for (int64_t r = 0; r < rows; ++r) {
       const bool empty_row = row_sum[r] == T(0);
       const T inverse = empty_row ? T(0) : T(1) / row_sum[r];
-      for (int64_t d = 0; d < D; ++d) out_rows[r * D + d] = acc[r * D + d] * inverse;
+      T* out_row = out_head.at(q0 + r);
+      for (int64_t d = 0; d < D; ++d) out_row[d] = acc[r * D + d] * inverse;
       lse[bh * Tq + q0 + r] = empty_row ? neg_inf : row_max[r] + std::log(row_sum[r]);
     }
   }
@@ -174,6 +201,13 @@ void backward(const AttentionGradArgs& grad_args) {
   auto* dq = static_cast<T*>(grad_args.dq);
   auto* dk = static_cast<T*>(grad_args.dk);
   auto* dv = static_cast<T*>(grad_args.dv);
+  const int64_t H = args.heads;
+  const AttentionLayout q_layout = resolved(args.q_layout, H, Tq, D), k_layout = resolved(args.k_layout, H, Tk, D),
+                        v_layout = resolved(args.v_layout, H, Tk, D), out_layout = resolved(args.out_layout, H, Tq, D),
+                        dout_layout = resolved(grad_args.dout_layout, H, Tq, D),
+                        dq_layout = resolved(grad_args.dq_layout, H, Tq, D),
+                        dk_layout = resolved(grad_args.dk_layout, H, Tk, D),
+                        dv_layout = resolved(grad_args.dv_layout, H, Tk, D);
 #pragma omp parallel for schedule(dynamic) if (BH > 1 && BH * Tq * Tk * D > (1 << 16))
   for (int64_t bh = 0; bh < BH; ++bh) {
     const HeadMask<T> mask = head_mask<T>(args, bh);
@@ -185,37 +219,44 @@ void backward(const AttentionGradArgs& grad_args) {
     const size_t scratch = static_cast<size_t>((dq == nullptr ? Tq * D : 0) + (dk == nullptr ? Tk * D : 0) +
                                                (dv == nullptr ? Tk * D : 0));
     T* spare = thread_buffer<T>(std::max<size_t>(scratch, 1), Slot::output);
-    T* dq_head = dq != nullptr ? dq + bh * Tq * D : spare;
-    if (dq == nullptr) spare += Tq * D;
-    T* dk_head = dk != nullptr ? dk + bh * Tk * D : spare;
-    if (dk == nullptr) spare += Tk * D;
-    T* dv_head = dv != nullptr ? dv + bh * Tk * D : spare;
-    std::fill(dq_head, dq_head + Tq * D, T(0));
-    std::fill(dk_head, dk_head + Tk * D, T(0));
-    std::fill(dv_head, dv_head + Tk * D, T(0));
-    const T* q_head = q + bh * Tq * D;
-    const T* k_head = k + bh * Tk * D;
-    const T* v_head = v + bh * Tk * D;
-    const T* dout_head = dout + bh * Tq * D;
+    // An asked-for gradient's head through its layout, else dense rows of the scratch.
+    const auto gradient_head = [&](T* data, const AttentionLayout& layout, int64_t len) {
+      if (data != nullptr) return head_rows(data, layout, bh, H);
+      const HeadRows<T> rows{spare, D};
+      spare += len * D;
+      return rows;
+    };
+    const HeadRows<T> dq_head = gradient_head(dq, dq_layout, Tq), dk_head = gradient_head(dk, dk_layout, Tk),
+                      dv_head = gradient_head(dv, dv_layout, Tk);
+    for (int64_t i = 0; i < Tq; ++i) std::fill(dq_head.at(i), dq_head.at(i) + D, T(0));
+    for (int64_t j = 0; j < Tk; ++j) {
+      std::fill(dk_head.at(j), dk_head.at(j) + D, T(0));
+      std::fill(dv_head.at(j), dv_head.at(j) + D, T(0));
+    }
+    const HeadRows<const T> q_head = head_rows(q, q_layout, bh, H), k_head = head_rows(k, k_layout, bh, H),
+                            v_head = head_rows(v, v_layout, bh, H), out_head = head_rows(out, out_layout, bh, H),
+                            dout_head = head_rows(dout, dout_layout, bh, H);
     const T* lse_head = lse + bh * Tq;
     // D_i = dout_i . out_i (= sum_j P_ij dP_ij with dropout folded in).
     for (int64_t i = 0; i < Tq; ++i) {
       T dot = 0;
-      for (int64_t d = 0; d < D; ++d) dot += dout_head[i * D + d] * out[(bh * Tq + i) * D + d];
+      const T* dout_row = dout_head.at(i);
+      const T* out_row = out_head.at(i);
+      for (int64_t d = 0; d < D; ++d) dot += dout_row[d] * out_row[d];
       row_dot[i] = dot;
     }
     for (int64_t q0 = 0; q0 < Tq; q0 += kQueryBlock) {
       const int64_t rows = std::min(kQueryBlock, Tq - q0);
-      ConstMapRM<T> q_tile(q_head + q0 * D, rows, D);
-      ConstMapRM<T> dout_tile(dout_head + q0 * D, rows, D);
-      MapRM<T> dq_tile(dq_head + q0 * D, rows, D);
+      ConstTileMap<T> q_tile(q_head.at(q0), rows, D, Eigen::OuterStride<>(q_head.row));
+      ConstTileMap<T> dout_tile(dout_head.at(q0), rows, D, Eigen::OuterStride<>(dout_head.row));
+      TileMap<T> dq_tile(dq_head.at(q0), rows, D, Eigen::OuterStride<>(dq_head.row));
       const int64_t end = key_end(args, q0, rows);
       for (int64_t k0 = 0; k0 < end; k0 += kKeyBlock) {
         const int64_t cols = std::min(kKeyBlock, end - k0);
-        ConstMapRM<T> k_tile(k_head + k0 * D, cols, D);
-        ConstMapRM<T> v_tile(v_head + k0 * D, cols, D);
-        MapRM<T> dk_tile(dk_head + k0 * D, cols, D);
-        MapRM<T> dv_tile(dv_head + k0 * D, cols, D);
+        ConstTileMap<T> k_tile(k_head.at(k0), cols, D, Eigen::OuterStride<>(k_head.row));
+        ConstTileMap<T> v_tile(v_head.at(k0), cols, D, Eigen::OuterStride<>(v_head.row));
+        TileMap<T> dk_tile(dk_head.at(k0), cols, D, Eigen::OuterStride<>(dk_head.row));
+        TileMap<T> dv_tile(dv_head.at(k0), cols, D, Eigen::OuterStride<>(dv_head.row));
         MapRM<T> p(probs, rows, cols);
         MapRM<T> ds(grads, rows, cols);
         p.noalias() = scale * (q_tile * k_tile.transpose());

@@ -133,11 +133,11 @@ static_assert(DkdvLayout<float, 128>::kBytes <= kMaxSmem && DqLayout<float, 128>
 
 // ---------------------------------------------------------------- tile loads and stores
 
-// Rows [row0, row0 + kRows) of a dense (rows, D) matrix into a shared tile
-// with row stride ld; rows past `rows` become zeros (a NaN left in shared
+// Rows [row0, row0 + kRows) of a (rows, D) matrix of row stride src_ld (its
+// D elements dense) into a shared tile with row stride ld; rows past `rows` become zeros (a NaN left in shared
 // memory would survive a multiplication by p = 0).
 template <int D, int kRows, typename T>
-__device__ __forceinline__ void load_rows(T* tile, int ld, const T* src, int64_t row0, int64_t rows,
+__device__ __forceinline__ void load_rows(T* tile, int ld, const T* src, int64_t src_ld, int64_t row0, int64_t rows,
                                           bool vector_loads) {
   constexpr int kVec = 16 / static_cast<int>(sizeof(T));  // elements per 16 bytes
   constexpr int kChunks = D / kVec;                         // 16-byte chunks per row
@@ -147,9 +147,9 @@ __device__ __forceinline__ void load_rows(T* tile, int ld, const T* src, int64_t
     if (row0 + r >= rows) {
       *reinterpret_cast<uint4*>(to) = make_uint4(0, 0, 0, 0);
     } else if (vector_loads) {
-      *reinterpret_cast<uint4*>(to) = *reinterpret_cast<const uint4*>(src + (row0 + r) * D + col);
+      *reinterpret_cast<uint4*>(to) = *reinterpret_cast<const uint4*>(src + (row0 + r) * src_ld + col);
     } else {
-      for (int e = 0; e < kVec; ++e) to[e] = src[(row0 + r) * D + col + e];
+      for (int e = 0; e < kVec; ++e) to[e] = src[(row0 + r) * src_ld + col + e];
     }
   }
 }
@@ -338,12 +338,12 @@ __global__ void __launch_bounds__(kThreads) attention_forward_kernel(Params p) {
   const int64_t bh = blockIdx.x / q_blocks;
   const int64_t q0 = (q_blocks - 1 - blockIdx.x % q_blocks) * kBlockRows;
   const int64_t mask_base = bh / p.heads * p.mask_stride_b + bh % p.heads * p.mask_stride_h;
-  const T* q = static_cast<const T*>(p.q) + bh * p.q_len * D;   // (Tq, D)
-  const T* k = static_cast<const T*>(p.k) + bh * p.kv_len * D;  // (Tk, D)
-  const T* v = static_cast<const T*>(p.v) + bh * p.kv_len * D;  // (Tk, D)
+  const T* q = static_cast<const T*>(p.q) + head_offset(p.q_layout, bh, p.heads);  // (Tq, D)
+  const T* k = static_cast<const T*>(p.k) + head_offset(p.k_layout, bh, p.heads);  // (Tk, D)
+  const T* v = static_cast<const T*>(p.v) + head_offset(p.v_layout, bh, p.heads);  // (Tk, D)
   const int64_t rows[2] = {q0 + warp * kWarpRows + g, q0 + warp * kWarpRows + g + 8};
 
-  load_rows<D, kBlockRows>(q_tile, L::kLd, q, q0, p.q_len, p.vector_loads);
+  load_rows<D, kBlockRows>(q_tile, L::kLd, q, p.q_layout.row, q0, p.q_len, p.vector_loads);
 
   float m[2] = {kNegInf, kNegInf};  // running max of each row
   float l[2] = {0.0f, 0.0f};        // this lane's part of the running sum of exp(s - m)
@@ -351,8 +351,8 @@ __global__ void __launch_bounds__(kThreads) attention_forward_kernel(Params p) {
   const int64_t k_end = p.causal && q0 + kBlockRows < p.kv_len ? q0 + kBlockRows : p.kv_len;
   for (int64_t k0 = 0; k0 < k_end; k0 += N) {
     __syncthreads();  // the previous step's K, V and P are no longer read
-    load_rows<D, N>(k_tile, L::kLd, k, k0, p.kv_len, p.vector_loads);
-    load_rows<D, N>(v_tile, L::kLd, v, k0, p.kv_len, p.vector_loads);
+    load_rows<D, N>(k_tile, L::kLd, k, p.k_layout.row, k0, p.kv_len, p.vector_loads);
+    load_rows<D, N>(v_tile, L::kLd, v, p.v_layout.row, k0, p.kv_len, p.vector_loads);
     __syncthreads();
 
     float s[NT][4] = {};  // (16, N) scores
@@ -397,14 +397,14 @@ __global__ void __launch_bounds__(kThreads) attention_forward_kernel(Params p) {
     gemm_nn<DT, N>(acc, p_tile, L::kLdCols, v_tile, L::kLd);
   }
 
-  T* out = static_cast<T*>(p.out) + bh * p.q_len * D;  // (Tq, D)
+  T* out = static_cast<T*>(p.out) + head_offset(p.out_layout, bh, p.heads);  // (Tq, D)
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const float sum = quad_sum(l[h]);
     if (rows[h] >= p.q_len) continue;
     const bool empty = m[h] == kNegInf;  // no allowed key: out = 0, lse = -inf
     const float inv = empty ? 0.0f : p.dropout_scale / sum;
-    T* out_row = out + rows[h] * D;
+    T* out_row = out + rows[h] * p.out_layout.row;
 #pragma unroll
     for (int n = 0; n < DT; ++n) {
       out_row[8 * n + 2 * t] = from_acc<T>(acc[n][2 * h] * inv);
@@ -416,15 +416,21 @@ __global__ void __launch_bounds__(kThreads) attention_forward_kernel(Params p) {
 
 // ---------------------------------------------------------------- backward
 
-// delta_i = sum_d dout_id * out_id for rows (B * H * Tq) of (rows, D); one warp per row.
+// delta_i = sum_d dout_id * out_id for the B * H * Tq query rows (row bh * Tq + i
+// of delta); one warp per row.
 template <typename T>
-__global__ void __launch_bounds__(kThreads) attention_delta_kernel(const T* out, const T* dout, float* delta,
+__global__ void __launch_bounds__(kThreads) attention_delta_kernel(const T* out, AttentionLayout out_layout,
+                                                                   const T* dout, AttentionLayout dout_layout,
+                                                                   float* delta, int64_t heads, int64_t q_len,
                                                                    int64_t rows, int D) {
   const int64_t row = blockIdx.x * int64_t{kWarps} + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (row >= rows) return;  // the whole warp
+  const int64_t bh = row / q_len, i = row % q_len;
+  const T* out_row = out + head_offset(out_layout, bh, heads) + i * out_layout.row;
+  const T* dout_row = dout + head_offset(dout_layout, bh, heads) + i * dout_layout.row;
   float sum = 0.0f;
-  for (int d = lane; d < D; d += 32) sum += to_acc(dout[row * D + d]) * to_acc(out[row * D + d]);
+  for (int d = lane; d < D; d += 32) sum += to_acc(dout_row[d]) * to_acc(out_row[d]);
   for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
   if (lane == 0) delta[row] = sum;
 }
@@ -451,24 +457,24 @@ __global__ void __launch_bounds__(kThreads) attention_dkdv_kernel(Params p) {
   const int64_t bh = blockIdx.x / k_blocks;
   const int64_t k0 = blockIdx.x % k_blocks * kBlockRows;
   const int64_t mask_base = bh / p.heads * p.mask_stride_b + bh % p.heads * p.mask_stride_h;
-  const T* q = static_cast<const T*>(p.q) + bh * p.q_len * D;        // (Tq, D)
-  const T* dout = static_cast<const T*>(p.dout) + bh * p.q_len * D;  // (Tq, D)
+  const T* q = static_cast<const T*>(p.q) + head_offset(p.q_layout, bh, p.heads);           // (Tq, D)
+  const T* dout = static_cast<const T*>(p.dout) + head_offset(p.dout_layout, bh, p.heads);  // (Tq, D)
   const float* lse = p.lse + bh * p.q_len;                           // (Tq)
   const float* delta = p.delta + bh * p.q_len;                       // (Tq)
   const int64_t keys[2] = {k0 + warp * kWarpRows + g, k0 + warp * kWarpRows + g + 8};
 
-  load_rows<D, kBlockRows>(k_tile, L::kLd, static_cast<const T*>(p.k) + bh * p.kv_len * D, k0, p.kv_len,
-                           p.vector_loads);
-  load_rows<D, kBlockRows>(v_tile, L::kLd, static_cast<const T*>(p.v) + bh * p.kv_len * D, k0, p.kv_len,
-                           p.vector_loads);
+  load_rows<D, kBlockRows>(k_tile, L::kLd, static_cast<const T*>(p.k) + head_offset(p.k_layout, bh, p.heads),
+                           p.k_layout.row, k0, p.kv_len, p.vector_loads);
+  load_rows<D, kBlockRows>(v_tile, L::kLd, static_cast<const T*>(p.v) + head_offset(p.v_layout, bh, p.heads),
+                           p.v_layout.row, k0, p.kv_len, p.vector_loads);
 
   float dk[DT][4] = {};  // (16, D) sum of dS^T Q, times scale at the end
   float dv[DT][4] = {};  // (16, D) sum of P_dropped^T dO
   // Causal: queries i < k0 see none of these keys (k0 is a multiple of N).
   for (int64_t q0 = p.causal ? k0 : 0; q0 < p.q_len; q0 += N) {
     __syncthreads();  // the previous step's tiles are no longer read
-    load_rows<D, N>(q_tile, L::kLd, q, q0, p.q_len, p.vector_loads);
-    load_rows<D, N>(do_tile, L::kLd, dout, q0, p.q_len, p.vector_loads);
+    load_rows<D, N>(q_tile, L::kLd, q, p.q_layout.row, q0, p.q_len, p.vector_loads);
+    load_rows<D, N>(do_tile, L::kLd, dout, p.dout_layout.row, q0, p.q_len, p.vector_loads);
     for (int c = threadIdx.x; c < N; c += kThreads) {
       lse_tile[c] = q0 + c < p.q_len ? lse[q0 + c] : kNegInf;
       delta_tile[c] = q0 + c < p.q_len ? delta[q0 + c] : 0.0f;
@@ -539,8 +545,8 @@ __global__ void __launch_bounds__(kThreads) attention_dq_kernel(Params p) {
   const int64_t bh = blockIdx.x / q_blocks;
   const int64_t q0 = (q_blocks - 1 - blockIdx.x % q_blocks) * kBlockRows;
   const int64_t mask_base = bh / p.heads * p.mask_stride_b + bh % p.heads * p.mask_stride_h;
-  const T* k = static_cast<const T*>(p.k) + bh * p.kv_len * D;  // (Tk, D)
-  const T* v = static_cast<const T*>(p.v) + bh * p.kv_len * D;  // (Tk, D)
+  const T* k = static_cast<const T*>(p.k) + head_offset(p.k_layout, bh, p.heads);  // (Tk, D)
+  const T* v = static_cast<const T*>(p.v) + head_offset(p.v_layout, bh, p.heads);  // (Tk, D)
   const int64_t rows[2] = {q0 + warp * kWarpRows + g, q0 + warp * kWarpRows + g + 8};
   float lse[2], delta[2];
 #pragma unroll
@@ -549,17 +555,17 @@ __global__ void __launch_bounds__(kThreads) attention_dq_kernel(Params p) {
     delta[h] = rows[h] < p.q_len ? p.delta[bh * p.q_len + rows[h]] : 0.0f;
   }
 
-  load_rows<D, kBlockRows>(q_tile, L::kLd, static_cast<const T*>(p.q) + bh * p.q_len * D, q0, p.q_len,
-                           p.vector_loads);
-  load_rows<D, kBlockRows>(do_tile, L::kLd, static_cast<const T*>(p.dout) + bh * p.q_len * D, q0, p.q_len,
-                           p.vector_loads);
+  load_rows<D, kBlockRows>(q_tile, L::kLd, static_cast<const T*>(p.q) + head_offset(p.q_layout, bh, p.heads),
+                           p.q_layout.row, q0, p.q_len, p.vector_loads);
+  load_rows<D, kBlockRows>(do_tile, L::kLd, static_cast<const T*>(p.dout) + head_offset(p.dout_layout, bh, p.heads),
+                           p.dout_layout.row, q0, p.q_len, p.vector_loads);
 
   float dq[DT][4] = {};  // (16, D) sum of dS K, times scale at the end
   const int64_t k_end = p.causal && q0 + kBlockRows < p.kv_len ? q0 + kBlockRows : p.kv_len;
   for (int64_t k0 = 0; k0 < k_end; k0 += N) {
     __syncthreads();  // the previous step's K, V and dS are no longer read
-    load_rows<D, N>(k_tile, L::kLd, k, k0, p.kv_len, p.vector_loads);
-    load_rows<D, N>(v_tile, L::kLd, v, k0, p.kv_len, p.vector_loads);
+    load_rows<D, N>(k_tile, L::kLd, k, p.k_layout.row, k0, p.kv_len, p.vector_loads);
+    load_rows<D, N>(v_tile, L::kLd, v, p.v_layout.row, k0, p.kv_len, p.vector_loads);
     __syncthreads();
 
     float s[NT][4] = {};   // (16, N) scores, then probabilities
@@ -671,7 +677,8 @@ void attention_backward_cuda(const AttentionGradArgs& args, void* workspace, cud
       const int64_t blocks = ceil_div(rows, kWarps);
       KILN_CHECK(blocks <= INT32_MAX, op, ": ", rows, " rows exceed one launch");
       attention_delta_kernel<T><<<static_cast<unsigned>(blocks), kThreads, 0, cuda_stream>>>(
-          static_cast<const T*>(args.out), static_cast<const T*>(args.dout), static_cast<float*>(workspace), rows, D);
+          static_cast<const T*>(args.out), p.out_layout, static_cast<const T*>(args.dout), p.dout_layout,
+          static_cast<float*>(workspace), a.heads, a.q_len, rows, D);
       cuda::check_last_launch("scaled_dot_product_attention backward (delta)");
     }
     if (use_tensor_core_kernels(a)) {

@@ -18,8 +18,10 @@
 
 namespace kiln::kernels {
 
-// The head of both Params: 152 bytes without padding, so the fields each
+// The head of both Params: 344 bytes without padding, so the fields each
 // Params adds after it keep the offsets they would have in one flat struct.
+// Each (B, H, T, D) operand has its layout (kernels/attention.h), resolved:
+// a head's rows start at b * batch + h * head, row i at + i * row.
 struct AttentionTensors {
   const void* q = nullptr;     // (B, H, Tq, D)
   const void* k = nullptr;     // (B, H, Tk, D)
@@ -35,8 +37,9 @@ struct AttentionTensors {
   void* dk = nullptr;            // (B, H, Tk, D) or null
   void* dv = nullptr;            // (B, H, Tk, D) or null
   int64_t heads = 0, q_len = 0, kv_len = 0;
+  AttentionLayout q_layout, k_layout, v_layout, out_layout, dout_layout, dq_layout, dk_layout, dv_layout;
 };
-static_assert(sizeof(AttentionTensors) == 152 && alignof(AttentionTensors) == 8, "no tail padding");
+static_assert(sizeof(AttentionTensors) == 344 && alignof(AttentionTensors) == 8, "no tail padding");
 
 namespace {
 
@@ -53,6 +56,13 @@ __device__ __forceinline__ float quad_max(float x) {
 __device__ __forceinline__ float quad_sum(float x) {
   x += __shfl_xor_sync(0xffffffffu, x, 1);
   return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+
+// ---------------------------------------------------------------- layouts
+
+// Where head bh = b * H + h of an operand starts (elements).
+__device__ __forceinline__ int64_t head_offset(const AttentionLayout& layout, int64_t bh, int64_t heads) {
+  return bh / heads * layout.batch + bh % heads * layout.head;
 }
 
 // ---------------------------------------------------------------- dropout
@@ -74,7 +84,7 @@ __device__ __forceinline__ void store_dq(const Params& p, const float (&dq)[D / 
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     if (row + 8 * h >= p.q_len) continue;
-    const int64_t at = (bh * p.q_len + row + 8 * h) * D;
+    const int64_t at = head_offset(p.dq_layout, bh, p.heads) + (row + 8 * h) * p.dq_layout.row;
 #pragma unroll
     for (int n = 0; n < D / 8; ++n) {
       dq_out[at + 8 * n + 2 * t] = from_acc<T>(dq[n][2 * h] * p.scale);
@@ -92,13 +102,14 @@ __device__ __forceinline__ void store_dkdv(const Params& p, const float (&dk)[D 
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     if (key + 8 * h >= p.kv_len) continue;
-    const int64_t at = (bh * p.kv_len + key + 8 * h) * D;
+    const int64_t dk_at = head_offset(p.dk_layout, bh, p.heads) + (key + 8 * h) * p.dk_layout.row;
+    const int64_t dv_at = head_offset(p.dv_layout, bh, p.heads) + (key + 8 * h) * p.dv_layout.row;
 #pragma unroll
     for (int n = 0; n < D / 8; ++n) {
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
-        if (dk_out != nullptr) dk_out[at + 8 * n + 2 * t + e] = from_acc<T>(dk[n][2 * h + e] * p.scale);
-        if (dv_out != nullptr) dv_out[at + 8 * n + 2 * t + e] = from_acc<T>(dv[n][2 * h + e]);
+        if (dk_out != nullptr) dk_out[dk_at + 8 * n + 2 * t + e] = from_acc<T>(dk[n][2 * h + e] * p.scale);
+        if (dv_out != nullptr) dv_out[dv_at + 8 * n + 2 * t + e] = from_acc<T>(dv[n][2 * h + e]);
       }
     }
   }
@@ -107,6 +118,12 @@ __device__ __forceinline__ void store_dkdv(const Params& p, const float (&dk)[D 
 // ---------------------------------------------------------------- host side
 
 inline bool aligned16(const void* pointer) { return reinterpret_cast<uintptr_t>(pointer) % 16 == 0; }
+
+// Whether every row of an operand starts 16-byte aligned (vector loads, cp.async).
+inline bool rows_aligned16(const void* data, const AttentionLayout& layout, size_t element_bytes) {
+  const auto aligned = [&](int64_t stride) { return static_cast<size_t>(stride) * element_bytes % 16 == 0; };
+  return aligned16(data) && aligned(layout.batch) && aligned(layout.head) && aligned(layout.row);
+}
 
 // The Params (either set's) of a forward problem; the caller sets the outputs.
 template <typename Params>
@@ -133,7 +150,14 @@ Params params_of(const AttentionArgs& a) {
   p.offset = a.offset;
   p.replay = a.replay;
   p.causal = a.causal;
-  p.vector_loads = aligned16(a.q) && aligned16(a.k) && aligned16(a.v);
+  const int64_t H = a.heads, D = a.head_dim;
+  p.q_layout = resolved(a.q_layout, H, a.q_len, D);
+  p.k_layout = resolved(a.k_layout, H, a.kv_len, D);
+  p.v_layout = resolved(a.v_layout, H, a.kv_len, D);
+  p.out_layout = resolved(a.out_layout, H, a.q_len, D);
+  const size_t bytes = dtype_size(a.dtype);
+  p.vector_loads = rows_aligned16(a.q, p.q_layout, bytes) && rows_aligned16(a.k, p.k_layout, bytes) &&
+                   rows_aligned16(a.v, p.v_layout, bytes);
   return p;
 }
 
@@ -147,7 +171,13 @@ Params backward_params_of(const AttentionGradArgs& args, const float* delta) {
   p.dq = args.dq;
   p.dk = args.dk;
   p.dv = args.dv;
-  p.vector_loads = p.vector_loads && aligned16(args.dout);
+  const AttentionArgs& a = args.forward;
+  const int64_t H = a.heads, D = a.head_dim;
+  p.dout_layout = resolved(args.dout_layout, H, a.q_len, D);
+  p.dq_layout = resolved(args.dq_layout, H, a.q_len, D);
+  p.dk_layout = resolved(args.dk_layout, H, a.kv_len, D);
+  p.dv_layout = resolved(args.dv_layout, H, a.kv_len, D);
+  p.vector_loads = p.vector_loads && rows_aligned16(args.dout, p.dout_layout, dtype_size(a.dtype));
   return p;
 }
 

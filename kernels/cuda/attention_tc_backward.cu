@@ -32,8 +32,8 @@ __global__ void __launch_bounds__(DkdvShape<D>::kThreads, kDropout ? 1 : DkdvSha
   const int64_t k0 = blockIdx.x % k_blocks * M;
   const int64_t j0 = k0 + warp * 16;  // the warp's first key; the lane's are j0 + g and j0 + g + 8
   const int64_t mask_base = bh / p.heads * p.mask_stride_b + bh % p.heads * p.mask_stride_h;
-  const T* q = static_cast<const T*>(p.q) + bh * p.q_len * D;        // (Tq, D)
-  const T* dout = static_cast<const T*>(p.dout) + bh * p.q_len * D;  // (Tq, D)
+  const T* q = static_cast<const T*>(p.q) + head_offset(p.q_layout, bh, p.heads);           // (Tq, D)
+  const T* dout = static_cast<const T*>(p.dout) + head_offset(p.dout_layout, bh, p.heads);  // (Tq, D)
   const float* lse = p.lse + bh * p.q_len;                           // (Tq)
   const float* delta = p.delta + bh * p.q_len;                       // (Tq)
   // Causal: queries i < k0 see none of these keys.
@@ -44,8 +44,8 @@ __global__ void __launch_bounds__(DkdvShape<D>::kThreads, kDropout ? 1 : DkdvSha
   auto load_step = [&](int64_t step) {
     const int64_t i0 = i_begin + step * N;
     T* stage = smem + S::qdo + (step % 2) * S::kStage;
-    load_tile<N, D, S::kThreads>(stage, q, i0, p.q_len, p.vector_loads);
-    load_tile<N, D, S::kThreads>(stage + N * LD, dout, i0, p.q_len, p.vector_loads);
+    load_tile<N, D, S::kThreads>(stage, q, p.q_layout.row, i0, p.q_len, p.vector_loads);
+    load_tile<N, D, S::kThreads>(stage + N * LD, dout, p.dout_layout.row, i0, p.q_len, p.vector_loads);
     float* stage_floats = floats + (step % 2) * 2 * N;
     load_floats<N, S::kThreads>(stage_floats, lse, i0, p.q_len);
     load_floats<N, S::kThreads>(stage_floats + N, delta, i0, p.q_len);
@@ -53,10 +53,10 @@ __global__ void __launch_bounds__(DkdvShape<D>::kThreads, kDropout ? 1 : DkdvSha
 
   // Group 1: this CTA's K and V with query step 0 (nothing when no query sees these keys: dK = dV = 0).
   if (steps > 0) {
-    load_tile<M, D, S::kThreads>(smem + S::k, static_cast<const T*>(p.k) + bh * p.kv_len * D, k0, p.kv_len,
-                                 p.vector_loads);
-    load_tile<M, D, S::kThreads>(smem + S::v, static_cast<const T*>(p.v) + bh * p.kv_len * D, k0, p.kv_len,
-                                 p.vector_loads);
+    load_tile<M, D, S::kThreads>(smem + S::k, static_cast<const T*>(p.k) + head_offset(p.k_layout, bh, p.heads),
+                                 p.k_layout.row, k0, p.kv_len, p.vector_loads);
+    load_tile<M, D, S::kThreads>(smem + S::v, static_cast<const T*>(p.v) + head_offset(p.v_layout, bh, p.heads),
+                                 p.v_layout.row, k0, p.kv_len, p.vector_loads);
     load_step(0);
   }
   cp_async_commit();
@@ -158,8 +158,8 @@ __global__ void __launch_bounds__(DqShape<D>::kThreads, kDropout ? 1 : DqShape<D
   const QueryCta cta = query_cta<M>(p);
   const int warp = cta.warp, lane = cta.lane, g = cta.g, t = cta.t;
   const int64_t bh = cta.bh, q0 = cta.q0, r0 = cta.r0, mask_base = cta.mask_base;
-  const T* k = static_cast<const T*>(p.k) + bh * p.kv_len * D;  // (Tk, D)
-  const T* v = static_cast<const T*>(p.v) + bh * p.kv_len * D;  // (Tk, D)
+  const T* k = static_cast<const T*>(p.k) + head_offset(p.k_layout, bh, p.heads);  // (Tk, D)
+  const T* v = static_cast<const T*>(p.v) + head_offset(p.v_layout, bh, p.heads);  // (Tk, D)
   // Rows past Tq and rows without keys get lse2 = +inf: p = 0 on every path.
   float lse2[2], delta[2];
 #pragma unroll
@@ -175,10 +175,10 @@ __global__ void __launch_bounds__(DqShape<D>::kThreads, kDropout ? 1 : DqShape<D
   auto load_kv = [&](int64_t block) { load_kv_block<S, D>(smem, k, v, block, p); };
 
   // Group 1: this CTA's Q and dO with K/V block 0.
-  load_tile<M, D, S::kThreads>(smem + S::q, static_cast<const T*>(p.q) + bh * p.q_len * D, q0, p.q_len,
-                               p.vector_loads);
-  load_tile<M, D, S::kThreads>(smem + S::dout, static_cast<const T*>(p.dout) + bh * p.q_len * D, q0, p.q_len,
-                               p.vector_loads);
+  load_tile<M, D, S::kThreads>(smem + S::q, static_cast<const T*>(p.q) + head_offset(p.q_layout, bh, p.heads),
+                               p.q_layout.row, q0, p.q_len, p.vector_loads);
+  load_tile<M, D, S::kThreads>(smem + S::dout, static_cast<const T*>(p.dout) + head_offset(p.dout_layout, bh, p.heads),
+                               p.dout_layout.row, q0, p.q_len, p.vector_loads);
   if (blocks > 0) load_kv(0);
   cp_async_commit();
 

@@ -118,14 +118,14 @@ static_assert(DkdvShape<128>::kFloats % 16 == 0, "the float region starts 16-byt
 
 // ---------------------------------------------------------------- tile loads
 
-// Rows [row0, row0 + kRows) of a dense (rows, D) matrix into a shared tile of
-// row stride D + kPad, by all kThreads threads: cp.async when `async`, else
+// Rows [row0, row0 + kRows) of a (rows, D) matrix of row stride `ld` (its
+// D elements dense) into a shared tile of row stride D + kPad, by all kThreads threads: cp.async when `async`, else
 // plain loads and stores. Rows past `rows` become zeros with a plain store (a
 // NaN left in shared memory would survive a multiplication by p = 0). Either
 // way the tile is complete for every thread after this thread's
 // cp_async_wait covering it and a __syncthreads().
 template <int kRows, int D, int kThreads, typename T>
-__device__ __forceinline__ void load_tile(T* tile, const T* src, int64_t row0, int64_t rows, bool async) {
+__device__ __forceinline__ void load_tile(T* tile, const T* src, int64_t ld, int64_t row0, int64_t rows, bool async) {
   constexpr int kChunks = D / 8;  // 16-byte chunks per row
   static_assert(kRows * kChunks % kThreads == 0, "every thread copies the same number of chunks");
 #pragma unroll
@@ -137,23 +137,23 @@ __device__ __forceinline__ void load_tile(T* tile, const T* src, int64_t row0, i
     if (row >= rows) {
       *reinterpret_cast<uint4*>(to) = make_uint4(0, 0, 0, 0);
     } else if (async) {
-      cp_async_16(to, src + row * D + col);
+      cp_async_16(to, src + row * ld + col);
     } else {
 #pragma unroll
-      for (int e = 0; e < 8; ++e) to[e] = src[row * D + col + e];
+      for (int e = 0; e < 8; ++e) to[e] = src[row * ld + col + e];
     }
   }
 }
 
 // Key block `block` (keys block N .. + N - 1, N = S::kCols) of K and V into
 // stage block % 2 of shape S's double buffer: K at S::kv + stage * S::kStage,
-// V N rows after it (the forward's and dQ's K/V stages).
+// V N rows after it (the forward's and dQ's K/V stages); k and v are the head's first rows.
 template <typename S, int D, typename T>
 __device__ __forceinline__ void load_kv_block(T* smem, const T* k, const T* v, int64_t block, const Params& p) {
   constexpr int N = S::kCols;
   T* stage = smem + S::kv + (block % 2) * S::kStage;
-  load_tile<N, D, S::kThreads>(stage, k, block * N, p.kv_len, p.vector_loads);
-  load_tile<N, D, S::kThreads>(stage + N * S::kLd, v, block * N, p.kv_len, p.vector_loads);
+  load_tile<N, D, S::kThreads>(stage, k, p.k_layout.row, block * N, p.kv_len, p.vector_loads);
+  load_tile<N, D, S::kThreads>(stage + N * S::kLd, v, p.v_layout.row, block * N, p.kv_len, p.vector_loads);
 }
 
 // kCount floats [i0, i0 + kCount) of `src` into shared memory, zeros past `count`.

@@ -23,9 +23,9 @@ __global__ void __launch_bounds__(ForwardShape<D>::kThreads, kDropout || kMask ?
   const QueryCta cta = query_cta<M>(p);
   const int warp = cta.warp, lane = cta.lane, g = cta.g, t = cta.t;
   const int64_t bh = cta.bh, q0 = cta.q0, r0 = cta.r0, mask_base = cta.mask_base;
-  const T* q = static_cast<const T*>(p.q) + bh * p.q_len * D;   // (Tq, D)
-  const T* k = static_cast<const T*>(p.k) + bh * p.kv_len * D;  // (Tk, D)
-  const T* v = static_cast<const T*>(p.v) + bh * p.kv_len * D;  // (Tk, D)
+  const T* q = static_cast<const T*>(p.q) + head_offset(p.q_layout, bh, p.heads);  // (Tq, D)
+  const T* k = static_cast<const T*>(p.k) + head_offset(p.k_layout, bh, p.heads);  // (Tk, D)
+  const T* v = static_cast<const T*>(p.v) + head_offset(p.v_layout, bh, p.heads);  // (Tk, D)
   // Causal: row i sees keys j <= i, so the CTA needs keys below q0 + M.
   const int64_t k_end = p.causal && q0 + M < p.kv_len ? q0 + M : p.kv_len;
   const int64_t blocks = ceil_div(k_end, N);
@@ -34,7 +34,7 @@ __global__ void __launch_bounds__(ForwardShape<D>::kThreads, kDropout || kMask ?
   auto load_kv = [&](int64_t block) { load_kv_block<S, D>(smem, k, v, block, p); };
 
   // Group 1: Q; group 2: K/V block 0 (empty when there are no keys).
-  load_tile<M, D, S::kThreads>(smem + S::q, q, q0, p.q_len, p.vector_loads);
+  load_tile<M, D, S::kThreads>(smem + S::q, q, p.q_layout.row, q0, p.q_len, p.vector_loads);
   cp_async_commit();
   if (blocks > 0) load_kv(0);
   cp_async_commit();
@@ -108,7 +108,7 @@ __global__ void __launch_bounds__(ForwardShape<D>::kThreads, kDropout || kMask ?
   }
   cp_async_wait<0>();  // no copy may be in flight when the CTA exits (the last group is empty unless blocks = 0)
 
-  T* out = static_cast<T*>(p.out) + bh * p.q_len * D;  // (Tq, D)
+  T* out = static_cast<T*>(p.out) + head_offset(p.out_layout, bh, p.heads);  // (Tq, D)
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const float sum = quad_sum(l[h]);
@@ -116,7 +116,7 @@ __global__ void __launch_bounds__(ForwardShape<D>::kThreads, kDropout || kMask ?
     if (row >= p.q_len) continue;
     const bool empty = m[h] == kNegInf;  // no allowed key: out = 0, lse = -inf
     const float inv = empty ? 0.0f : p.dropout_scale / sum;
-    T* out_row = out + row * D;
+    T* out_row = out + row * p.out_layout.row;
 #pragma unroll
     for (int n = 0; n < DT; ++n) {
       out_row[8 * n + 2 * t] = from_acc<T>(acc[n][2 * h] * inv);

@@ -18,6 +18,10 @@ struct Problem {
   int mask;  // 0 none, 1 additive (L, S), 2 key padding (B, 1, 1, S), 3 (L, S) with rows that allow no key
   float dropout = 0.0f;
   bool unaligned = false;
+  // q, k, v the heads of one (B, L, 3, H, E) buffer (a fused projection; L = S),
+  // out, dq, dk (B, T, H, E), dout and dv dense (B, H, T, E): no two operands
+  // of one kernel with the same strides but q, k and v.
+  bool fused = false;
 };
 
 template <typename T>
@@ -69,25 +73,50 @@ void run(const Problem& c, int64_t E, DType dtype) {
   std::string label = std::string(f16 ? "f16" : "bf16") + " E" + std::to_string(E) + " B" + std::to_string(c.B) + " H" +
                       std::to_string(c.H) + " L" + std::to_string(c.L) + " S" + std::to_string(c.S) +
                       (c.causal ? " causal" : "") + " mask" + std::to_string(c.mask) +
-                      (c.dropout > 0 ? " dropout" : "") + (c.unaligned ? " unaligned" : "") + (emu::eager ? " eager" : "");
+                      (c.dropout > 0 ? " dropout" : "") + (c.unaligned ? " unaligned" : "") + (c.fused ? " fused" : "") +
+                      (emu::eager ? " eager" : "");
   const auto start = std::chrono::steady_clock::now();
   const int64_t BH = c.B * c.H, L = c.L, S = c.S;
   std::mt19937_64 engine(static_cast<uint64_t>(L * 1000 + S * 7 + E + c.mask));
   std::normal_distribution<float> normal;
-  auto fill = [&](Buffer16& b, std::vector<double>& values, size_t n) {
-    values.resize(n);
-    for (size_t i = 0; i < n; ++i) {
-      b.data[i] = bits_of<T>(normal(engine));
-      values[i] = emu_to_float<T>(b.data[i]);
+  if (c.fused && L != S) {
+    std::printf("FAIL %s: a fused problem needs L = S\n", label.c_str());
+    ++failures;
+    return;
+  }
+  // Layouts (element strides over B, H, T) and where each operand starts in its buffer.
+  const int64_t HE = c.H * E;
+  const AttentionLayout dense_q{c.H * L * E, L * E, E}, dense_kv{c.H * S * E, S * E, E};
+  const AttentionLayout qkv_layout{L * 3 * HE, E, 3 * HE}, rows_q{L * HE, E, HE}, rows_kv{S * HE, E, HE};
+  const AttentionLayout q_layout = c.fused ? qkv_layout : dense_q, kv_layout = c.fused ? qkv_layout : dense_kv;
+  const AttentionLayout out_layout = c.fused ? rows_q : dense_q, dk_layout = c.fused ? rows_kv : dense_kv;
+  const AttentionLayout dout_layout = dense_q, dv_layout = dense_kv;
+  const auto at = [&](const AttentionLayout& l, int64_t bh, int64_t t, int64_t d) {
+    return bh / c.H * l.batch + bh % c.H * l.head + t * l.row + d;
+  };
+  // Dense values (bh, t, d) for the reference, stored through `layout` from `base`.
+  auto fill = [&](uint16_t* base, const AttentionLayout& layout, std::vector<double>& values, int64_t len) {
+    values.resize(BH * len * E);
+    for (int64_t bh = 0; bh < BH; ++bh) {
+      for (int64_t t = 0; t < len; ++t) {
+        for (int64_t d = 0; d < E; ++d) {
+          const uint16_t bits = bits_of<T>(normal(engine));
+          base[at(layout, bh, t, d)] = bits;
+          values[(bh * len + t) * E + d] = emu_to_float<T>(bits);
+        }
+      }
     }
   };
   std::vector<double> q, k, v, dout;
-  Buffer16 qb(BH * L * E, c.unaligned, 0), kb(BH * S * E, c.unaligned, 0), vb(BH * S * E, c.unaligned, 0),
-      dob(BH * L * E, false, 0);
-  fill(qb, q, BH * L * E);
-  fill(kb, k, BH * S * E);
-  fill(vb, v, BH * S * E);
-  fill(dob, dout, BH * L * E);
+  Buffer16 qb(c.fused ? BH * L * 3 * E : BH * L * E, c.unaligned, 0), kb(c.fused ? 0 : BH * S * E, c.unaligned, 0),
+      vb(c.fused ? 0 : BH * S * E, c.unaligned, 0), dob(BH * L * E, false, 0);
+  uint16_t* q_base = qb.data;
+  uint16_t* k_base = c.fused ? qb.data + HE : kb.data;
+  uint16_t* v_base = c.fused ? qb.data + 2 * HE : vb.data;
+  fill(q_base, q_layout, q, L);
+  fill(k_base, kv_layout, k, S);
+  fill(v_base, kv_layout, v, S);
+  fill(dob.data, dout_layout, dout, L);
   // The additive mask, float32, and its strides over (B, H, L, S).
   std::vector<float> mask;
   int64_t sb = 0, sq = 0, sk = 0;
@@ -120,9 +149,15 @@ void run(const Problem& c, int64_t E, DType dtype) {
   args.q_len = L;
   args.kv_len = S;
   args.head_dim = E;
-  args.q = qb.data;
-  args.k = kb.data;
-  args.v = vb.data;
+  args.q = q_base;
+  args.k = k_base;
+  args.v = v_base;
+  if (c.fused) {  // otherwise left all zero: dense
+    args.q_layout = q_layout;
+    args.k_layout = kv_layout;
+    args.v_layout = kv_layout;
+    args.out_layout = out_layout;
+  }
   if (!mask.empty()) {
     args.mask.data = mask.data();
     args.mask.stride_b = sb;
@@ -137,8 +172,17 @@ void run(const Problem& c, int64_t E, DType dtype) {
   Buffer16 outb(BH * L * E, false, 0xffff);
   std::vector<float> lse(BH * L, std::numeric_limits<float>::quiet_NaN());
   attention_tc::forward(args, outb.data, lse.data(), nullptr);
-  std::vector<double> out(BH * L * E);
-  for (size_t i = 0; i < out.size(); ++i) out[i] = emu_to_float<T>(outb.data[i]);
+  // Read back through a layout into dense (bh, t, d) order.
+  const auto widen = [&](const Buffer16& b, const AttentionLayout& layout, int64_t len) {
+    std::vector<double> x(BH * len * E);
+    for (int64_t bh = 0; bh < BH; ++bh) {
+      for (int64_t t = 0; t < len; ++t) {
+        for (int64_t d = 0; d < E; ++d) x[(bh * len + t) * E + d] = emu_to_float<T>(b.data[at(layout, bh, t, d)]);
+      }
+    }
+    return x;
+  };
+  const std::vector<double> out = widen(outb, out_layout, L);
   // delta as attention.cu's delta kernel computes it: float sums of dout * out.
   std::vector<float> delta(BH * L);
   for (int64_t r = 0; r < BH * L; ++r) {
@@ -155,6 +199,12 @@ void run(const Problem& c, int64_t E, DType dtype) {
   grad.dq = dqb.data;
   grad.dk = dkb.data;
   grad.dv = dvb.data;
+  if (c.fused) {
+    grad.dout_layout = dout_layout;
+    grad.dq_layout = out_layout;
+    grad.dk_layout = dk_layout;
+    grad.dv_layout = dv_layout;
+  }
   if (S > 0) attention_tc::backward(grad, delta.data(), nullptr);
 
   // float64 reference.
@@ -208,14 +258,9 @@ void run(const Problem& c, int64_t E, DType dtype) {
   std::vector<double> lse_d(lse.begin(), lse.end());
   compare("lse", lse_d, ref_lse, 1e-3, 1e-3, label);
   if (S > 0) {
-    auto widen = [&](const Buffer16& b, size_t n) {
-      std::vector<double> x(n);
-      for (size_t i = 0; i < n; ++i) x[i] = emu_to_float<T>(b.data[i]);
-      return x;
-    };
-    compare("dq", widen(dqb, BH * L * E), ref_dq, 4 * rtol, 4 * atol, label);
-    compare("dk", widen(dkb, BH * S * E), ref_dk, 4 * rtol, 4 * atol, label);
-    compare("dv", widen(dvb, BH * S * E), ref_dv, 4 * rtol, 4 * atol, label);
+    compare("dq", widen(dqb, out_layout, L), ref_dq, 4 * rtol, 4 * atol, label);
+    compare("dk", widen(dkb, dk_layout, S), ref_dk, 4 * rtol, 4 * atol, label);
+    compare("dv", widen(dvb, dv_layout, S), ref_dv, 4 * rtol, 4 * atol, label);
   }
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   std::printf("done %s (%.1f s)\n", label.c_str(), seconds);
@@ -227,7 +272,9 @@ int main(int argc, char** argv) {
                                       {1, 1, 70, 200, true, 0},     {2, 2, 33, 97, false, 1},    {2, 2, 64, 65, false, 2},
                                       {1, 1, 3, 0, false, 0},       {1, 2, 300, 384, false, 0},  {1, 2, 40, 90, false, 3},
                                       {1, 2, 70, 90, true, 0, 0.0f, true}, {2, 1, 129, 200, false, 2, 0.0f, true},
-                                      {2, 2, 70, 90, true, 0, 0.2f},       {2, 2, 70, 90, false, 1, 0.2f}};
+                                      {2, 2, 70, 90, true, 0, 0.2f},       {2, 2, 70, 90, false, 1, 0.2f},
+                                      {2, 3, 130, 130, true, 0, 0.0f, false, true},
+                                      {2, 2, 70, 70, false, 2, 0.2f, true, true}};
   const int only = argc > 1 ? std::atoi(argv[1]) : -1;  // a head dim, or all
   emu::eager = argc > 2 && std::string(argv[2]) == "eager";
   for (int64_t E : {32, 64, 96, 128}) {
