@@ -395,3 +395,25 @@ TEST_CASE("autograd: backward on the GPU accumulates on the device [gpu]") {
 }
 
 }  // namespace kiln
+
+namespace kiln::testing {
+
+// split records one node for all its pieces; its backward is one cat, with
+// zeros for the pieces that got no gradient.
+TEST_CASE("autograd: split's pieces share one node; unused pieces get zero gradient") {
+  const Tensor x = tensor<float>({1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}, {2, 6}).requires_grad_();
+  const std::vector<Tensor> pieces = split(x, 2, 1);
+  REQUIRE(pieces.size() == 3);
+  REQUIRE(pieces[0].grad_fn() != nullptr);
+  CHECK(pieces[0].grad_fn() == pieces[2].grad_fn());
+  CHECK(pieces[1].grad_fn()->name() == "split");
+  sum(mul(pieces[1], 3.0)).backward();
+  CHECK(x.grad().to_vector<float>() == std::vector<float>{0, 0, 3, 3, 0, 0, 0, 0, 3, 3, 0, 0});
+  x.set_grad(Tensor());
+  const std::vector<Tensor> uneven = chunk(x, 4, 0);  // 2 rows in 4 chunks: two pieces of one row
+  REQUIRE(uneven.size() == 2);
+  sum(add(mul(uneven[0], 2.0), uneven[1])).backward();
+  CHECK(x.grad().to_vector<float>() == std::vector<float>{2, 2, 2, 2, 2, 2, 1, 1, 1, 1, 1, 1});
+}
+
+}  // namespace kiln::testing

@@ -3,7 +3,11 @@
 // cat allocates its output and copies each input into its slice with
 // Tensor::copy_ (so it works on every device and layout); its backward narrows
 // the gradient. stack is cat of unsqueezed inputs. split and chunk return
-// narrow() views, so their gradients flow through narrow's.
+// narrow() views recorded as one node, whose backward is one cat of the
+// pieces' gradients (zeros for a piece that got none): a view per piece
+// would give each piece's gradient a zero tensor of the whole input and the
+// engine then sums them (GPT's qkv split: 3 zero fills, 3 copies and 2 adds
+// of (B, T, 3 E) instead of one cat).
 //
 // cat keeps torch's legacy rule: a 1-D tensor of shape (0,) is skipped,
 // whatever the rank of the others (it gets a gradient of shape (0,)). All
@@ -137,10 +141,18 @@ std::vector<Tensor> split(const Tensor& x, const std::vector<int64_t>& sizes, in
              " of shape ", shape_str(x.shape()), " has size ", x.shape()[d]);
   std::vector<Tensor> pieces;
   pieces.reserve(sizes.size());
-  int64_t start = 0;
-  for (int64_t size : sizes) {
-    pieces.push_back(x.narrow(d, start, size));
-    start += size;
+  {
+    NoGradGuard views_only;  // recorded below, as one node
+    int64_t start = 0;
+    for (int64_t size : sizes) {
+      pieces.push_back(x.narrow(d, start, size));
+      start += size;
+    }
+  }
+  if (autograd::any_requires_grad({&x})) {
+    autograd::record("split", {x}, pieces, [d](const autograd::TensorList& grads) -> autograd::TensorList {
+      return {cat(grads, d)};  // the engine gives a piece without a gradient zeros
+    });
   }
   return pieces;
 }
