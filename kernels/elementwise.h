@@ -3,8 +3,9 @@
 //
 // Operands share one iteration shape (broadcast dims have stride 0); the
 // output may alias an input element for element (in-place ops). Inputs of one
-// call share a dtype (where: the condition is bool); the output has the input
-// dtype, or bool for predicates and comparisons. 16-bit floats are computed in
+// call share a dtype (where: the condition is bool; add: a float32 output may
+// take one float32 and one 16-bit input, autocast's promote in one pass); the
+// output has the input dtype, or bool for predicates and comparisons. 16-bit floats are computed in
 // float. Dtype rules (kiln::Error naming the op otherwise):
 //   arithmetic ops   every dtype but bool
 //   floating ops     float32, float64, float16, bfloat16
@@ -84,6 +85,15 @@ std::string_view binary_op_name(BinaryOp op);
 // True for the ops whose output is bool.
 bool is_predicate(UnaryOp op);
 bool is_predicate(BinaryOp op);
+// Whether binary_* takes add (a + s0 * b) of these dtypes in one pass: a
+// float32 output from one float32 and one 16-bit input (autocast's promote of
+// a float32 residual and a 16-bit branch). The 16-bit input is widened
+// exactly, so the result equals that of casting it first, without the cast.
+inline bool is_mixed_add(BinaryOp op, DType out, DType a, DType b) {
+  const auto is_16bit = [](DType t) { return t == DType::f16 || t == DType::bf16; };
+  return op == BinaryOp::add && out == DType::f32 &&
+         ((a == DType::f32 && is_16bit(b)) || (is_16bit(a) && b == DType::f32));
+}
 
 void unary_cpu(UnaryOp op, const IterShape& shape, const Operand& out, const Operand& x, double s0 = 0,
                double s1 = 0);

@@ -432,6 +432,18 @@ void dispatch_where(DType dtype, Launch&& launch) {
 
 // Checks the operand dtypes of an elementwise call (a bug in the front end, or
 // a misuse of the kernels from a benchmark) and names the op.
+// launch.template operator()<float, A, B>(bound Add) for operands that
+// is_mixed_add (kernels/elementwise.h) takes.
+template <typename Launch>
+void dispatch_mixed_add(DType a, DType b, double alpha, Launch&& launch) {
+  const Bound<Add, float> add{scalar_as<float>(alpha), 0.0f};
+  if (a == DType::f32 && b == DType::bf16) return launch.template operator()<float, float, BFloat16>(add);
+  if (a == DType::f32 && b == DType::f16) return launch.template operator()<float, float, Half>(add);
+  if (a == DType::bf16 && b == DType::f32) return launch.template operator()<float, BFloat16, float>(add);
+  if (a == DType::f16 && b == DType::f32) return launch.template operator()<float, Half, float>(add);
+  KILN_ASSERT(false, "dispatch_mixed_add: ", dtype_name(a), " and ", dtype_name(b));
+}
+
 inline void check_operands(std::string_view name, bool predicate, const Operand& out, const Operand& a,
                            const Operand* b) {
   KILN_CHECK(b == nullptr || a.dtype == b->dtype, name, ": inputs have different dtypes ", dtype_name(a.dtype),

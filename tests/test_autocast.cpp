@@ -3,6 +3,7 @@
 // nesting and restoration, the float16-on-CPU refusal, and a small MLP whose
 // bf16-autocast training follows its float32 twin.
 #include <cmath>
+#include <functional>
 #include <iomanip>
 #include <memory>
 #include <vector>
@@ -185,6 +186,59 @@ TEST_CASE("ops with inputs of different floating dtypes promote to the widest un
   KILN_CHECK_CLOSE(total, add(low.to(DType::f32), high), 0, 0);
   KILN_CHECK_CLOSE(product, mul(low.to(DType::f32), high), 0, 0);
   CHECK(add(low, low).dtype() == DType::bf16);  // one dtype: nothing to promote
+}
+
+// A float32 residual plus a 16-bit branch (a transformer block under
+// autocast) is one kernel, with the promote's values and gradients.
+TEST_CASE("add and sub of float32 and 16-bit tensors under autocast run in one pass, as the cast would") {
+  manual_seed(15);
+  const Tensor residual_base = randn({5, 4, 6}).requires_grad_(), branch_base = randn({5, 4, 6}).requires_grad_();
+  const Tensor row_base = randn({6}).requires_grad_();
+  const Tensor upstream = randn({5, 4, 6});
+  struct Case {
+    const char* what;
+    std::function<Tensor(const Tensor&, const Tensor&, const Tensor&)> op;  // (residual f32, branch bf16, row bf16)
+  };
+  const std::vector<Case> cases = {
+      {"f32 + bf16", [](const Tensor& r, const Tensor& b, const Tensor&) { return add(r, b); }},
+      {"bf16 + f32", [](const Tensor& r, const Tensor& b, const Tensor&) { return add(b, r); }},
+      {"f32 - 2 bf16", [](const Tensor& r, const Tensor& b, const Tensor&) { return sub(r, b, 2.0); }},
+      {"f32 + broadcast bf16 row", [](const Tensor& r, const Tensor&, const Tensor& w) { return add(r, w); }},
+      {"transposed f32 + bf16", [](const Tensor& r, const Tensor& b, const Tensor&) {
+         return add(r.transpose(0, 1), b.transpose(0, 1));
+       }},
+  };
+  for (const Case& c : cases) {
+    CAPTURE(c.what);
+    const auto run = [&](bool fused) {
+      for (const Tensor& t : {residual_base, branch_base, row_base}) t.set_grad(Tensor());
+      const Tensor residual = mul(residual_base, 1.0);  // float32, recorded
+      const Tensor branch = branch_base.to(DType::bf16), row = row_base.to(DType::bf16);
+      Tensor out;
+      if (fused) {
+        AutocastGuard autocast(kCpu, DType::bf16);
+        out = c.op(residual, branch, row);
+        const auto node = out.grad_fn();
+        REQUIRE(node != nullptr);
+        for (const auto& edge : node->next_edges) {  // no cast of its own between the op and its inputs
+          REQUIRE(edge.node != nullptr);
+          const std::string name = edge.node->name();
+          CHECK(((name != "to" && name != "cast") || edge.node == branch.grad_fn() || edge.node == row.grad_fn()));
+        }
+      } else {
+        out = c.op(residual, branch.to(DType::f32), row.to(DType::f32));
+      }
+      CHECK(out.dtype() == DType::f32);
+      sum(mul(out, upstream.reshape(out.shape()))).backward();
+      return std::vector<std::vector<float>>{out.detach().contiguous().to_vector<float>(),
+                                             residual_base.grad().to_vector<float>(),
+                                             branch_base.grad().defined() ? branch_base.grad().to_vector<float>()
+                                                                          : std::vector<float>{},
+                                             row_base.grad().defined() ? row_base.grad().to_vector<float>()
+                                                                       : std::vector<float>{}};
+    };
+    CHECK(run(true) == run(false));  // values and every gradient, bit for bit
+  }
 }
 
 TEST_CASE("cat and stack promote to the widest floating dtype under autocast (a ViT's class token)") {

@@ -8,6 +8,7 @@
 #include <limits>
 #include <numbers>
 
+#include "core/autocast.h"
 #include "core/autograd.h"
 #include "core/ops.h"
 #include "kernels/elementwise.h"
@@ -659,6 +660,34 @@ TEST_CASE("elementwise: CUDA backward kernels and in-place ops match the CPU [gp
   Tensor reference = ramp({4, 37}, -1, 0.01);
   reference.add_(ramp({37}), 0.5).mul_(2.0).relu_().clamp_(0, 20);
   KILN_CHECK_CLOSE(x.cpu(), reference, 1e-6, 1e-6);
+}
+
+// A float32 residual plus a 16-bit branch under CUDA autocast: one kernel
+// (kernels/elementwise.h, is_mixed_add), equal to the CPU's cast-then-add.
+TEST_CASE("elementwise: CUDA adds float32 and 16-bit tensors under autocast as the cast would [gpu]") {
+  KILN_REQUIRE_GPU();
+  for (const DType low : {DType::bf16, DType::f16}) {
+    INFO(dtype_name(low));
+    const Tensor residual = ramp({3, 1031}, -2, 0.0017), branch = ramp({3, 1031}, 1.5, -0.0023).to(low);
+    const Tensor row = ramp({1031}, 0.25, 0.0011).to(low);
+    const Tensor want = add(sub(residual, branch.to(DType::f32), 0.5), row.to(DType::f32));
+    Tensor residual_g = residual.cuda().requires_grad_(), branch_g = branch.cuda().requires_grad_();
+    Tensor got;
+    {
+      AutocastGuard autocast(DeviceType::cuda, low);
+      // Dense, then a broadcast row. alpha 0.5 makes alpha * b exact, so an FMA rounds as the CPU does.
+      got = add(sub(residual_g, branch_g, 0.5), row.cuda());
+    }
+    CHECK(got.dtype() == DType::f32);
+    CHECK(got.cpu().to_vector<float>() == want.to_vector<float>());
+    const Tensor seed = ramp({3, 1031}, 0.5, 0.0007);
+    got.backward(seed.cuda());
+    CHECK(residual_g.grad().dtype() == DType::f32);
+    CHECK(branch_g.grad().dtype() == low);
+    CHECK(residual_g.grad().cpu().to_vector<float>() == seed.to_vector<float>());
+    CHECK(branch_g.grad().cpu().to(DType::f32).to_vector<float>() ==
+          mul(seed, -0.5).to(low).to(DType::f32).to_vector<float>());
+  }
 }
 
 TEST_CASE("elementwise: CUDA copy converts between every pair of dtypes, and fill [gpu]") {

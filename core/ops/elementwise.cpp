@@ -133,8 +133,35 @@ Tensor fused_unary(const char* name, UnaryOp op, const Tensor& x, BinaryOp backw
 
 // ---------------------------------------------------------------- add / sub
 
+// add of a float32 and a 16-bit tensor under autocast in one kernel (the
+// kernels widen the 16-bit operand exactly, so the result is the promote's,
+// bit for bit, without its cast pass); the 16-bit operand's gradient is
+// rounded once, as the cast's backward would.
+Tensor mixed_add(const char* name, const Tensor& a, const Tensor& b, double alpha) {
+  check_same_device(a, b, name);
+  const Shape shape = broadcast_shapes(a.shape(), b.shape(), name);
+  const Tensor& like = a.shape() == shape ? a : b;
+  Tensor out = empty_in_layout_of(like, shape, {.dtype = DType::f32, .device = a.device()});
+  run_binary(name, BinaryOp::add, out, a, b, alpha, 0.0);
+  if (autograd::any_requires_grad({&a, &b})) {
+    const bool need_a = a.requires_grad(), need_b = b.requires_grad();
+    autograd::record(name, {a, b}, {out},
+                     [need_a, need_b, alpha, shape_a = a.shape(), shape_b = b.shape(), dtype_a = a.dtype(),
+                      dtype_b = b.dtype()](const TensorList& grads) {
+                       const Tensor& dout = grads[0];
+                       Tensor da = need_a ? sum_to(dout, shape_a).to(dtype_a) : Tensor();
+                       Tensor db = need_b ? sum_to(alpha == 1.0 ? dout : mul(dout, alpha), shape_b).to(dtype_b) : Tensor();
+                       return TensorList{da, db};
+                     });
+  }
+  return out;
+}
+
 Tensor add_impl(const char* name, const Tensor& a, const Tensor& b, double alpha) {
   if (const autocast::Cast to = autocast::plan(autocast::Policy::promote, {&a, &b})) {
+    if (a.defined() && b.defined() && kernels::is_mixed_add(BinaryOp::add, DType::f32, a.dtype(), b.dtype())) {
+      return mixed_add(name, a, b, alpha);
+    }
     return add_impl(name, to(a), to(b), alpha);
   }
   check_defined(a, name, "the first operand");

@@ -76,6 +76,13 @@ void binary_dense(BinaryOp op, T* out, const T* a, const T* b, int64_t n) {
 
 void binary_cpu(BinaryOp op, const IterShape& shape, const Operand& out, const Operand& a, const Operand& b,
                 double s0, double s1) {
+  if (is_mixed_add(op, out.dtype, a.dtype, b.dtype)) {
+    const Operand operands[3] = {out, a, b};
+    math::dispatch_mixed_add(a.dtype, b.dtype, s0, [&]<typename Out, typename A, typename B>(auto f) {
+      cpu::elementwise_loop<Out, A, B>(shape, operands, f);
+    });
+    return;
+  }
   math::check_operands(binary_op_name(op), is_predicate(op), out, a, &b);
   if ((a.dtype == DType::f32 || a.dtype == DType::bf16 || a.dtype == DType::f16) && b.dtype == a.dtype &&
       out.dtype == a.dtype && has_dense_f32_path(op)) {

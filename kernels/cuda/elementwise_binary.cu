@@ -10,8 +10,14 @@ namespace kiln::kernels {
 void binary_cuda(BinaryOp op, const IterShape& shape, const Operand& out, const Operand& a, const Operand& b,
                  double s0, double s1, cuda::Stream stream) {
   const std::string_view name = binary_op_name(op);
-  math::check_operands(name, is_predicate(op), out, a, &b);
   const Operand operands[3] = {out, a, b};
+  if (is_mixed_add(op, out.dtype, a.dtype, b.dtype)) {
+    math::dispatch_mixed_add(a.dtype, b.dtype, s0, [&]<typename Out, typename A, typename B>(auto f) {
+      cuda_detail::launch<Out, A, B>(shape, operands, f, stream, name.data());
+    });
+    return;
+  }
+  math::check_operands(name, is_predicate(op), out, a, &b);
   math::dispatch_binary(op, a.dtype, s0, s1, [&]<typename Out, typename A, typename B>(auto f) {
     cuda_detail::launch<Out, A, B>(shape, operands, f, stream, name.data());
   });

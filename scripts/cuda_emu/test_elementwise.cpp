@@ -48,6 +48,7 @@
 #include "kernels/copy.h"
 #include "kernels/cpu/elementwise_loop.h"
 
+#include <optional>
 #include <chrono>
 #include <memory>
 #include <numeric>
@@ -262,6 +263,18 @@ void call_scalar(const Op& op, const IterShape& shape, const Operand* o) {
       });
       break;
     case Kind::binary:
+      if (is_mixed_add(op.binary, o[0].dtype, o[1].dtype, o[2].dtype)) {
+        // Written out, not through dispatch_mixed_add (which both entry points share): each
+        // input read as its own type and widened, then a + alpha * b in float.
+        const float alpha = static_cast<float>(op.s0);
+        const auto add = [alpha](float a, float b) { return a + alpha * b; };
+        const DType a = o[1].dtype, b = o[2].dtype;
+        if (a == DType::f32 && b == DType::bf16) cpu::elementwise_loop<float, float, BFloat16>(shape, o, add);
+        if (a == DType::f32 && b == DType::f16) cpu::elementwise_loop<float, float, Half>(shape, o, add);
+        if (a == DType::bf16 && b == DType::f32) cpu::elementwise_loop<float, BFloat16, float>(shape, o, add);
+        if (a == DType::f16 && b == DType::f32) cpu::elementwise_loop<float, Half, float>(shape, o, add);
+        break;
+      }
       math::dispatch_binary(op.binary, o[1].dtype, op.s0, op.s1, [&]<typename Out, typename A, typename B>(auto f) {
         cpu::elementwise_loop<Out, A, B>(shape, o, f);
       });
@@ -361,9 +374,11 @@ bool takes_vector_path(IterShape shape, const Operand* given, int count) {
   return true;
 }
 
-void run(const Op& given, const Layout& l, DType in_t, DType out_t_copy = DType::f32) {
+// second_in: input 1's dtype when it differs from in_t (add of float32 and a 16-bit type: a float32 output).
+void run(const Op& given, const Layout& l, DType in_t, DType out_t_copy = DType::f32,
+         std::optional<DType> second_in = std::nullopt) {
   const Op op = for_dtype(given, in_t);
-  const DType out_t = op.kind == Kind::copy ? out_t_copy : out_dtype(op, in_t);
+  const DType out_t = second_in ? DType::f32 : op.kind == Kind::copy ? out_t_copy : out_dtype(op, in_t);
   const int inputs = static_cast<int>(l.in.size());
   const int count = 1 + inputs;
   ++cases_run;
@@ -371,7 +386,7 @@ void run(const Op& given, const Layout& l, DType in_t, DType out_t_copy = DType:
   std::vector<std::unique_ptr<Storage>> in;
   const uint64_t seed = std::hash<std::string>{}(l.name + op.name) + static_cast<uint64_t>(in_t) * 131;
   for (int k = 0; k < inputs; ++k) {
-    const DType t = op.kind == Kind::where && k == 0 ? DType::b8 : in_t;
+    const DType t = op.kind == Kind::where && k == 0 ? DType::b8 : k == 1 && second_in ? *second_in : in_t;
     const size_t misalign = k < static_cast<int>(l.misalign_in.size()) ? l.misalign_in[k] : 0;
     in.push_back(std::make_unique<Storage>(t, extent(l.in[k]), "input " + std::to_string(k), misalign));
     // Casts to integer types: finite values in range (out of range is UB on the CPU);
@@ -423,8 +438,10 @@ void run(const Op& given, const Layout& l, DType in_t, DType out_t_copy = DType:
   vector_path_cases += vector;
 
   char label[256];
-  std::snprintf(label, sizeof label, "%-14s %-5s->%-5s %-46s%s", op.name, dtype_name(in_t).data(),
-                dtype_name(out_t).data(), l.name.c_str(), vector ? " [vec]" : "");
+  const std::string in_text =
+      std::string(dtype_name(in_t)) + (second_in ? std::string("+") + std::string(dtype_name(*second_in)) : "");
+  std::snprintf(label, sizeof label, "%-14s %-5s->%-5s %-46s%s", op.name, in_text.c_str(), dtype_name(out_t).data(),
+                l.name.c_str(), vector ? " [vec]" : "");
   if (std::getenv("EMU_VERBOSE")) {
     std::fprintf(stderr, "%s: shape", label);
     for (int d = 0; d < shape.ndim; ++d) std::fprintf(stderr, " %ld", static_cast<long>(shape.sizes[d]));
@@ -704,7 +721,24 @@ int main() {
     }
     if (!cuda_ok) ++failures;
   }
-  // Mixed input dtypes: rejected by both (check_operands), nothing launched.
+  // add of float32 and a 16-bit type into float32 (autocast's promote in one pass; elementwise.h):
+  // strided layouts, dense lengths and offsets (4 bytes: every operand stays aligned to its type),
+  // in place on the float32 input.
+  const std::pair<DType, DType> mixed_pairs[] = {
+      {DType::f32, DType::bf16}, {DType::f32, DType::f16}, {DType::bf16, DType::f32}, {DType::f16, DType::f32}};
+  for (const auto& [first, second] : mixed_pairs) {
+    for (const Op& op : {binary_ops[0], binary_ops[1]}) {  // add, add alpha
+      for (const Layout& l : strided_layouts(2)) {
+        if (l.in_place && first != DType::f32) continue;
+        run(op, l, first, DType::f32, second);
+      }
+      for (const Layout& l : dense_layouts(2, 4, true)) {
+        if (l.in_place && first != DType::f32) continue;
+        run(op, l, first, DType::f32, second);
+      }
+    }
+  }
+  // Other mixed input dtypes: rejected by both (check_operands), nothing launched.
   {
     Storage a(DType::f32, 4, "a f32", 0), b(DType::f64, 4, "b f64", 0), g(DType::f32, 4, "out", 0);
     IterShape shape;
