@@ -267,6 +267,11 @@ void execute(const std::vector<Edge>& roots, const TensorList& grad_roots, bool 
     TensorList grads = std::move(buffers[node]);
     buffers.erase(node);
     grads.resize(node->outputs.size());
+    // Which outputs a gradient reached, before the others get zeros: grad()
+    // reports an output no gradient reached as unused (torch's None), e.g. a
+    // piece of split that the differentiated value never read.
+    std::vector<bool> reached(grads.size());
+    for (size_t i = 0; i < grads.size(); ++i) reached[i] = grads[i].defined();
     for (size_t i = 0; i < grads.size(); ++i) {
       if (!grads[i].defined()) {
         const auto& info = node->outputs[i];
@@ -280,7 +285,7 @@ void execute(const std::vector<Edge>& roots, const TensorList& grad_roots, bool 
     const bool is_leaf_accumulator = dynamic_cast<AccumulateGrad*>(node) != nullptr;
     if (captures) {
       for (auto& [edge, captured] : *captures) {
-        if (edge.node.get() == node) captured = grads[edge.input_nr];
+        if (edge.node.get() == node) captured = reached[edge.input_nr] ? grads[edge.input_nr] : Tensor();
       }
       if (is_leaf_accumulator) continue;  // grad() never writes .grad
     }

@@ -5,7 +5,7 @@
 //   - q (B, H, Tq, D), k (B, H, Tk, D), v (B, H, Tk, D), out and dout
 //     (B, H, Tq, D), dq, dk, dv like q, k, v: buffers of one dtype whose last
 //     dim is dense; each has its own batch, head and row strides
-//     (AttentionLayout; all zero means dense (B, H, T, D)). So the heads of
+//     (AttentionLayout; strided = false means dense (B, H, T, D)). So the heads of
 //     a fused qkv projection, (B, T, 3, H, D) viewed as (B, H, T, D), are read
 //     in place, and out can be written (B, T, H, D) for the projection after
 //     it, without copies. D is the same for q, k and v; the front end
@@ -58,14 +58,17 @@ struct AttentionMask {
 };
 
 // Element strides of a (B, H, T, D) operand over B, H and T (its D is dense).
-// All zero: the dense layout, (H * T * D, T * D, D).
+// strided = false (the default): the dense layout, (H * T * D, T * D, D),
+// whatever the strides say; true: these strides, zeros included (a tensor
+// broadcast over B, H or T is read in place).
 struct AttentionLayout {
   int64_t batch = 0, head = 0, row = 0;
+  bool strided = false;
 };
 
-// `layout` with the dense strides filled in when it is all zero.
+// `layout` with the dense strides filled in when it is not strided.
 inline AttentionLayout resolved(AttentionLayout layout, int64_t heads, int64_t len, int64_t head_dim) {
-  if (layout.batch == 0 && layout.head == 0 && layout.row == 0) return {heads * len * head_dim, len * head_dim, head_dim};
+  if (!layout.strided) return {heads * len * head_dim, len * head_dim, head_dim, true};
   return layout;
 }
 

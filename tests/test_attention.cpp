@@ -176,6 +176,20 @@ void check_strided_heads(Device device, DType dtype, int64_t head_dim) {
   CHECK(k_t.grad().transpose(2, 3).cpu().to(DType::f64).to_vector<double>() ==
         k2.grad().cpu().to(DType::f64).to_vector<double>());
   KILN_CHECK_CLOSE(v_one.grad().cpu().to(DType::f64), sum(v2.grad(), {0}, true).cpu().to(DType::f64), 1e-5, 1e-5);
+  // A query broadcast over B, H and T (strides 0, 0, 0, 1) and an output gradient broadcast the same
+  // way: read in place as broadcasts, not as dense tensors (which would read past their one row).
+  const Tensor q_row = random_tensor({1, 1, 1, head_dim}, 56, dtype).to(device).requires_grad_();
+  const Tensor k = random_tensor({B, H, T, head_dim}, 57, dtype).to(device);
+  const Tensor v = random_tensor({B, H, T, head_dim}, 58, dtype).to(device);
+  const Tensor dout_row = random_tensor({1, 1, 1, head_dim}, 59, dtype).to(device);
+  const Tensor broadcast_out = scaled_dot_product_attention(q_row.expand({B, H, T, head_dim}), k, v, Tensor(), 0.0, true);
+  broadcast_out.backward(dout_row.expand({B, H, T, head_dim}));
+  const Tensor q_dense = q_row.detach().expand({B, H, T, head_dim}).contiguous().requires_grad_();
+  const Tensor dense_result = scaled_dot_product_attention(q_dense, k, v, Tensor(), 0.0, true);
+  dense_result.backward(dout_row.expand({B, H, T, head_dim}).contiguous());
+  CHECK(broadcast_out.cpu().to(DType::f64).to_vector<double>() == dense_result.cpu().to(DType::f64).to_vector<double>());
+  KILN_CHECK_CLOSE(q_row.grad().cpu().to(DType::f64), sum(q_dense.grad(), {0, 1, 2}, true).cpu().to(DType::f64), 1e-4,
+                   1e-4);
   (void)options;
 }
 

@@ -414,6 +414,14 @@ TEST_CASE("autograd: split's pieces share one node; unused pieces get zero gradi
   REQUIRE(uneven.size() == 2);
   sum(add(mul(uneven[0], 2.0), uneven[1])).backward();
   CHECK(x.grad().to_vector<float>() == std::vector<float>{2, 2, 2, 2, 2, 2, 1, 1, 1, 1, 1, 1});
+  // grad() of a piece the value never read: unused (torch's None), not zeros from the shared node.
+  const std::vector<Tensor> again = split(x, 2, 1);
+  const Tensor only_first = sum(again[0]);
+  CHECK_THROWS_WITH_AS(autograd::grad({only_first}, {again[1]}, {}, /*retain_graph=*/true), doctest::Contains("not used"),
+                       Error);
+  const std::vector<Tensor> grads = autograd::grad({only_first}, {again[0], again[1]}, {}, false, /*allow_unused=*/true);
+  CHECK(grads[0].to_vector<float>() == std::vector<float>{1, 1, 1, 1});
+  CHECK_FALSE(grads[1].defined());
 }
 
 }  // namespace kiln::testing

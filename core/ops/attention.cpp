@@ -116,7 +116,9 @@ Tensor as_heads(const Tensor& x, int64_t B, int64_t H) {
   return heads;
 }
 
-kernels::AttentionLayout layout_of(const Tensor& heads) { return {heads.stride(0), heads.stride(1), heads.stride(2)}; }
+kernels::AttentionLayout layout_of(const Tensor& heads) {
+  return {heads.stride(0), heads.stride(1), heads.stride(2), /*strided=*/true};
+}
 
 // A new dense (B, H, T, D) tensor whose dims lie in memory in the order of
 // `like`'s strides (torch's empty_like): out for q read from a (B, T, H, D)

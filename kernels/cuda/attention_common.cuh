@@ -18,7 +18,7 @@
 
 namespace kiln::kernels {
 
-// The head of both Params: 344 bytes without padding, so the fields each
+// The head of both Params: 408 bytes without padding, so the fields each
 // Params adds after it keep the offsets they would have in one flat struct.
 // Each (B, H, T, D) operand has its layout (kernels/attention.h), resolved:
 // a head's rows start at b * batch + h * head, row i at + i * row.
@@ -39,7 +39,7 @@ struct AttentionTensors {
   int64_t heads = 0, q_len = 0, kv_len = 0;
   AttentionLayout q_layout, k_layout, v_layout, out_layout, dout_layout, dq_layout, dk_layout, dv_layout;
 };
-static_assert(sizeof(AttentionTensors) == 344 && alignof(AttentionTensors) == 8, "no tail padding");
+static_assert(sizeof(AttentionTensors) == 408 && alignof(AttentionTensors) == 8, "no tail padding");
 
 namespace {
 

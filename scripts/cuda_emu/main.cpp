@@ -86,8 +86,8 @@ void run(const Problem& c, int64_t E, DType dtype) {
   }
   // Layouts (element strides over B, H, T) and where each operand starts in its buffer.
   const int64_t HE = c.H * E;
-  const AttentionLayout dense_q{c.H * L * E, L * E, E}, dense_kv{c.H * S * E, S * E, E};
-  const AttentionLayout qkv_layout{L * 3 * HE, E, 3 * HE}, rows_q{L * HE, E, HE}, rows_kv{S * HE, E, HE};
+  const AttentionLayout dense_q{c.H * L * E, L * E, E, true}, dense_kv{c.H * S * E, S * E, E, true};
+  const AttentionLayout qkv_layout{L * 3 * HE, E, 3 * HE, true}, rows_q{L * HE, E, HE, true}, rows_kv{S * HE, E, HE, true};
   const AttentionLayout q_layout = c.fused ? qkv_layout : dense_q, kv_layout = c.fused ? qkv_layout : dense_kv;
   const AttentionLayout out_layout = c.fused ? rows_q : dense_q, dk_layout = c.fused ? rows_kv : dense_kv;
   const AttentionLayout dout_layout = dense_q, dv_layout = dense_kv;
