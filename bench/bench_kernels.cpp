@@ -91,6 +91,12 @@ void run_cases(Table& table, Device device, const Sizes& sizes, TimeFn&& time_fn
       Tensor rows = a.view({sizes.elementwise / sizes.cols, sizes.cols});
       measure("sum (dim -1)", rows.shape(), n * element, [&] { (void)sum(rows, {-1}); });
       measure("copy_ (kiln kernel)", flat, 2 * n * element, [&] { b.copy_(a); });
+      // Strided copies (the strided kernels' index math): into a column slice
+      // of a 3x wider matrix (cat's copies, GPT's split backward) and a transpose.
+      Tensor wide = empty({rows.size(0), 3 * rows.size(1)}, TensorOptions{.dtype = dtype, .device = device});
+      Tensor slice = wide.narrow(1, rows.size(1), rows.size(1));
+      measure("copy_ into a column slice", rows.shape(), 2 * n * element, [&] { slice.copy_(rows); });
+      measure("transpose (contiguous of .t())", rows.shape(), 2 * n * element, [&] { (void)rows.t().contiguous(); });
       // The same write into existing memory and into a fresh allocation: the
       // difference is the allocator's cost (page faults on the CPU).
       measure("fill_ (existing tensor)", flat, n * element, [&] { b.fill_(0.5); });

@@ -1,5 +1,7 @@
 #include "kernels/strided.h"
 
+#include "kernels/error.h"
+
 namespace kiln::kernels {
 
 void coalesce(IterShape& shape, Operand* operands, int count) {
@@ -40,6 +42,22 @@ bool all_contiguous(const IterShape& shape, const Operand* operands, int count) 
     if (operands[k].strides[0] != 1) return false;
   }
   return true;
+}
+
+FastDivmod::FastDivmod(uint32_t d) : divisor(d) {
+  KILN_CHECK(d >= 1 && d <= (uint32_t{1} << 31), "FastDivmod: divisor ", d, " outside [1, 2^31]");
+  shift = 0;
+  while ((uint64_t{1} << shift) < d) ++shift;  // 2^shift >= d
+  // magic = 2^32 (2^shift - d) / d + 1 < 2^32, as 2^shift - d < d.
+  magic = static_cast<uint32_t>(((uint64_t{1} << 32) * ((uint64_t{1} << shift) - d)) / d + 1);
+}
+
+FastIterShape fast_iter_shape(const IterShape& shape) {
+  KILN_CHECK(shape.numel() < (int64_t{1} << 31), "fast_iter_shape: ", shape.numel(), " elements need 64-bit indexing");
+  FastIterShape fast;
+  fast.ndim = shape.ndim;
+  for (int d = 0; d < shape.ndim; ++d) fast.sizes[d] = FastDivmod(static_cast<uint32_t>(shape.sizes[d]));
+  return fast;
 }
 
 }  // namespace kiln::kernels

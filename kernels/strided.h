@@ -36,6 +36,45 @@ void coalesce(IterShape& shape, Operand* operands, int count);
 // dim with stride 1, or no dim).
 bool all_contiguous(const IterShape& shape, const Operand* operands, int count);
 
+// Division by a fixed divisor in [1, 2^31] with a multiply-high and a shift
+// (Granlund and Montgomery's method, as torch's IntDivider): exact for every
+// dividend below 2^31. Elementwise CUDA kernels index with it when the
+// iteration has fewer than 2^31 elements: a 64-bit division is a software
+// routine of tens of instructions on the GPU, two per element and dim, which
+// made strided copies compute-bound.
+struct FastDivmod {
+  uint32_t divisor = 1, magic = 1, shift = 0;
+  FastDivmod() = default;
+  explicit FastDivmod(uint32_t d);  // kiln::Error unless 1 <= d <= 2^31
+  KILN_HOST_DEVICE uint32_t div(uint32_t n) const {
+    const auto high = static_cast<uint32_t>((static_cast<uint64_t>(n) * magic) >> 32);
+    return (high + n) >> shift;  // high + n < 2^32 for n < 2^31
+  }
+};
+
+// An IterShape for indices below 2^31, its sizes as FastDivmods.
+struct FastIterShape {
+  int ndim = 0;
+  FastDivmod sizes[kMaxDims];
+};
+// shape.numel() must be below 2^31 (kiln::Error otherwise).
+FastIterShape fast_iter_shape(const IterShape& shape);
+
+// offsets_of for an index below shape's element count (so dim 0 needs no division).
+KILN_HOST_DEVICE inline void fast_offsets_of(uint32_t index, const FastIterShape& shape, const Operand* operands,
+                                             int count, int64_t* offsets) {
+  for (int k = 0; k < count; ++k) offsets[k] = 0;
+  for (int d = shape.ndim - 1; d > 0; --d) {
+    const uint32_t quotient = shape.sizes[d].div(index);
+    const int64_t coordinate = index - quotient * shape.sizes[d].divisor;
+    index = quotient;
+    for (int k = 0; k < count; ++k) offsets[k] += coordinate * operands[k].strides[d];
+  }
+  if (shape.ndim > 0) {
+    for (int k = 0; k < count; ++k) offsets[k] += static_cast<int64_t>(index) * operands[k].strides[0];
+  }
+}
+
 // Element offsets of linear index `index` over `shape`, one per operand.
 KILN_HOST_DEVICE inline void offsets_of(int64_t index, const IterShape& shape, const Operand* operands,
                                         int count, int64_t* offsets) {

@@ -7,11 +7,13 @@
 #include <cmath>
 #include <limits>
 #include <numbers>
+#include <random>
 
 #include "core/autocast.h"
 #include "core/autograd.h"
 #include "core/ops.h"
 #include "kernels/elementwise.h"
+#include "kernels/strided.h"
 #include "kernels/cuda/runtime.h"
 #include "tests/support/test_util.h"
 
@@ -660,6 +662,65 @@ TEST_CASE("elementwise: CUDA backward kernels and in-place ops match the CPU [gp
   Tensor reference = ramp({4, 37}, -1, 0.01);
   reference.add_(ramp({37}), 0.5).mul_(2.0).relu_().clamp_(0, 20);
   KILN_CHECK_CLOSE(x.cpu(), reference, 1e-6, 1e-6);
+}
+
+// The CUDA strided kernels' index split (kernels/strided.h): exact quotients
+// for every dividend below 2^31, and the same offsets as the 64-bit split.
+TEST_CASE("elementwise: FastDivmod divides exactly below 2^31 and fast_offsets_of equals offsets_of") {
+  std::vector<uint32_t> divisors;
+  for (uint32_t d = 1; d <= 2000; ++d) divisors.push_back(d);
+  for (int k = 1; k <= 31; ++k) {
+    const uint32_t p = uint32_t{1} << k;
+    for (const uint32_t d : {p - 1, p, p + 1}) {
+      if (d >= 1 && d <= (uint32_t{1} << 31)) divisors.push_back(d);
+    }
+  }
+  std::mt19937_64 engine(7);
+  for (int i = 0; i < 2000; ++i) divisors.push_back(static_cast<uint32_t>(engine() % (uint64_t{1} << 31)) + 1);
+  constexpr uint32_t kLimit = (uint32_t{1} << 31) - 1;  // the largest dividend
+  int64_t wrong = 0, checked = 0;
+  for (const uint32_t d : divisors) {
+    const kernels::FastDivmod divider(d);
+    std::vector<uint32_t> dividends = {0, 1, d - 1, d, kLimit, kLimit - 1, kLimit - kLimit % d, kLimit - kLimit % d - 1};
+    if (d <= kLimit / 2) dividends.insert(dividends.end(), {2 * d - 1, 2 * d, 2 * d + 1});
+    for (int i = 0; i < 200; ++i) dividends.push_back(static_cast<uint32_t>(engine() % (uint64_t{kLimit} + 1)));
+    for (const uint32_t n : dividends) {
+      if (n > kLimit) continue;
+      ++checked;
+      if (divider.div(n) != n / d) {
+        if (++wrong <= 5) MESSAGE("FastDivmod(" << d << ").div(" << n << ") = " << divider.div(n) << ", want " << n / d);
+      }
+    }
+  }
+  CHECK(wrong == 0);
+  CHECK(checked > 800000);  // about 4,100 divisors x 211 dividends
+  CHECK_THROWS_AS(kernels::FastDivmod(0), Error);
+  CHECK_THROWS_AS(kernels::FastDivmod((uint32_t{1} << 31) + 1), Error);
+  // Offsets over a 4-D shape with negative-free, broadcast (0) and large strides.
+  kernels::IterShape shape;
+  shape.ndim = 4;
+  const int64_t sizes[4] = {3, 5, 7, 11};
+  for (int d = 0; d < 4; ++d) shape.sizes[d] = sizes[d];
+  kernels::Operand ops[2];
+  const int64_t strides0[4] = {1000003, 0, 77, 1}, strides1[4] = {1, 3, 15, 105};
+  for (int d = 0; d < 4; ++d) {
+    ops[0].strides[d] = strides0[d];
+    ops[1].strides[d] = strides1[d];
+  }
+  const kernels::FastIterShape fast = kernels::fast_iter_shape(shape);
+  int64_t mismatches = 0;
+  for (int64_t i = 0; i < shape.numel(); ++i) {
+    int64_t want[2], got[2];
+    kernels::offsets_of(i, shape, ops, 2, want);
+    kernels::fast_offsets_of(static_cast<uint32_t>(i), fast, ops, 2, got);
+    mismatches += want[0] != got[0] || want[1] != got[1];
+  }
+  CHECK(mismatches == 0);
+  kernels::IterShape huge;
+  huge.ndim = 2;
+  huge.sizes[0] = int64_t{1} << 16;
+  huge.sizes[1] = int64_t{1} << 15;  // 2^31 elements: 64-bit indexing
+  CHECK_THROWS_AS(kernels::fast_iter_shape(huge), Error);
 }
 
 // A float32 residual plus a 16-bit branch under CUDA autocast: one kernel

@@ -3,7 +3,9 @@
 // iteration shape, with
 //   - a contiguous kernel that moves 16 bytes per operand per step (vector
 //     loads/stores of Pack<V, T>), used when every operand is dense and aligned;
-//   - a strided kernel (int64 offsets from the linear index) for the rest.
+//   - a strided kernel for the rest: below 2^31 elements its linear index is
+//     32-bit and split into coordinates by FastDivmod (multiply-high and
+//     shift: kernels/strided.h); above, by 64-bit division.
 // Both are grid-stride loops with int64 indexing. 16-bit floats are converted
 // with the hardware conversions (__half / __nv_bfloat16 share kiln's layout)
 // and computed in float.
@@ -117,6 +119,18 @@ __global__ void strided_kernel(int64_t n, IterShape shape, OperandArray ops, F f
   }
 }
 
+// Fewer than 2^31 elements: 32-bit index, coordinates by FastDivmod.
+template <typename Out, typename F, typename... In>
+__global__ void strided32_kernel(uint32_t n, FastIterShape shape, OperandArray ops, F f) {
+  constexpr int count = 1 + static_cast<int>(sizeof...(In));
+  const uint32_t step = gridDim.x * blockDim.x;  // i + step < 2^31 + 2^24: no overflow
+  for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += step) {
+    int64_t offsets[count];
+    fast_offsets_of(i, shape, ops.op, count, offsets);
+    strided_apply<Out, In...>(f, ops, offsets, std::index_sequence_for<In...>{});
+  }
+}
+
 // ---------------------------------------------------------------- host launcher
 constexpr int kThreads = 256;
 // Grid-stride loops: more blocks than this only adds scheduling overhead.
@@ -155,7 +169,12 @@ void launch_impl(std::index_sequence<I...>, const IterShape& input_shape, const 
       return;
     }
   }
-  strided_kernel<Out, F, In...><<<blocks_for(n), kThreads, 0, s>>>(n, shape, ops, f);
+  if (n < (int64_t{1} << 31)) {
+    strided32_kernel<Out, F, In...><<<blocks_for(n), kThreads, 0, s>>>(static_cast<uint32_t>(n), fast_iter_shape(shape),
+                                                                       ops, f);
+  } else {
+    strided_kernel<Out, F, In...><<<blocks_for(n), kThreads, 0, s>>>(n, shape, ops, f);
+  }
   cuda::check_last_launch(name);
 }
 
