@@ -681,14 +681,17 @@ TEST_CASE("elementwise: FastDivmod divides exactly below 2^31 and fast_offsets_o
   int64_t wrong = 0, checked = 0;
   for (const uint32_t d : divisors) {
     const kernels::FastDivmod divider(d);
-    std::vector<uint32_t> dividends = {0, 1, d - 1, d, kLimit, kLimit - 1, kLimit - kLimit % d, kLimit - kLimit % d - 1};
+    std::vector<uint32_t> dividends = {0,      1,          d - 1, d, kLimit, kLimit - 1, kLimit - kLimit % d,
+                                       kLimit - kLimit % d - 1};
     if (d <= kLimit / 2) dividends.insert(dividends.end(), {2 * d - 1, 2 * d, 2 * d + 1});
     for (int i = 0; i < 200; ++i) dividends.push_back(static_cast<uint32_t>(engine() % (uint64_t{kLimit} + 1)));
     for (const uint32_t n : dividends) {
       if (n > kLimit) continue;
       ++checked;
       if (divider.div(n) != n / d) {
-        if (++wrong <= 5) MESSAGE("FastDivmod(" << d << ").div(" << n << ") = " << divider.div(n) << ", want " << n / d);
+        if (++wrong <= 5) {
+          MESSAGE("FastDivmod(" << d << ").div(" << n << ") = " << divider.div(n) << ", want " << n / d);
+        }
       }
     }
   }

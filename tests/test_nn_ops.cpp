@@ -11,6 +11,7 @@
 #include "core/autograd.h"
 #include "core/nn_ops.h"
 #include "nn/conv.h"
+#include "kernels/pool.h"
 #include "tests/support/op_info.h"
 #include "tests/support/test_util.h"
 
@@ -637,6 +638,19 @@ TEST_CASE("pooling on CUDA: a channels-last input gives channels-last y and dx, 
       KILN_CHECK_CLOSE(cl.y.cpu(), nchw.y.cpu(), 0.0, 0.0);
       KILN_CHECK_CLOSE(cl.dx_from_nchw_grad.cpu(), nchw.dx_from_nchw_grad.cpu(), 0.0, 0.0);
       KILN_CHECK_CLOSE(cl.dx_from_channels_last_grad.cpu(), nchw.dx_from_nchw_grad.cpu(), 0.0, 0.0);
+      {
+        // The same kernels with 64-bit index division (tensors of 2^30 elements or more) give the same bits.
+        struct Force64 {
+          Force64() { kernels::pool_cuda_force_64bit_index_for_testing(true); }
+          ~Force64() { kernels::pool_cuda_force_64bit_index_for_testing(false); }
+        } force;
+        const PoolLayoutResult nchw64 = run_pool_layout_case(c, x.cuda(), g.cuda());
+        const PoolLayoutResult cl64 = run_pool_layout_case(c, x_cl_gpu, g.cuda());
+        KILN_CHECK_CLOSE(nchw64.y.cpu(), nchw.y.cpu(), 0.0, 0.0);
+        KILN_CHECK_CLOSE(nchw64.dx_from_nchw_grad.cpu(), nchw.dx_from_nchw_grad.cpu(), 0.0, 0.0);
+        KILN_CHECK_CLOSE(cl64.y.cpu(), cl.y.cpu(), 0.0, 0.0);
+        KILN_CHECK_CLOSE(cl64.dx_from_channels_last_grad.cpu(), cl.dx_from_channels_last_grad.cpu(), 0.0, 0.0);
+      }
       // eps: one unit in the last place at 1. dx: the CPU's 16-bit max scatter
       // rounds each of up to 9 adds of partial sums up to ~8: 32 eps absolute.
       const double eps = dtype == DType::f16    ? 0x1p-10

@@ -7,17 +7,24 @@
 // index and the divisions by C fold away). Flat thread indices follow memory
 // order, so consecutive threads walk W in NCHW and the channels in NHWC:
 // coalesced either way.
+// Index arithmetic (PoolIndex): a launch over fewer than 2^30 elements
+// divides by FastDivmod (multiply-high and shift, kernels/strided.h) by the
+// sizes fixed at launch; a larger one by 64-bit division, a software routine
+// of tens of instructions on the GPU, several per element here (the flat index
+// into (b, y, x, c); the stride tests of the backward's covering windows).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <type_traits>
 
 #include "kernels/cuda/check.h"
 #include "kernels/pool.h"
 #include "kernels/cuda/native_types.cuh"
+#include "kernels/strided.h"
 
 namespace kiln::kernels {
 
@@ -31,15 +38,47 @@ int blocks_for(int64_t n) { return static_cast<int>(std::min<int64_t>((n + kThre
 #define KILN_GRID_STRIDE(i, n) \
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < (n); i += int64_t{gridDim.x} * blockDim.x)
 
+// Division by a size fixed at launch: 64-bit, or FastDivmod for dividends below 2^31.
+struct Div64 {
+  int64_t divisor = 1;
+  __device__ __forceinline__ int64_t div(int64_t n) const { return n / divisor; }
+};
+struct Div32 {
+  FastDivmod divider;
+  __device__ __forceinline__ int64_t div(int64_t n) const { return divider.div(static_cast<uint32_t>(n)); }
+};
+
+// The divisors of one launch: the iterated tensor's C (read only for
+// NHWC), W and H (the output's forward, the input's backward), and the strides.
+template <typename D>
+struct PoolIndex {
+  D channels, width, height, stride_h, stride_w;
+};
+
+// The (b, y, x, c) of flat index i over (B, H, W, C); C = 1 in NCHW.
+template <bool kChannelsLast, typename D>
+struct Coordinates {
+  int64_t b, y, x, c;
+  __device__ __forceinline__ Coordinates(int64_t i, const PoolIndex<D>& ix, int64_t C, int64_t W, int64_t H) {
+    const int64_t pixel = kChannelsLast ? ix.channels.div(i) : i;
+    c = i - pixel * C;
+    const int64_t row = ix.width.div(pixel);
+    x = pixel - row * W;
+    b = ix.height.div(row);
+    y = row - b * H;
+  }
+};
+
 // The window positions k in [0, kernel) with index * stride - pad + k * dilation == at,
-// visited for each output index along one dim.
-template <typename F>
+// visited for each output index along one dim (stride_div divides by stride).
+template <typename D, typename F>
 __device__ __forceinline__ void covering_outputs(int64_t at, int64_t out_size, int64_t kernel, int64_t stride,
-                                                 int64_t pad, int64_t dilation, F visit) {
+                                                 const D& stride_div, int64_t pad, int64_t dilation, F visit) {
   for (int64_t k = 0; k < kernel; ++k) {
     const int64_t t = at + pad - k * dilation;
-    if (t < 0 || t % stride != 0) continue;
-    const int64_t o = t / stride;
+    if (t < 0) continue;
+    const int64_t o = stride_div.div(t);
+    if (o * stride != t) continue;
     if (o < out_size) visit(o);
   }
 }
@@ -50,13 +89,13 @@ __device__ __forceinline__ int64_t channels(const Pool2dParams& p) {
   return kChannelsLast ? p.channels : 1;
 }
 
-template <typename T, bool kChannelsLast>
-__global__ void max_forward(Pool2dParams p, const T* x, T* y, int32_t* indices) {
+template <typename T, bool kChannelsLast, typename D>
+__global__ void max_forward(Pool2dParams p, const T* x, T* y, int32_t* indices, PoolIndex<D> ix) {
   using A = typename Acc<T>::type;
   const int64_t n = p.planes * p.out_h * p.out_w, C = channels<kChannelsLast>(p);
   KILN_GRID_STRIDE(i, n) {
-    const int64_t c = i % C, pixel = i / C;
-    const int64_t ow = pixel % p.out_w, oh = (pixel / p.out_w) % p.out_h, b = pixel / (p.out_w * p.out_h);
+    const Coordinates<kChannelsLast, D> cell(i, ix, C, p.out_w, p.out_h);
+    const int64_t c = cell.c, ow = cell.x, oh = cell.y, b = cell.b;
     const T* src = x + b * p.in_h * p.in_w * C + c;
     // As the CPU: a window that lies wholly in the padding (possible with
     // dilation) gives -inf and index -1, which no input position matches.
@@ -80,18 +119,18 @@ __global__ void max_forward(Pool2dParams p, const T* x, T* y, int32_t* indices) 
   }
 }
 
-template <typename T, bool kChannelsLast>
-__global__ void max_backward(Pool2dParams p, const T* dy, const int32_t* indices, T* dx) {
+template <typename T, bool kChannelsLast, typename D>
+__global__ void max_backward(Pool2dParams p, const T* dy, const int32_t* indices, T* dx, PoolIndex<D> ix) {
   using A = typename Acc<T>::type;
   const int64_t n = p.planes * p.in_h * p.in_w, C = channels<kChannelsLast>(p);
   KILN_GRID_STRIDE(i, n) {
-    const int64_t c = i % C, pixel = i / C;
-    const int64_t iw = pixel % p.in_w, ih = (pixel / p.in_w) % p.in_h, b = pixel / (p.in_w * p.in_h);
+    const Coordinates<kChannelsLast, D> cell(i, ix, C, p.in_w, p.in_h);
+    const int64_t c = cell.c, iw = cell.x, ih = cell.y, b = cell.b;
     const int64_t base = b * p.out_h * p.out_w * C + c;
     const int32_t self = static_cast<int32_t>(ih * p.in_w + iw);
     A total = A(0);
-    covering_outputs(ih, p.out_h, p.kernel_h, p.stride_h, p.pad_h, p.dilation_h, [&](int64_t oh) {
-      covering_outputs(iw, p.out_w, p.kernel_w, p.stride_w, p.pad_w, p.dilation_w, [&](int64_t ow) {
+    covering_outputs(ih, p.out_h, p.kernel_h, p.stride_h, ix.stride_h, p.pad_h, p.dilation_h, [&](int64_t oh) {
+      covering_outputs(iw, p.out_w, p.kernel_w, p.stride_w, ix.stride_w, p.pad_w, p.dilation_w, [&](int64_t ow) {
         const int64_t o = base + (oh * p.out_w + ow) * C;
         if (indices[o] == self) total += to_acc(dy[o]);
       });
@@ -100,13 +139,13 @@ __global__ void max_backward(Pool2dParams p, const T* dy, const int32_t* indices
   }
 }
 
-template <typename T, bool kChannelsLast>
-__global__ void avg_forward(Pool2dParams p, const T* x, T* y) {
+template <typename T, bool kChannelsLast, typename D>
+__global__ void avg_forward(Pool2dParams p, const T* x, T* y, PoolIndex<D> ix) {
   using A = typename Acc<T>::type;
   const int64_t n = p.planes * p.out_h * p.out_w, C = channels<kChannelsLast>(p);
   KILN_GRID_STRIDE(i, n) {
-    const int64_t c = i % C, pixel = i / C;
-    const int64_t ow = pixel % p.out_w, oh = (pixel / p.out_w) % p.out_h, b = pixel / (p.out_w * p.out_h);
+    const Coordinates<kChannelsLast, D> cell(i, ix, C, p.out_w, p.out_h);
+    const int64_t c = cell.c, ow = cell.x, oh = cell.y, b = cell.b;
     const T* src = x + b * p.in_h * p.in_w * C + c;
     const AvgWindow wh = avg_window(oh, p.stride_h, p.pad_h, p.kernel_h, p.in_h);
     const AvgWindow ww = avg_window(ow, p.stride_w, p.pad_w, p.kernel_w, p.in_w);
@@ -120,18 +159,18 @@ __global__ void avg_forward(Pool2dParams p, const T* x, T* y) {
   }
 }
 
-template <typename T, bool kChannelsLast>
-__global__ void avg_backward(Pool2dParams p, const T* dy, T* dx) {
+template <typename T, bool kChannelsLast, typename D>
+__global__ void avg_backward(Pool2dParams p, const T* dy, T* dx, PoolIndex<D> ix) {
   using A = typename Acc<T>::type;
   const int64_t n = p.planes * p.in_h * p.in_w, C = channels<kChannelsLast>(p);
   KILN_GRID_STRIDE(i, n) {
-    const int64_t c = i % C, pixel = i / C;
-    const int64_t iw = pixel % p.in_w, ih = (pixel / p.in_w) % p.in_h, b = pixel / (p.in_w * p.in_h);
+    const Coordinates<kChannelsLast, D> cell(i, ix, C, p.in_w, p.in_h);
+    const int64_t c = cell.c, iw = cell.x, ih = cell.y, b = cell.b;
     const int64_t base = b * p.out_h * p.out_w * C + c;
     A total = A(0);
-    covering_outputs(ih, p.out_h, p.kernel_h, p.stride_h, p.pad_h, 1, [&](int64_t oh) {
+    covering_outputs(ih, p.out_h, p.kernel_h, p.stride_h, ix.stride_h, p.pad_h, 1, [&](int64_t oh) {
       const AvgWindow wh = avg_window(oh, p.stride_h, p.pad_h, p.kernel_h, p.in_h);
-      covering_outputs(iw, p.out_w, p.kernel_w, p.stride_w, p.pad_w, 1, [&](int64_t ow) {
+      covering_outputs(iw, p.out_w, p.kernel_w, p.stride_w, ix.stride_w, p.pad_w, 1, [&](int64_t ow) {
         const AvgWindow ww = avg_window(ow, p.stride_w, p.pad_w, p.kernel_w, p.in_w);
         const int64_t count =
             p.count_include_pad ? wh.padded_size * ww.padded_size : (wh.end - wh.start) * (ww.end - ww.start);
@@ -142,13 +181,13 @@ __global__ void avg_backward(Pool2dParams p, const T* dy, T* dx) {
   }
 }
 
-template <typename T, bool kChannelsLast>
-__global__ void adaptive_forward(Pool2dParams p, const T* x, T* y) {
+template <typename T, bool kChannelsLast, typename D>
+__global__ void adaptive_forward(Pool2dParams p, const T* x, T* y, PoolIndex<D> ix) {
   using A = typename Acc<T>::type;
   const int64_t n = p.planes * p.out_h * p.out_w, C = channels<kChannelsLast>(p);
   KILN_GRID_STRIDE(i, n) {
-    const int64_t c = i % C, pixel = i / C;
-    const int64_t ow = pixel % p.out_w, oh = (pixel / p.out_w) % p.out_h, b = pixel / (p.out_w * p.out_h);
+    const Coordinates<kChannelsLast, D> cell(i, ix, C, p.out_w, p.out_h);
+    const int64_t c = cell.c, ow = cell.x, oh = cell.y, b = cell.b;
     const T* src = x + b * p.in_h * p.in_w * C + c;
     const int64_t h0 = adaptive_start(oh, p.in_h, p.out_h), h1 = adaptive_end(oh, p.in_h, p.out_h);
     const int64_t w0 = adaptive_start(ow, p.in_w, p.out_w), w1 = adaptive_end(ow, p.in_w, p.out_w);
@@ -160,13 +199,13 @@ __global__ void adaptive_forward(Pool2dParams p, const T* x, T* y) {
   }
 }
 
-template <typename T, bool kChannelsLast>
-__global__ void adaptive_backward(Pool2dParams p, const T* dy, T* dx) {
+template <typename T, bool kChannelsLast, typename D>
+__global__ void adaptive_backward(Pool2dParams p, const T* dy, T* dx, PoolIndex<D> ix) {
   using A = typename Acc<T>::type;
   const int64_t n = p.planes * p.in_h * p.in_w, C = channels<kChannelsLast>(p);
   KILN_GRID_STRIDE(i, n) {
-    const int64_t c = i % C, pixel = i / C;
-    const int64_t iw = pixel % p.in_w, ih = (pixel / p.in_w) % p.in_h, b = pixel / (p.in_w * p.in_h);
+    const Coordinates<kChannelsLast, D> cell(i, ix, C, p.in_w, p.in_h);
+    const int64_t c = cell.c, iw = cell.x, ih = cell.y, b = cell.b;
     const int64_t base = b * p.out_h * p.out_w * C + c;
     // Output cells whose window holds ih: from floor(ih*OH/H) to ceil((ih+1)*OH/H), checked.
     const int64_t oh0 = (ih * p.out_h) / p.in_h, oh1 = ((ih + 1) * p.out_h + p.in_h - 1) / p.in_h;
@@ -187,19 +226,47 @@ __global__ void adaptive_backward(Pool2dParams p, const T* dy, T* dx) {
 
 #undef KILN_GRID_STRIDE
 
+std::atomic<bool> force_64bit_index{false};
+
+template <typename D>
+PoolIndex<D> pool_index(const Pool2dParams& p, bool over_output) {
+  const auto make = [](int64_t divisor) {
+    if constexpr (std::is_same_v<D, Div32>) {
+      return Div32{FastDivmod(static_cast<uint32_t>(divisor))};
+    } else {
+      return Div64{divisor};
+    }
+  };
+  return {make(p.channels_last ? p.channels : 1), make(over_output ? p.out_w : p.in_w),
+          make(over_output ? p.out_h : p.in_h), make(p.stride_h), make(p.stride_w)};
+}
+
 // The launch sequence every entry point shares: nothing for no work (an empty
-// grid is a CUDA error), the dtype's native type T and the layout, then
-// launch.template operator()<T, kChannelsLast>(blocks, stream) and the launch check.
+// grid is a CUDA error), the dtype's native type T, the layout and the index
+// arithmetic (FastDivmod below 2^30 elements, with room for the backward's
+// padded window positions; 64-bit division above), then
+// launch.template operator()<T, kChannelsLast, D>(blocks, stream, index) and the launch check.
+// over_output: the kernel iterates over the output (forward) or the input (backward).
 template <typename Launch>
-void launch_pool(DType dtype, const Pool2dParams& p, int64_t n, const char* name, cuda::Stream stream,
-                 Launch&& launch) {
+void launch_pool(DType dtype, const Pool2dParams& p, int64_t n, bool over_output, const char* name,
+                 cuda::Stream stream, Launch&& launch) {
   if (n == 0) return;
+  const bool fast = !force_64bit_index.load() && n < (int64_t{1} << 30) && p.pad_h < (int64_t{1} << 30) && p.pad_w < (int64_t{1} << 30) &&
+                    p.stride_h <= (int64_t{1} << 30) && p.stride_w <= (int64_t{1} << 30);
   dispatch_floating(dtype, name, [&]<typename T>() {
     using N = typename Native<T>::type;
-    if (p.channels_last) {
-      launch.template operator()<N, true>(blocks_for(n), static_cast<cudaStream_t>(stream));
+    const auto with_index = [&]<typename D>() {
+      const PoolIndex<D> index = pool_index<D>(p, over_output);
+      if (p.channels_last) {
+        launch.template operator()<N, true, D>(blocks_for(n), static_cast<cudaStream_t>(stream), index);
+      } else {
+        launch.template operator()<N, false, D>(blocks_for(n), static_cast<cudaStream_t>(stream), index);
+      }
+    };
+    if (fast) {
+      with_index.template operator()<Div32>();
     } else {
-      launch.template operator()<N, false>(blocks_for(n), static_cast<cudaStream_t>(stream));
+      with_index.template operator()<Div64>();
     }
     cuda::check_last_launch(name);
   });
@@ -207,56 +274,60 @@ void launch_pool(DType dtype, const Pool2dParams& p, int64_t n, const char* name
 
 }  // namespace
 
+void pool_cuda_force_64bit_index_for_testing(bool force) { force_64bit_index.store(force); }
+
 // Forward kernels: one thread per output element; backward: one per input element.
 void max_pool2d_forward_cuda(DType dtype, const Pool2dParams& p, const void* x, void* y, int32_t* indices,
                              cuda::Stream stream) {
-  launch_pool(dtype, p, p.planes * p.out_h * p.out_w, "max_pool2d forward (cuda)", stream,
-              [&]<typename T, bool kChannelsLast>(int blocks, cudaStream_t s) {
-                max_forward<T, kChannelsLast>
-                    <<<blocks, kThreads, 0, s>>>(p, static_cast<const T*>(x), static_cast<T*>(y), indices);
+  launch_pool(dtype, p, p.planes * p.out_h * p.out_w, /*over_output=*/true, "max_pool2d forward (cuda)", stream,
+              [&]<typename T, bool kChannelsLast, typename D>(int blocks, cudaStream_t s, const PoolIndex<D>& index) {
+                max_forward<T, kChannelsLast, D>
+                    <<<blocks, kThreads, 0, s>>>(p, static_cast<const T*>(x), static_cast<T*>(y), indices, index);
               });
 }
 
 void max_pool2d_backward_cuda(DType dtype, const Pool2dParams& p, const void* dy, const int32_t* indices, void* dx,
                               cuda::Stream stream) {
-  launch_pool(dtype, p, p.planes * p.in_h * p.in_w, "max_pool2d backward (cuda)", stream,
-              [&]<typename T, bool kChannelsLast>(int blocks, cudaStream_t s) {
-                max_backward<T, kChannelsLast>
-                    <<<blocks, kThreads, 0, s>>>(p, static_cast<const T*>(dy), indices, static_cast<T*>(dx));
+  launch_pool(dtype, p, p.planes * p.in_h * p.in_w, /*over_output=*/false, "max_pool2d backward (cuda)", stream,
+              [&]<typename T, bool kChannelsLast, typename D>(int blocks, cudaStream_t s, const PoolIndex<D>& index) {
+                max_backward<T, kChannelsLast, D>
+                    <<<blocks, kThreads, 0, s>>>(p, static_cast<const T*>(dy), indices, static_cast<T*>(dx), index);
               });
 }
 
 void avg_pool2d_forward_cuda(DType dtype, const Pool2dParams& p, const void* x, void* y, cuda::Stream stream) {
-  launch_pool(dtype, p, p.planes * p.out_h * p.out_w, "avg_pool2d forward (cuda)", stream,
-              [&]<typename T, bool kChannelsLast>(int blocks, cudaStream_t s) {
-                avg_forward<T, kChannelsLast>
-                    <<<blocks, kThreads, 0, s>>>(p, static_cast<const T*>(x), static_cast<T*>(y));
+  launch_pool(dtype, p, p.planes * p.out_h * p.out_w, /*over_output=*/true, "avg_pool2d forward (cuda)", stream,
+              [&]<typename T, bool kChannelsLast, typename D>(int blocks, cudaStream_t s, const PoolIndex<D>& index) {
+                avg_forward<T, kChannelsLast, D>
+                    <<<blocks, kThreads, 0, s>>>(p, static_cast<const T*>(x), static_cast<T*>(y), index);
               });
 }
 
 void avg_pool2d_backward_cuda(DType dtype, const Pool2dParams& p, const void* dy, void* dx, cuda::Stream stream) {
-  launch_pool(dtype, p, p.planes * p.in_h * p.in_w, "avg_pool2d backward (cuda)", stream,
-              [&]<typename T, bool kChannelsLast>(int blocks, cudaStream_t s) {
-                avg_backward<T, kChannelsLast>
-                    <<<blocks, kThreads, 0, s>>>(p, static_cast<const T*>(dy), static_cast<T*>(dx));
+  launch_pool(dtype, p, p.planes * p.in_h * p.in_w, /*over_output=*/false, "avg_pool2d backward (cuda)", stream,
+              [&]<typename T, bool kChannelsLast, typename D>(int blocks, cudaStream_t s, const PoolIndex<D>& index) {
+                avg_backward<T, kChannelsLast, D>
+                    <<<blocks, kThreads, 0, s>>>(p, static_cast<const T*>(dy), static_cast<T*>(dx), index);
               });
 }
 
 void adaptive_avg_pool2d_forward_cuda(DType dtype, const Pool2dParams& p, const void* x, void* y,
                                       cuda::Stream stream) {
-  launch_pool(dtype, p, p.planes * p.out_h * p.out_w, "adaptive_avg_pool2d forward (cuda)", stream,
-              [&]<typename T, bool kChannelsLast>(int blocks, cudaStream_t s) {
-                adaptive_forward<T, kChannelsLast>
-                    <<<blocks, kThreads, 0, s>>>(p, static_cast<const T*>(x), static_cast<T*>(y));
+  launch_pool(dtype, p, p.planes * p.out_h * p.out_w, /*over_output=*/true, "adaptive_avg_pool2d forward (cuda)",
+              stream,
+              [&]<typename T, bool kChannelsLast, typename D>(int blocks, cudaStream_t s, const PoolIndex<D>& index) {
+                adaptive_forward<T, kChannelsLast, D>
+                    <<<blocks, kThreads, 0, s>>>(p, static_cast<const T*>(x), static_cast<T*>(y), index);
               });
 }
 
 void adaptive_avg_pool2d_backward_cuda(DType dtype, const Pool2dParams& p, const void* dy, void* dx,
                                        cuda::Stream stream) {
-  launch_pool(dtype, p, p.planes * p.in_h * p.in_w, "adaptive_avg_pool2d backward (cuda)", stream,
-              [&]<typename T, bool kChannelsLast>(int blocks, cudaStream_t s) {
-                adaptive_backward<T, kChannelsLast>
-                    <<<blocks, kThreads, 0, s>>>(p, static_cast<const T*>(dy), static_cast<T*>(dx));
+  launch_pool(dtype, p, p.planes * p.in_h * p.in_w, /*over_output=*/false, "adaptive_avg_pool2d backward (cuda)",
+              stream,
+              [&]<typename T, bool kChannelsLast, typename D>(int blocks, cudaStream_t s, const PoolIndex<D>& index) {
+                adaptive_backward<T, kChannelsLast, D>
+                    <<<blocks, kThreads, 0, s>>>(p, static_cast<const T*>(dy), static_cast<T*>(dx), index);
               });
 }
 

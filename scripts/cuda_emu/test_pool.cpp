@@ -248,11 +248,15 @@ int main() {
       {"adaptive 1x1", Op::adaptive, 2, 33, 5, 5, adaptive(1, 1)},
       {"adaptive 4x10 from 7x9 (overlapping)", Op::adaptive, 1, 3, 7, 9, adaptive(4, 10)},
   };
-  for (const Case& c : cases) {
-    run<double>(c);
-    run<float>(c);
-    run<__half>(c);
-    run<__nv_bfloat16>(c);
+  // Every case twice: FastDivmod indexing (what launches below 2^30 elements take), then 64-bit division.
+  for (const bool force_64bit : {false, true}) {
+    pool_cuda_force_64bit_index_for_testing(force_64bit);
+    for (const Case& c : cases) {
+      run<double>(c);
+      run<float>(c);
+      run<__half>(c);
+      run<__nv_bfloat16>(c);
+    }
   }
   std::printf("%d of %d checks failed; %ld launches, %ld CTAs emulated\n", failures, checks, emu::launches.load(),
               emu::ctas.load());
