@@ -648,7 +648,9 @@ TEST_CASE("pooling on CUDA: a channels-last input gives channels-last y and dx, 
         const PoolLayoutResult cl64 = run_pool_layout_case(c, x_cl_gpu, g.cuda());
         KILN_CHECK_CLOSE(nchw64.y.cpu(), nchw.y.cpu(), 0.0, 0.0);
         KILN_CHECK_CLOSE(nchw64.dx_from_nchw_grad.cpu(), nchw.dx_from_nchw_grad.cpu(), 0.0, 0.0);
+        KILN_CHECK_CLOSE(nchw64.dx_from_channels_last_grad.cpu(), nchw.dx_from_channels_last_grad.cpu(), 0.0, 0.0);
         KILN_CHECK_CLOSE(cl64.y.cpu(), cl.y.cpu(), 0.0, 0.0);
+        KILN_CHECK_CLOSE(cl64.dx_from_nchw_grad.cpu(), cl.dx_from_nchw_grad.cpu(), 0.0, 0.0);
         KILN_CHECK_CLOSE(cl64.dx_from_channels_last_grad.cpu(), cl.dx_from_channels_last_grad.cpu(), 0.0, 0.0);
       }
       // eps: one unit in the last place at 1. dx: the CPU's 16-bit max scatter

@@ -258,6 +258,7 @@ int main() {
       run<__nv_bfloat16>(c);
     }
   }
+  pool_cuda_force_64bit_index_for_testing(false);
   std::printf("%d of %d checks failed; %ld launches, %ld CTAs emulated\n", failures, checks, emu::launches.load(),
               emu::ctas.load());
   return failures == 0 ? 0 : 1;
