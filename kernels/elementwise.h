@@ -5,8 +5,8 @@
 // output may alias an input element for element (in-place ops). Inputs of one
 // call share a dtype (where: the condition is bool; add: a float32 output may
 // take one float32 and one 16-bit input, autocast's promote in one pass); the
-// output has the input dtype, or bool for predicates and comparisons. 16-bit floats are computed in
-// float. Dtype rules (kiln::Error naming the op otherwise):
+// output has the input dtype, or bool for predicates and comparisons. 16-bit
+// floats are computed in float. Dtype rules (kiln::Error naming the op otherwise):
 //   arithmetic ops   every dtype but bool
 //   floating ops     float32, float64, float16, bfloat16
 //   predicates       every dtype, bool output

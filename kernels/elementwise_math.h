@@ -430,8 +430,6 @@ void dispatch_where(DType dtype, Launch&& launch) {
   dispatch_all(dtype, "where", [&]<typename T>() { launch.template operator()<T, bool, T, T>(Bound<Where, int>{0, 0}); });
 }
 
-// Checks the operand dtypes of an elementwise call (a bug in the front end, or
-// a misuse of the kernels from a benchmark) and names the op.
 // launch.template operator()<float, A, B>(bound Add) for operands that
 // is_mixed_add (kernels/elementwise.h) takes.
 template <typename Launch>
@@ -444,6 +442,8 @@ void dispatch_mixed_add(DType a, DType b, double alpha, Launch&& launch) {
   KILN_ASSERT(false, "dispatch_mixed_add: ", dtype_name(a), " and ", dtype_name(b));
 }
 
+// Checks the operand dtypes of an elementwise call (a bug in the front end, or
+// a misuse of the kernels from a benchmark) and names the op.
 inline void check_operands(std::string_view name, bool predicate, const Operand& out, const Operand& a,
                            const Operand* b) {
   KILN_CHECK(b == nullptr || a.dtype == b->dtype, name, ": inputs have different dtypes ", dtype_name(a.dtype),

@@ -40,8 +40,9 @@ bool all_contiguous(const IterShape& shape, const Operand* operands, int count);
 // (Granlund and Montgomery's method, as torch's IntDivider): exact for every
 // dividend below 2^31. Elementwise CUDA kernels index with it when the
 // iteration has fewer than 2^31 elements: a 64-bit division is a software
-// routine of tens of instructions on the GPU, two per element and dim, which
-// made strided copies compute-bound.
+// routine of tens of instructions on the GPU, and two per element and dim
+// made strided copies compute-bound by an instruction count (not yet
+// measured on a GPU).
 struct FastDivmod {
   uint32_t divisor = 1, magic = 1, shift = 0;
   FastDivmod() = default;

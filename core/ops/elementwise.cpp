@@ -85,15 +85,19 @@ Tensor unary_kernel(const char* name, UnaryOp op, const Tensor& x, double s0 = 0
   return out;
 }
 
-// A new tensor f(a, b) of the broadcast shape, without autograd.
+// A new tensor f(a, b) of the broadcast shape, without autograd. The inputs
+// share a dtype, except that with allow_mixed_add an add of a float32 and a
+// 16-bit input (kernels::is_mixed_add: autocast's promote in one pass) gives
+// a float32 output.
 Tensor binary_kernel(const char* name, BinaryOp op, const Tensor& a, const Tensor& b, double s0 = 0,
-                     double s1 = 0) {
+                     double s1 = 0, bool allow_mixed_add = false) {
   check_defined(a, name, "the first operand");
   check_defined(b, name, "the second operand");
   check_same_device(a, b, name);
-  check_same_dtype(a, b, name);
+  const bool mixed = allow_mixed_add && kernels::is_mixed_add(op, DType::f32, a.dtype(), b.dtype());
+  if (!mixed) check_same_dtype(a, b, name);
   const Shape shape = broadcast_shapes(a.shape(), b.shape(), name);
-  const DType dtype = kernels::is_predicate(op) ? DType::b8 : a.dtype();
+  const DType dtype = kernels::is_predicate(op) ? DType::b8 : mixed ? DType::f32 : a.dtype();
   // The layout of the first operand that has the result's shape (torch's rule).
   const Tensor& like = a.shape() == shape ? a : b;
   Tensor out = empty_in_layout_of(like, shape, {.dtype = dtype, .device = a.device()});
@@ -133,16 +137,20 @@ Tensor fused_unary(const char* name, UnaryOp op, const Tensor& x, BinaryOp backw
 
 // ---------------------------------------------------------------- add / sub
 
-// add of a float32 and a 16-bit tensor under autocast in one kernel (the
-// kernels widen the 16-bit operand exactly, so the result is the promote's,
-// bit for bit, without its cast pass); the 16-bit operand's gradient is
-// rounded once, as the cast's backward would.
-Tensor mixed_add(const char* name, const Tensor& a, const Tensor& b, double alpha) {
-  check_same_device(a, b, name);
-  const Shape shape = broadcast_shapes(a.shape(), b.shape(), name);
-  const Tensor& like = a.shape() == shape ? a : b;
-  Tensor out = empty_in_layout_of(like, shape, {.dtype = DType::f32, .device = a.device()});
-  run_binary(name, BinaryOp::add, out, a, b, alpha, 0.0);
+// Under autocast, a float32 and a 16-bit input add in one kernel (the kernels
+// widen the 16-bit one exactly, so the result is the promote's, bit for bit,
+// without its cast pass); each input's gradient comes back in its dtype (the
+// 16-bit one rounded once, as the cast's backward would).
+Tensor add_impl(const char* name, const Tensor& a, const Tensor& b, double alpha) {
+  bool mixed = false;
+  if (const autocast::Cast to = autocast::plan(autocast::Policy::promote, {&a, &b})) {
+    mixed = a.defined() && b.defined() && kernels::is_mixed_add(BinaryOp::add, DType::f32, a.dtype(), b.dtype());
+    if (!mixed) return add_impl(name, to(a), to(b), alpha);
+  }
+  check_defined(a, name, "the first operand");
+  check_numeric_input(a, name);
+  check_scalar_fits(a, alpha, name, "alpha");
+  Tensor out = binary_kernel(name, BinaryOp::add, a, b, alpha, 0.0, /*allow_mixed_add=*/mixed);
   if (autograd::any_requires_grad({&a, &b})) {
     const bool need_a = a.requires_grad(), need_b = b.requires_grad();
     autograd::record(name, {a, b}, {out},
@@ -150,31 +158,8 @@ Tensor mixed_add(const char* name, const Tensor& a, const Tensor& b, double alph
                       dtype_b = b.dtype()](const TensorList& grads) {
                        const Tensor& dout = grads[0];
                        Tensor da = need_a ? sum_to(dout, shape_a).to(dtype_a) : Tensor();
-                       Tensor db = need_b ? sum_to(alpha == 1.0 ? dout : mul(dout, alpha), shape_b).to(dtype_b) : Tensor();
-                       return TensorList{da, db};
-                     });
-  }
-  return out;
-}
-
-Tensor add_impl(const char* name, const Tensor& a, const Tensor& b, double alpha) {
-  if (const autocast::Cast to = autocast::plan(autocast::Policy::promote, {&a, &b})) {
-    if (a.defined() && b.defined() && kernels::is_mixed_add(BinaryOp::add, DType::f32, a.dtype(), b.dtype())) {
-      return mixed_add(name, a, b, alpha);
-    }
-    return add_impl(name, to(a), to(b), alpha);
-  }
-  check_defined(a, name, "the first operand");
-  check_numeric_input(a, name);
-  check_scalar_fits(a, alpha, name, "alpha");
-  Tensor out = binary_kernel(name, BinaryOp::add, a, b, alpha);
-  if (autograd::any_requires_grad({&a, &b})) {
-    const bool need_a = a.requires_grad(), need_b = b.requires_grad();
-    autograd::record(name, {a, b}, {out},
-                     [need_a, need_b, alpha, shape_a = a.shape(), shape_b = b.shape()](const TensorList& grads) {
-                       const Tensor& dout = grads[0];
-                       Tensor da = need_a ? sum_to(dout, shape_a) : Tensor();
-                       Tensor db = need_b ? sum_to(alpha == 1.0 ? dout : mul(dout, alpha), shape_b) : Tensor();
+                       Tensor db =
+                           need_b ? sum_to(alpha == 1.0 ? dout : mul(dout, alpha), shape_b).to(dtype_b) : Tensor();
                        return TensorList{da, db};
                      });
   }

@@ -6,9 +6,9 @@
 //   - a strided kernel for the rest: below 2^31 elements its linear index is
 //     32-bit and split into coordinates by FastDivmod (multiply-high and
 //     shift: kernels/strided.h); above, by 64-bit division.
-// All are grid-stride loops (int64 indices but the 32-bit strided one). 16-bit floats are converted
-// with the hardware conversions (__half / __nv_bfloat16 share kiln's layout)
-// and computed in float.
+// All are grid-stride loops (int64 indices but the 32-bit strided one).
+// 16-bit floats are converted with the hardware conversions (__half /
+// __nv_bfloat16 share kiln's layout) and computed in float.
 #pragma once
 
 #include <cuda_bf16.h>
