@@ -1,6 +1,7 @@
-// Host emulation of the CUDA C++ that kiln's plain kernel files use (no
-// inline PTX; attention_tc*.cu have their own harness, prelude.h): include this,
-// then a file rewritten by gen_cu.py. A launch runs its CTAs one after
+// Host emulation of the CUDA C++ that kiln's plain kernel files use (inline
+// PTX only in wrappers that gen_cu.py --emulate removes and the driver defines
+// with the fragment emulations below, as attention.cu's; attention_tc*.cu have
+// their own harness, prelude.h): include this, then a file rewritten by gen_cu.py. A launch runs its CTAs one after
 // another, each CTA's threads as OS threads: __syncthreads is a CTA barrier,
 // warp shuffles go through a per-warp exchange buffer (full-mask shuffles
 // with a lane that has left the kernel, or with lanes that disagree on the
@@ -38,6 +39,8 @@
 #include <type_traits>
 #include <vector>
 
+#include "emu_fragments.h"
+
 #undef __launch_bounds__
 #define __launch_bounds__(...)
 #undef __global__
@@ -73,10 +76,13 @@ struct Warp {
   std::atomic<int> exited{0};
   alignas(16) unsigned char slot[32][16];
   int delta[32];
+  // The operands of ldmatrix and mma.sync (emulated fragment instructions, below).
+  const void* fragment_rows[32];
+  uint32_t fragment_a[32][4], fragment_b[32][2];
 };
 
 struct Cta {
-  Cta(int threads, size_t dynamic_bytes) : bar(threads), dynamic(dynamic_bytes + 16, 0xff) {
+  Cta(int threads, size_t dynamic_bytes) : bar(threads), dynamic(dynamic_bytes + 16, 0xff), dynamic_bytes(dynamic_bytes) {
     for (int first = 0; first < threads; first += 32) warps.push_back(std::make_unique<Warp>(std::min(32, threads - first)));
   }
   std::barrier<> bar;
@@ -84,6 +90,7 @@ struct Cta {
   std::mutex mutex;
   std::set<const void*> poisoned;  // static __shared__ arrays already NaN-filled for this CTA
   std::vector<unsigned char> dynamic;
+  size_t dynamic_bytes;  // what the launch asked for (dynamic has 16 bytes of slack for alignment)
 };
 
 inline thread_local Cta* cta = nullptr;
@@ -231,6 +238,11 @@ struct Config {
 };
 
 inline std::string last_error;  // what check_last_launch throws (an invalid configuration)
+
+// Dynamic shared memory over 48 KB needs cudaFuncSetAttribute's opt-in first (up to sm_90's 227 KB).
+// The emulated launch sees a lambda, not the kernel: the last opt-in of any kernel stands for it.
+inline std::atomic<size_t> opted_in_shared{0};
+inline size_t shared_limit() { return std::min<size_t>(std::max<size_t>(48 * 1024, opted_in_shared.load()), 227 * 1024); }
 inline std::atomic<long> launches{0}, ctas{0};
 inline bool trace = std::getenv("EMU_TRACE") != nullptr;
 
@@ -247,7 +259,7 @@ void launch(const Config& c, const char* name, Kernel kernel, Args&&... args) {
   }
   // What the runtime rejects (cudaErrorInvalidConfiguration), left for check_last_launch.
   if (threads == 0 || threads > 1024 || c.block.z > 64 || blocks == 0 || c.grid.x > 2147483647u || c.grid.y > 65535 ||
-      c.grid.z > 65535 || c.dynamic_shared > 48 * 1024) {
+      c.grid.z > 65535 || c.dynamic_shared > shared_limit()) {
     last_error = std::string("invalid configuration for ") + name;
     return;
   }
@@ -317,7 +329,59 @@ T shuffle(unsigned mask, T value, int arg, int width, Shuffle kind) {
   return result;
 }
 
+// ---------------------------------------------------------------- fragment instructions
+// ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16 and mma.sync.aligned.m16n8k16
+// (f16/bf16, float accumulators) for a kernel file whose inline-PTX wrappers
+// gen_cu.py --emulate removed: the driver defines the wrappers with these.
+// Every lane of a full warp must take part; ldmatrix rows must be 16-byte
+// aligned rows of the CTA's dynamic shared memory.
+inline std::atomic<long> mma_count{0}, ldmatrix_count{0};
+
+inline void require_full_warp(const char* what) {
+  Warp& w = warp();
+  EMU_REQUIRE(w.size == 32 && w.exited.load() == 0, what);
+}
+
+inline void ldmatrix_x4(uint32_t (&r)[4], const void* row, bool trans) {
+  Warp& w = warp();
+  const int l = lane();
+  const auto* begin = static_cast<const unsigned char*>(dynamic_shared());
+  const auto* at = static_cast<const unsigned char*>(row);
+  EMU_REQUIRE(at >= begin && at + 16 <= begin + cta->dynamic_bytes &&
+                  reinterpret_cast<uintptr_t>(row) % 16 == 0,
+              "ldmatrix: a row outside dynamic shared memory or not 16-byte aligned");
+  w.fragment_rows[l] = row;
+  w.bar.arrive_and_wait();
+  require_full_warp("ldmatrix without every lane of the warp");
+  emu_fragments::ldmatrix(r, w.fragment_rows, l, trans);
+  w.bar.arrive_and_wait();
+  ++ldmatrix_count;
+}
+
+template <typename T>
+void mma_m16n8k16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  Warp& w = warp();
+  const int l = lane();
+  for (int i = 0; i < 4; ++i) w.fragment_a[l][i] = a[i];
+  w.fragment_b[l][0] = b0;
+  w.fragment_b[l][1] = b1;
+  w.bar.arrive_and_wait();
+  require_full_warp("mma.sync without every lane of the warp");
+  emu_fragments::mma<T>(d, w.fragment_a, w.fragment_b, l);
+  w.bar.arrive_and_wait();
+  ++mma_count;
+}
+
 }  // namespace emu
+
+// The opt-in for dynamic shared memory over 48 KB (see emu::shared_limit); other attributes are not emulated.
+template <typename Kernel>
+cudaError_t cudaFuncSetAttribute(Kernel*, cudaFuncAttribute attribute, int value) {
+  EMU_REQUIRE(attribute == cudaFuncAttributeMaxDynamicSharedMemorySize, "an attribute the emulation does not know");
+  EMU_REQUIRE(value >= 0 && value <= 227 * 1024, "an opt-in above sm_90's 227 KB per block");
+  emu::opted_in_shared = static_cast<size_t>(value);
+  return cudaSuccess;
+}
 
 template <typename T>
 T __shfl_sync(unsigned mask, T v, int lane, int width = 32) { return emu::shuffle(mask, v, lane, width, emu::Shuffle::index); }

@@ -11,6 +11,9 @@
 #                                 plus a call that NaN-poisons each array once per CTA
 #   extern __shared__ T s[];   -> T* s = the CTA's dynamic shared memory (NaN-poisoned)
 #   #include <cub/...>         -> nothing (emu_cuda.h stubs what kiln calls; it throws)
+#   --emulate f,g: the definitions of functions f and g (inline-PTX wrappers such as
+#       attention.cu's mma_m16n8k16) are removed; the driver defines them first, in the
+#       same namespace, with emu_cuda.h's fragment emulations. No other inline PTX is taken.
 import re
 import sys
 
@@ -157,10 +160,33 @@ def rewrite_launches(src):
     return ''.join(out), count
 
 
+def remove_function(src, name):
+    """Blanks the definition of function `name` (with its template header), keeping the line count."""
+    flags = code_flags(src)
+    found = [m for m in re.finditer(r'(template\s*<[^;{}]*>\s*)?__device__\s+__forceinline__\s+[\w:<>]+\s+' + name +
+                                    r'\s*\(', src) if flags[m.start()]]
+    assert len(found) == 1, f'--emulate {name}: {len(found)} definitions found'
+    start = found[0].start()
+    close = matching_forward(src, found[0].end() - 1, '(', ')')
+    brace = src.index('{', close)
+    assert src[close + 1:brace].strip() == '', f'--emulate {name}: no body after the parameters'
+    end = matching_forward(src, brace, '{', '}')
+    removed = f'/* {name}: emulated (defined by the driver) */' + '\n' * src[start:end + 1].count('\n')
+    return src[:start] + removed + src[end + 1:]
+
+
 def main():
-    path, target = sys.argv[1], sys.argv[2]
-    shown = sys.argv[3] if len(sys.argv) > 3 else path
+    args = sys.argv[1:]
+    emulated = []
+    if '--emulate' in args:
+        at = args.index('--emulate')
+        emulated = [n for n in args[at + 1].split(',') if n]
+        del args[at:at + 2]
+    path, target = args[0], args[1]
+    shown = args[2] if len(args) > 2 else path
     src = open(path).read()
+    for name in emulated:
+        src = remove_function(src, name)
     assert 'asm(' not in src and 'asm volatile' not in src, 'inline PTX: use an emulation like gen.py/emu_ptx.inc'
     src = re.sub(r'#include\s*<cub/[^>]*>', '// (cub: stubbed by emu_cuda.h)', src)
     src = rewrite_shared(src)

@@ -2,6 +2,7 @@
 // reference: out, lse, dq, dk, dv, every element written.
 #include "prelude.h"
 #include "emu_attention_tc.inc"
+#include "attention_reference.h"
 
 #include <chrono>
 #include <limits>
@@ -11,18 +12,8 @@
 using namespace kiln;
 using namespace kiln::kernels;
 using kiln::kernels::attention_tc::emu_to_float;
+using namespace emu_attention;
 
-struct Problem {
-  int64_t B, H, L, S;
-  bool causal;
-  int mask;  // 0 none, 1 additive (L, S), 2 key padding (B, 1, 1, S), 3 (L, S) with rows that allow no key
-  float dropout = 0.0f;
-  bool unaligned = false;
-  // q, k, v the heads of one (B, L, 3, H, E) buffer (a fused projection; L = S),
-  // out, dq, dk (B, T, H, E), dout and dv dense (B, H, T, E): no two operands
-  // of one kernel with the same strides but q, k and v.
-  bool fused = false;
-};
 
 template <typename T>
 uint16_t bits_of(float x) {
@@ -86,14 +77,10 @@ void run(const Problem& c, int64_t E, DType dtype) {
   }
   // Layouts (element strides over B, H, T) and where each operand starts in its buffer.
   const int64_t HE = c.H * E;
-  const AttentionLayout dense_q{c.H * L * E, L * E, E, true}, dense_kv{c.H * S * E, S * E, E, true};
-  const AttentionLayout qkv_layout{L * 3 * HE, E, 3 * HE, true}, rows_q{L * HE, E, HE, true}, rows_kv{S * HE, E, HE, true};
-  const AttentionLayout q_layout = c.fused ? qkv_layout : dense_q, kv_layout = c.fused ? qkv_layout : dense_kv;
-  const AttentionLayout out_layout = c.fused ? rows_q : dense_q, dk_layout = c.fused ? rows_kv : dense_kv;
-  const AttentionLayout dout_layout = dense_q, dv_layout = dense_kv;
-  const auto at = [&](const AttentionLayout& l, int64_t bh, int64_t t, int64_t d) {
-    return bh / c.H * l.batch + bh % c.H * l.head + t * l.row + d;
-  };
+  const Layouts layouts(c, E);
+  const AttentionLayout q_layout = layouts.q, kv_layout = layouts.kv, out_layout = layouts.out, dk_layout = layouts.dk;
+  const AttentionLayout dout_layout = layouts.dout, dv_layout = layouts.dv;
+  const auto at = [&](const AttentionLayout& l, int64_t bh, int64_t t, int64_t d) { return element_at(l, c.H, bh, t, d); };
   // Dense values (bh, t, d) for the reference, stored through `layout` from `base`.
   auto fill = [&](uint16_t* base, const AttentionLayout& layout, std::vector<double>& values, int64_t len) {
     values.resize(BH * len * E);
@@ -117,31 +104,8 @@ void run(const Problem& c, int64_t E, DType dtype) {
   fill(k_base, kv_layout, k, S);
   fill(v_base, kv_layout, v, S);
   fill(dob.data, dout_layout, dout, L);
-  // The additive mask, float32, and its strides over (B, H, L, S).
-  std::vector<float> mask;
-  int64_t sb = 0, sq = 0, sk = 0;
-  const float ninf = -std::numeric_limits<float>::infinity();
-  if (c.mask == 1 || c.mask == 3) {
-    mask.resize(L * S);
-    sq = S;
-    sk = 1;
-    for (int64_t i = 0; i < L; ++i) {
-      const bool row_allowed = normal(engine) > -0.5f;
-      for (int64_t j = 0; j < S; ++j) {
-        const float x = normal(engine);
-        mask[i * S + j] = c.mask == 1 ? x : (row_allowed && x > -1.0f ? 0.0f : ninf);
-      }
-    }
-  } else if (c.mask == 2) {
-    mask.resize(c.B * S);
-    sb = S;
-    sk = 1;
-    for (auto& m : mask) m = normal(engine) > -1.0f ? 0.0f : ninf;
-  }
-  const auto mask_at = [&](int64_t bh, int64_t i, int64_t j) -> double {
-    return mask.empty() ? 0.0 : mask[(bh / c.H) * sb + i * sq + j * sk];
-  };
-
+  // The additive mask, float32, and its strides over (B, L, S).
+  const Mask mask = make_mask(c, engine, normal);
   AttentionArgs args;
   args.dtype = dtype;
   args.batch = c.B;
@@ -158,11 +122,11 @@ void run(const Problem& c, int64_t E, DType dtype) {
     args.v_layout = kv_layout;
     args.out_layout = out_layout;
   }
-  if (!mask.empty()) {
-    args.mask.data = mask.data();
-    args.mask.stride_b = sb;
-    args.mask.stride_q = sq;
-    args.mask.stride_k = sk;
+  if (!mask.values.empty()) {
+    args.mask.data = mask.values.data();
+    args.mask.stride_b = mask.stride_b;
+    args.mask.stride_q = mask.stride_q;
+    args.mask.stride_k = mask.stride_k;
   }
   args.causal = c.causal;
   args.scale = 1.0 / std::sqrt(static_cast<double>(E));
@@ -207,60 +171,15 @@ void run(const Problem& c, int64_t E, DType dtype) {
   }
   if (S > 0) attention_tc::backward(grad, delta.data(), nullptr);
 
-  // float64 reference.
-  std::vector<double> ref_out(BH * L * E, 0), ref_lse(BH * L), ref_dq(BH * L * E, 0), ref_dk(BH * S * E, 0),
-      ref_dv(BH * S * E, 0);
-  const double p = c.dropout, keep_scale = p > 0 ? 1.0 / (1.0 - p) : 1.0;
-  for (int64_t bh = 0; bh < BH; ++bh) {
-    for (int64_t i = 0; i < L; ++i) {
-      std::vector<double> s(S), P(S, 0.0), keep(S, 1.0);
-      double m = -INFINITY;
-      for (int64_t j = 0; j < S; ++j) {
-        double dot = 0;
-        for (int64_t d = 0; d < E; ++d) dot += q[(bh * L + i) * E + d] * k[(bh * S + j) * E + d];
-        s[j] = (c.causal && j > i) ? -INFINITY : dot * args.scale + mask_at(bh, i, j);
-        m = std::max(m, s[j]);
-        if (p > 0) {
-          const uint64_t index = (static_cast<uint64_t>(bh) * L + i) * S + j;
-          keep[j] = dropout_keep(philox::word_at(args.seed, args.offset, index), c.dropout) ? 1.0 : 0.0;
-        }
-      }
-      double sum = 0;
-      if (m != -INFINITY) {
-        for (int64_t j = 0; j < S; ++j) sum += P[j] = std::exp(s[j] - m);
-        for (int64_t j = 0; j < S; ++j) P[j] /= sum;
-      }
-      ref_lse[bh * L + i] = m == -INFINITY ? -INFINITY : m + std::log(sum);
-      std::vector<double> o(E, 0.0);
-      for (int64_t j = 0; j < S; ++j) {
-        for (int64_t d = 0; d < E; ++d) o[d] += P[j] * keep[j] * keep_scale * v[(bh * S + j) * E + d];
-      }
-      double dl = 0;
-      for (int64_t d = 0; d < E; ++d) {
-        ref_out[(bh * L + i) * E + d] = o[d];
-        dl += o[d] * dout[(bh * L + i) * E + d];
-      }
-      for (int64_t j = 0; j < S; ++j) {
-        double dp = 0;
-        for (int64_t d = 0; d < E; ++d) dp += dout[(bh * L + i) * E + d] * v[(bh * S + j) * E + d];
-        dp *= keep[j] * keep_scale;
-        const double ds = P[j] * (dp - dl);
-        for (int64_t d = 0; d < E; ++d) {
-          ref_dq[(bh * L + i) * E + d] += args.scale * ds * k[(bh * S + j) * E + d];
-          ref_dk[(bh * S + j) * E + d] += args.scale * ds * q[(bh * L + i) * E + d];
-          ref_dv[(bh * S + j) * E + d] += P[j] * keep[j] * keep_scale * dout[(bh * L + i) * E + d];
-        }
-      }
-    }
-  }
+  const Reference ref = reference(c, E, q, k, v, dout, mask, args.scale, args.seed, args.offset);
   const double rtol = f16 ? 2e-3 : 3.2e-2, atol = f16 ? 1e-3 : 5e-3;
-  compare("out", out, ref_out, rtol, atol, label);
+  compare("out", out, ref.out, rtol, atol, label);
   std::vector<double> lse_d(lse.begin(), lse.end());
-  compare("lse", lse_d, ref_lse, 1e-3, 1e-3, label);
+  compare("lse", lse_d, ref.lse, 1e-3, 1e-3, label);
   if (S > 0) {
-    compare("dq", widen(dqb, out_layout, L), ref_dq, 4 * rtol, 4 * atol, label);
-    compare("dk", widen(dkb, dk_layout, S), ref_dk, 4 * rtol, 4 * atol, label);
-    compare("dv", widen(dvb, dv_layout, S), ref_dv, 4 * rtol, 4 * atol, label);
+    compare("dq", widen(dqb, out_layout, L), ref.dq, 4 * rtol, 4 * atol, label);
+    compare("dk", widen(dkb, dk_layout, S), ref.dk, 4 * rtol, 4 * atol, label);
+    compare("dv", widen(dvb, dv_layout, S), ref.dv, 4 * rtol, 4 * atol, label);
   }
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   std::printf("done %s (%.1f s)\n", label.c_str(), seconds);
@@ -268,13 +187,7 @@ void run(const Problem& c, int64_t E, DType dtype) {
 }
 
 int main(int argc, char** argv) {
-  const std::vector<Problem> cases = {{2, 3, 5, 7, false, 0},       {1, 2, 130, 70, false, 0},   {2, 2, 257, 257, true, 0},
-                                      {1, 1, 70, 200, true, 0},     {2, 2, 33, 97, false, 1},    {2, 2, 64, 65, false, 2},
-                                      {1, 1, 3, 0, false, 0},       {1, 2, 300, 384, false, 0},  {1, 2, 40, 90, false, 3},
-                                      {1, 2, 70, 90, true, 0, 0.0f, true}, {2, 1, 129, 200, false, 2, 0.0f, true},
-                                      {2, 2, 70, 90, true, 0, 0.2f},       {2, 2, 70, 90, false, 1, 0.2f},
-                                      {2, 3, 130, 130, true, 0, 0.0f, false, true},
-                                      {2, 2, 70, 70, false, 2, 0.2f, true, true}};
+  const std::vector<Problem>& cases = problems();
   const int only = argc > 1 ? std::atoi(argv[1]) : -1;  // a head dim, or all
   emu::eager = argc > 2 && std::string(argv[2]) == "eager";
   for (int64_t E : {32, 64, 96, 128}) {

@@ -17,6 +17,8 @@
 #include <thread>
 #include <vector>
 
+#include "emu_fragments.h"
+
 #undef __launch_bounds__
 #define __launch_bounds__(...)
 #undef __global__

@@ -8,7 +8,7 @@
 # masking, synchronization and pipelining, not the hardware's layouts.
 #   bash scripts/cuda_emu/run.sh            # every head dim, both dtypes (tens of minutes: hundreds of threads)
 #   bash scripts/cuda_emu/run.sh 64         # one head dim; extra arguments go to the test program
-# Kernel files without inline PTX (norm.cu, indexing.cu, softmax.cu, ...): run_kernels.sh.
+# Kernel files without inline PTX (norm.cu, indexing.cu, softmax.cu, ...) and attention.cu: run_kernels.sh.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(cd "$here/../.." && pwd)"

@@ -26,6 +26,9 @@
 #   bash scripts/cuda_emu/run_kernels.sh triangular # tril/triu vs kernels/cpu/triangular.cpp bit for bit (test_triangular.cpp)
 #   bash scripts/cuda_emu/run_kernels.sh sort       # topk's kernels around CUB (emu_cuda.h's stand-in sort) vs
 #                                                   # kernels/cpu/sort.cpp (test_sort.cpp)
+#   bash scripts/cuda_emu/run_kernels.sh attention  # attention.cu's reference kernels (float32, and 16-bit through
+#                       # emulated mma.sync/ldmatrix) and its delta kernel vs float64 (test_attention.cpp; `attention
+#                       # 64 f32`: one head dim, one dtype). The tensor-core kernels: run.sh
 #   bash scripts/cuda_emu/run_kernels.sh selftest   # the emulator's primitives vs CUDA's semantics (selftest.cu)
 #   EMU_REV=f518d36 bash scripts/cuda_emu/run_kernels.sh softmax
 #                       # softmax, its backward, cross-entropy as committed at EMU_REV (f518d36's file ran
@@ -40,7 +43,7 @@ set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
 work="${KILN_EMU_DIR:-/tmp/kiln-cuda-emu}"
-family="${1:?usage: run_kernels.sh norm|indexing|softmax|softmax_paths|random|reduction|pool|batch_norm|transforms|optim|elementwise|scan|triangular|sort|selftest [args]}"
+family="${1:?usage: run_kernels.sh attention|norm|indexing|softmax|softmax_paths|random|reduction|pool|batch_norm|transforms|optim|elementwise|scan|triangular|sort|selftest [args]}"
 shift
 mkdir -p "$work"
 driver="test_$family.cpp"
@@ -49,14 +52,17 @@ if [ "$family" = index_add ]; then family=indexing; driver=test_index_add.cpp; f
 if [ "$family" = batch_norm ]; then family=norm; driver=test_batch_norm.cpp; fi  # a second norm driver
 src="kernels/cuda/$family.cu"
 [ "$family" = selftest ] && src="scripts/cuda_emu/selftest.cu"
+# Inline-PTX wrappers gen_cu.py removes from the family's .cu (the driver defines them with emulations).
+emulate=()
+[ "$family" = attention ] && emulate=(--emulate mma_m16n8k16,ldmatrix_x4_trans)
 if [ -n "${EMU_SRC:-}" ]; then  # another file in the family's place (e.g. a deliberately broken copy)
-  python3 "$here/gen_cu.py" "$EMU_SRC" "$work/emu_$family.inc"
+  python3 "$here/gen_cu.py" "$EMU_SRC" "$work/emu_$family.inc" "${emulate[@]}"
 elif [ -n "${EMU_REV:-}" ]; then  # the file as committed at EMU_REV (headers still from the work tree)
   mkdir -p "$work/rev"
   git -C "$root" show "$EMU_REV:$src" > "$work/rev/$family.cu"
-  python3 "$here/gen_cu.py" "$work/rev/$family.cu" "$work/emu_$family.inc" "$src@$EMU_REV"
+  python3 "$here/gen_cu.py" "$work/rev/$family.cu" "$work/emu_$family.inc" "$src@$EMU_REV" "${emulate[@]}"
 else
-  (cd "$root" && python3 "$here/gen_cu.py" "$src" "$work/emu_$family.inc")
+  (cd "$root" && python3 "$here/gen_cu.py" "$src" "$work/emu_$family.inc" "${emulate[@]}")
 fi
 # Families whose kernels span several files: each is rewritten too (a .cu to emu_<name>.inc, a .cuh
 # with launches to $work/<family>_inc/, searched before the tree); an EMU_SRC named like one of them
@@ -66,6 +72,7 @@ case "$family" in
   elementwise) more_src=(kernels/cuda/elementwise_binary.cu kernels/cuda/copy.cu kernels/cuda/elementwise_launch.cuh) ;;
   optim) more_src=(kernels/cuda/multi_tensor_apply.cuh) ;;
   softmax) more_src=(kernels/cuda/cross_entropy.cu) ;;  # softmax_rows.cuh has no launch: read from the tree
+  attention) more_src=(kernels/cuda/attention_common.cuh) ;;  # launch()
 esac
 more_inc=()
 for s in "${more_src[@]}"; do
@@ -77,7 +84,7 @@ for s in "${more_src[@]}"; do
   fi
   if [ -n "${EMU_SRC:-}" ] && [ "$(basename "$EMU_SRC")" = "$(basename "$s")" ]; then
     from="$EMU_SRC"
-    (cd "$root" && python3 "$here/gen_cu.py" "$src" "$work/emu_$family.inc")  # the family's own .cu after all
+    (cd "$root" && python3 "$here/gen_cu.py" "$src" "$work/emu_$family.inc" "${emulate[@]}")  # the family's own .cu after all
   fi
   case "$s" in
     *.cuh) mkdir -p "$work/${family}_inc/$(dirname "$s")"; more_inc=(-I"$work/${family}_inc")
