@@ -7,6 +7,10 @@
 #   bash scripts/cuda_emu/run_kernels.sh indexing   # gather_rows_kernel / gather_kernel (test_indexing.cpp)
 #   bash scripts/cuda_emu/run_kernels.sh index_add  # index_add_sorted_cuda: the embedding/index_select backward,
 #                                                   # both run kernels, vs a host reference (test_index_add.cpp)
+#   bash scripts/cuda_emu/run_kernels.sh scatter_add  # scatter_add_cuda (atomic) and scatter_add_sorted_cuda (keys, sort,
+#                                                   # runs): gather's backward, vs a host reference (test_scatter_add.cpp)
+#   bash scripts/cuda_emu/run_kernels.sh nll_loss   # cross_entropy.cu's nll_loss forward/backward vs kernels/cpu/softmax.cpp
+#                                                   # bit for bit (test_nll_loss.cpp)
 #   bash scripts/cuda_emu/run_kernels.sh random     # dropout forward/backward, uniform/normal/randint vs
 #                                                   # kernels/cpu/random.cpp bit for bit (test_random.cpp)
 #   bash scripts/cuda_emu/run_kernels.sh reduction  # reduce_cuda (sum/mean/var/amax/amin/arg/norm/all) vs
@@ -43,13 +47,15 @@ set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
 work="${KILN_EMU_DIR:-/tmp/kiln-cuda-emu}"
-family="${1:?usage: run_kernels.sh attention|norm|indexing|softmax|softmax_paths|random|reduction|pool|batch_norm|transforms|optim|elementwise|scan|triangular|sort|selftest [args]}"
+family="${1:?usage: run_kernels.sh attention|norm|indexing|index_add|scatter_add|softmax|softmax_paths|nll_loss|random|reduction|pool|batch_norm|transforms|optim|elementwise|scan|triangular|sort|selftest [args]}"
 shift
 mkdir -p "$work"
 driver="test_$family.cpp"
 if [ "$family" = softmax_paths ]; then family=softmax; driver=softmax_paths.cpp; fi  # a second softmax driver
 if [ "$family" = index_add ]; then family=indexing; driver=test_index_add.cpp; fi  # a second indexing driver
+if [ "$family" = scatter_add ]; then family=indexing; driver=test_scatter_add.cpp; fi  # a third
 if [ "$family" = batch_norm ]; then family=norm; driver=test_batch_norm.cpp; fi  # a second norm driver
+if [ "$family" = nll_loss ]; then family=softmax; driver=test_nll_loss.cpp; fi  # a third softmax driver
 src="kernels/cuda/$family.cu"
 [ "$family" = selftest ] && src="scripts/cuda_emu/selftest.cu"
 # Inline-PTX wrappers gen_cu.py removes from the family's .cu (the driver defines them with emulations).
@@ -105,6 +111,7 @@ case "$family" in
   scan|triangular|sort) cpu_src=("kernels/cpu/$family.cpp") ;;
 esac
 if [ "$driver" = test_batch_norm.cpp ]; then cpu_src=(kernels/cpu/norm.cpp); fi
+if [ "$driver" = test_nll_loss.cpp ]; then cpu_src=(kernels/cpu/softmax.cpp); fi
 # optim.cpp with its own flag (-fno-math-errno) and no FMA contraction: the emulated .cu has none (baseline
 # x86-64), and test_optim.cpp compares optim_math.h's updates bit for bit.
 cpu_flags=()
