@@ -176,7 +176,7 @@ __global__ void nll_loss_grad_kernel(NllLossGradArgs a) {
     A d = A(0);
     if (c == t && t != a.ignore_index) {
       const A w = weight != nullptr ? to_acc(weight[t]) : A(1);
-      d = -w * to_acc(grad[a.per_row_grad ? r : 0]) / divisor;
+      d = -w * (to_acc(grad[a.per_row_grad ? r : 0]) / divisor);  // the CPU's (and torch's) order: w * (g / total)
     }
     out[k] = from_acc<T>(d);
   }
