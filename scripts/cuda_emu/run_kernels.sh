@@ -15,6 +15,8 @@
 #                                                   # kernels/cpu/random.cpp bit for bit (test_random.cpp)
 #   bash scripts/cuda_emu/run_kernels.sh reduction  # reduce_cuda (sum/mean/var/amax/amin/arg/norm/all) vs
 #                                                   # kernels/cpu/reduction.cpp (test_reduction.cpp)
+#   bash scripts/cuda_emu/run_kernels.sh reduce_grad  # reduce_grad_kernel (every reduction's backward) vs
+#                                                   # kernels/cpu/reduction.cpp bit for bit (test_reduce_grad.cpp)
 #   bash scripts/cuda_emu/run_kernels.sh pool       # max/avg/adaptive pooling, forward and backward, channels-last
 #                                                   # vs kernels/cpu/pool.cpp and vs pool.cu's NCHW (test_pool.cpp)
 #   bash scripts/cuda_emu/run_kernels.sh batch_norm # norm.cu's batch norm (+ fused ReLU), forward/backward, NCHW and
@@ -47,7 +49,7 @@ set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
 work="${KILN_EMU_DIR:-/tmp/kiln-cuda-emu}"
-family="${1:?usage: run_kernels.sh attention|norm|indexing|index_add|scatter_add|softmax|softmax_paths|nll_loss|random|reduction|pool|batch_norm|transforms|optim|elementwise|scan|triangular|sort|selftest [args]}"
+family="${1:?usage: run_kernels.sh attention|norm|indexing|index_add|scatter_add|softmax|softmax_paths|nll_loss|random|reduction|reduce_grad|pool|batch_norm|transforms|optim|elementwise|scan|triangular|sort|selftest [args]}"
 shift
 mkdir -p "$work"
 driver="test_$family.cpp"
@@ -56,6 +58,7 @@ if [ "$family" = index_add ]; then family=indexing; driver=test_index_add.cpp; f
 if [ "$family" = scatter_add ]; then family=indexing; driver=test_scatter_add.cpp; fi  # a third
 if [ "$family" = batch_norm ]; then family=norm; driver=test_batch_norm.cpp; fi  # a second norm driver
 if [ "$family" = nll_loss ]; then family=softmax; driver=test_nll_loss.cpp; fi  # a third softmax driver
+if [ "$family" = reduce_grad ]; then family=reduction; driver=test_reduce_grad.cpp; fi  # a second reduction driver
 src="kernels/cuda/$family.cu"
 [ "$family" = selftest ] && src="scripts/cuda_emu/selftest.cu"
 # Inline-PTX wrappers gen_cu.py removes from the family's .cu (the driver defines them with emulations).
