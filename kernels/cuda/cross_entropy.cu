@@ -47,7 +47,7 @@ __global__ void __launch_bounds__(block_threads<kLanes>) cross_entropy_kernel(Cr
     if (lane == 0) {
       const bool ignored = t == a.ignore_index;
       if (!ignored) report_bad_target(a.bad_target, t);
-      loss[r] = ignored ? A(0) : nan_value<A>();
+      loss[r] = ignored ? A(0) : quiet_nan<A>();
       row_weight[r] = lse_out[r] = A(0);
     }
     return;
@@ -55,11 +55,11 @@ __global__ void __launch_bounds__(block_threads<kLanes>) cross_entropy_kernel(Cr
   const T* row = static_cast<const T*>(a.logits) + r * C;
   const T* weight = static_cast<const T*>(a.weight);
   const RowPacks<T> packs(row, C, vec);
-  RowStats<A> st{neg_infinity<A>(), A(0), A(0), A(0)};
+  RowStats<A> st{-infinity<A>(), A(0), A(0), A(0)};
 #pragma unroll 1
   for (int64_t p = lane; p < packs.count; p += kStride) {
     A x[kUnroll<T>][N], w[kUnroll<T>][N];
-    load_chunk<kLanes>(packs, row, p, neg_infinity<A>(), x);
+    load_chunk<kLanes>(packs, row, p, -infinity<A>(), x);
     if constexpr (kSmooth) {
 #pragma unroll
       for (int u = 0; u < kUnroll<T>; ++u) {
@@ -150,7 +150,7 @@ __global__ void nll_loss_kernel(NllLossArgs a) {
     if (t == a.ignore_index || t < 0 || t >= a.classes) {
       const bool ignored = t == a.ignore_index;
       if (!ignored) report_bad_target(a.bad_target, t);
-      loss[r] = ignored ? A(0) : nan_value<A>();
+      loss[r] = ignored ? A(0) : quiet_nan<A>();
       row_weight[r] = A(0);
       continue;
     }

@@ -41,4 +41,23 @@ __device__ __forceinline__ T from_acc(typename Acc<T>::type value) {
   }
 }
 
+// +infinity and a quiet NaN of float or double, built from their bit patterns.
+template <typename A>
+__device__ __forceinline__ A infinity() {
+  if constexpr (std::is_same_v<A, double>) {
+    return __longlong_as_double(0x7ff0000000000000LL);
+  } else {
+    return __int_as_float(0x7f800000);
+  }
+}
+
+template <typename A>
+__device__ __forceinline__ A quiet_nan() {
+  if constexpr (std::is_same_v<A, double>) {
+    return __longlong_as_double(0x7ff8000000000000LL);
+  } else {
+    return __int_as_float(0x7fc00000);
+  }
+}
+
 }  // namespace kiln::kernels

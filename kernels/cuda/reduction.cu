@@ -73,15 +73,6 @@ __device__ __forceinline__ bool is_nan(V value) {
   }
 }
 
-template <typename V>
-__device__ __forceinline__ V infinity() {
-  if constexpr (std::is_same_v<V, double>) {
-    return __longlong_as_double(0x7ff0000000000000LL);
-  } else {
-    return __int_as_float(0x7f800000);
-  }
-}
-
 // ---------------------------------------------------------------- reducers
 
 template <typename T, typename Acc>

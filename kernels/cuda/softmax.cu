@@ -28,10 +28,10 @@ __global__ void __launch_bounds__(block_threads<kLanes>)
   const int64_t offset = (r < rows ? r : 0) * cols;  // a group past the last row has no packs
   const RowPacks<T> packs(x + offset, r < rows ? cols : 0, vec);
   A v[kPacks][N];
-  A m = neg_infinity<A>();
+  A m = -infinity<A>();
 #pragma unroll
   for (int k = 0; k < kPacks; ++k) {
-    packs.load(x + offset, k * kLanes + lane, neg_infinity<A>(), v[k]);
+    packs.load(x + offset, k * kLanes + lane, -infinity<A>(), v[k]);
 #pragma unroll
     for (int i = 0; i < N; ++i) m = fmax(m, v[k][i]);
   }
@@ -68,11 +68,11 @@ __global__ void __launch_bounds__(kStreamThreads)
   const T* row = x + int64_t{blockIdx.x} * cols;
   T* out = y + int64_t{blockIdx.x} * cols;
   const RowPacks<T> packs(row, cols, vec);
-  RowStats<A> st{neg_infinity<A>(), A(0), A(0), A(0)};
+  RowStats<A> st{-infinity<A>(), A(0), A(0), A(0)};
 #pragma unroll 1
   for (int64_t p = threadIdx.x; p < packs.count; p += kStride) {
     A v[kUnroll<T>][N];
-    load_chunk<kStreamThreads>(packs, row, p, neg_infinity<A>(), v);
+    load_chunk<kStreamThreads>(packs, row, p, -infinity<A>(), v);
     fold<false>(st, v, v);
   }
   st = group_reduce<kStreamThreads>(st, Combine<false>{}, shared);
@@ -80,7 +80,7 @@ __global__ void __launch_bounds__(kStreamThreads)
 #pragma unroll 1
   for (int64_t p = threadIdx.x; p < packs.count; p += kStride) {
     A v[kUnroll<T>][N];
-    load_chunk<kStreamThreads>(packs, row, p, neg_infinity<A>(), v);
+    load_chunk<kStreamThreads>(packs, row, p, -infinity<A>(), v);
 #pragma unroll
     for (int u = 0; u < kUnroll<T>; ++u) {
 #pragma unroll

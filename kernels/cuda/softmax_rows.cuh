@@ -51,31 +51,13 @@ constexpr int kUnroll = sizeof(T) == 4 ? 4 : 2;
 template <typename T>
 constexpr int kRegisterPacks = (std::is_same_v<T, double> ? 16 : 32) / kVec<T>;
 
-template <typename A>
-__device__ __forceinline__ A neg_infinity() {
-  if constexpr (std::is_same_v<A, double>) {
-    return -__longlong_as_double(0x7ff0000000000000LL);
-  } else {
-    return -__int_as_float(0x7f800000);
-  }
-}
-
-template <typename A>
-__device__ __forceinline__ A nan_value() {
-  if constexpr (std::is_same_v<A, double>) {
-    return __longlong_as_double(0x7ff8000000000000LL);
-  } else {
-    return __int_as_float(0x7fc00000);
-  }
-}
-
 // The shift of exp(x - base) for a set whose max is m: m, or 0 when m is -inf.
 // Then every x is -inf (masked, or past the row's end: exp gives exactly 0
 // instead of exp(-inf + inf) = NaN) or NaN (which stays NaN), and no select
 // per element is needed.
 template <typename A>
 __device__ __forceinline__ A exp_base(A m) {
-  return m == neg_infinity<A>() ? A(0) : m;
+  return m == -infinity<A>() ? A(0) : m;
 }
 
 // ---------------------------------------------------------------- row packs
@@ -269,7 +251,7 @@ __device__ __forceinline__ void fold(RowStats<A>& st, const A (&x)[kU][kN], cons
       if constexpr (kSmooth) {
         // w (m - x) >= 0. A -inf logit adds +inf (as w (m - x) with the row's max
         // does) even while this chunk's m is -inf too.
-        const A gap = x[u][i] == neg_infinity<A>() ? -neg_infinity<A>() : m - x[u][i];
+        const A gap = x[u][i] == -infinity<A>() ? infinity<A>() : m - x[u][i];
         st.sw += w[u][i] == A(0) ? A(0) : w[u][i] * gap;
         st.wt += w[u][i];
       }

@@ -8,6 +8,7 @@
 
 #include <atomic>
 #include <barrier>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -39,6 +40,10 @@
   } while (0)
 
 inline thread_local uint3 threadIdx, blockIdx;
+
+// Device intrinsics native_types.cuh uses, on the host.
+inline float __int_as_float(int x) { return std::bit_cast<float>(x); }
+inline double __longlong_as_double(long long x) { return std::bit_cast<double>(x); }
 
 namespace emu {
 struct Warp {
