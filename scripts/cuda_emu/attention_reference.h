@@ -27,6 +27,9 @@ struct Problem {
   // out, dq, dk (B, T, H, E), dout and dv dense (B, H, T, E): no two operands
   // of one kernel with the same strides but q, k and v.
   bool fused = false;
+  // Seed and base offset read from a philox::ReplayState in device memory (a CUDA graph's
+  // replay): the arguments' seed is then ignored and their offset is relative to it.
+  bool replay = false;
 };
 
 // Sizes, edge cases (Tk = 0, rows past a block, rows with no allowed key), masks, dropout,
@@ -39,7 +42,8 @@ inline const std::vector<Problem>& problems() {
       {1, 2, 70, 90, true, 0, 0.0f, true}, {2, 1, 129, 200, false, 2, 0.0f, true},
       {2, 2, 70, 90, true, 0, 0.2f},       {2, 2, 70, 90, false, 1, 0.2f},
       {2, 3, 130, 130, true, 0, 0.0f, false, true},
-      {2, 2, 70, 70, false, 2, 0.2f, true, true}};
+      {2, 2, 70, 70, false, 2, 0.2f, true, true},
+      {2, 2, 70, 90, true, 0, 0.2f, false, false, true}};
   return cases;
 }
 
@@ -94,6 +98,17 @@ inline Mask make_mask(const Problem& c, std::mt19937_64& engine, std::normal_dis
     for (auto& x : m.values) x = normal(engine) > -1.0f ? 0.0f : ninf;
   }
   return m;
+}
+
+// Dropout's seed and offset (the reference's) and how a problem passes them to the kernels.
+constexpr uint64_t kSeed = 1234, kOffset = 77;
+struct RandomArguments {
+  uint64_t seed, offset;        // AttentionArgs' seed and offset
+  kiln::philox::ReplayState state;  // what args.replay points at, for a replay problem
+};
+inline RandomArguments random_arguments(const Problem& c) {
+  if (!c.replay) return {kSeed, kOffset, {0, 0}};
+  return {99999, 7, {kSeed, kOffset - 7}};  // a seed the kernels must ignore, an offset relative to the state's
 }
 
 struct Reference {

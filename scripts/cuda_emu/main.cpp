@@ -65,6 +65,7 @@ void run(const Problem& c, int64_t E, DType dtype) {
                       std::to_string(c.H) + " L" + std::to_string(c.L) + " S" + std::to_string(c.S) +
                       (c.causal ? " causal" : "") + " mask" + std::to_string(c.mask) +
                       (c.dropout > 0 ? " dropout" : "") + (c.unaligned ? " unaligned" : "") + (c.fused ? " fused" : "") +
+                      (c.replay ? " replay" : "") +
                       (emu::eager ? " eager" : "");
   const auto start = std::chrono::steady_clock::now();
   const int64_t BH = c.B * c.H, L = c.L, S = c.S;
@@ -131,8 +132,10 @@ void run(const Problem& c, int64_t E, DType dtype) {
   args.causal = c.causal;
   args.scale = 1.0 / std::sqrt(static_cast<double>(E));
   args.dropout_p = c.dropout;
-  args.seed = 1234;
-  args.offset = 77;
+  const RandomArguments random = random_arguments(c);
+  args.seed = random.seed;
+  args.offset = random.offset;
+  args.replay = c.replay ? &random.state : nullptr;
   Buffer16 outb(BH * L * E, false, 0xffff);
   std::vector<float> lse(BH * L, std::numeric_limits<float>::quiet_NaN());
   attention_tc::forward(args, outb.data, lse.data(), nullptr);
@@ -171,7 +174,7 @@ void run(const Problem& c, int64_t E, DType dtype) {
   }
   if (S > 0) attention_tc::backward(grad, delta.data(), nullptr);
 
-  const Reference ref = reference(c, E, q, k, v, dout, mask, args.scale, args.seed, args.offset);
+  const Reference ref = reference(c, E, q, k, v, dout, mask, args.scale, kSeed, kOffset);
   const double rtol = f16 ? 2e-3 : 3.2e-2, atol = f16 ? 1e-3 : 5e-3;
   compare("out", out, ref.out, rtol, atol, label);
   std::vector<double> lse_d(lse.begin(), lse.end());

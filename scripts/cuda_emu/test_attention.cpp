@@ -51,7 +51,7 @@ void run(const Problem& c, int64_t E, bool dv_only_too) {
                             " H" + std::to_string(c.H) + " L" + std::to_string(c.L) + " S" + std::to_string(c.S) +
                             (c.causal ? " causal" : "") + " mask" + std::to_string(c.mask) +
                             (c.dropout > 0 ? " dropout" : "") + (c.unaligned ? " unaligned" : "") +
-                            (c.fused ? " fused" : "");
+                            (c.fused ? " fused" : "") + (c.replay ? " replay" : "");
   const auto start = std::chrono::steady_clock::now();
   const int64_t BH = c.B * c.H, L = c.L, S = c.S, HE = c.H * E;
   std::mt19937_64 engine(static_cast<uint64_t>(L * 1000 + S * 7 + E + c.mask));
@@ -115,8 +115,12 @@ void run(const Problem& c, int64_t E, bool dv_only_too) {
   args.causal = c.causal;
   args.scale = 1.0 / std::sqrt(static_cast<double>(E));
   args.dropout_p = c.dropout;
-  args.seed = 1234;
-  args.offset = 77;
+  const RandomArguments random = random_arguments(c);
+  emu::Buffer<philox::ReplayState> replay_state(c.replay ? 1 : 0, "replay state", 0, 0);
+  if (c.replay) replay_state[0] = random.state;
+  args.seed = random.seed;
+  args.offset = random.offset;
+  args.replay = c.replay ? replay_state.data : nullptr;
   emu::Buffer<T> outb(BH * L * E, "out");
   emu::Buffer<float> lse(BH * L, "lse");
   attention_forward_cuda(args, outb.data, lse.data, nullptr);
@@ -151,7 +155,7 @@ void run(const Problem& c, int64_t E, bool dv_only_too) {
   emu::Buffer<float> workspace(attention_backward_workspace_bytes(grad) / sizeof(float), "delta");
   attention_backward_cuda(grad, workspace.data, nullptr);
 
-  const Reference ref = reference(c, E, q, k, v, dout, mask, args.scale, args.seed, args.offset);
+  const Reference ref = reference(c, E, q, k, v, dout, mask, args.scale, kSeed, kOffset);
   // float32 kernels: sums in float (no rounding of P); 16-bit: P and dS rounded to T as FlashAttention does.
   const bool f32 = std::is_same_v<T, float>, f16 = std::is_same_v<T, __half>;
   const double rtol = f32 ? 1e-5 : f16 ? 2e-3 : 3.2e-2, atol = f32 ? 1e-5 : f16 ? 1e-3 : 5e-3;
