@@ -111,6 +111,66 @@ inline RandomArguments random_arguments(const Problem& c) {
   return {99999, 7, {kSeed, kOffset - 7}};  // a seed the kernels must ignore, an offset relative to the state's
 }
 
+// The forward arguments of a problem: q, k, v where they start in their buffers (read
+// through `layouts` when fused, dense otherwise), the mask's values at mask_data (a
+// device copy of mask.values), dropout's seed and offset as random_arguments says, the
+// replay state (for a replay problem) at `replay`.
+inline kiln::kernels::AttentionArgs forward_args(const Problem& c, int64_t E, kiln::DType dtype, const Layouts& layouts,
+                                                 const void* q, const void* k, const void* v, const Mask& mask,
+                                                 const float* mask_data, const kiln::philox::ReplayState* replay) {
+  kiln::kernels::AttentionArgs args;
+  args.dtype = dtype;
+  args.batch = c.B;
+  args.heads = c.H;
+  args.q_len = c.L;
+  args.kv_len = c.S;
+  args.head_dim = E;
+  args.q = q;
+  args.k = k;
+  args.v = v;
+  if (c.fused) {  // otherwise left all zero: dense
+    args.q_layout = layouts.q;
+    args.k_layout = layouts.kv;
+    args.v_layout = layouts.kv;
+    args.out_layout = layouts.out;
+  }
+  if (!mask.values.empty()) {
+    args.mask.data = mask_data;
+    args.mask.stride_b = mask.stride_b;
+    args.mask.stride_q = mask.stride_q;
+    args.mask.stride_k = mask.stride_k;
+  }
+  args.causal = c.causal;
+  args.scale = 1.0 / std::sqrt(static_cast<double>(E));
+  args.dropout_p = c.dropout;
+  const RandomArguments random = random_arguments(c);
+  args.seed = random.seed;
+  args.offset = random.offset;
+  args.replay = c.replay ? replay : nullptr;
+  return args;
+}
+
+// The backward arguments: dq and dk in out's and the keys' (B, T, H, E) order when fused.
+inline kiln::kernels::AttentionGradArgs backward_args(const Problem& c, const kiln::kernels::AttentionArgs& forward,
+                                                      const Layouts& layouts, const void* out, const float* lse,
+                                                      const void* dout, void* dq, void* dk, void* dv) {
+  kiln::kernels::AttentionGradArgs grad;
+  grad.forward = forward;
+  grad.out = out;
+  grad.lse = lse;
+  grad.dout = dout;
+  grad.dq = dq;
+  grad.dk = dk;
+  grad.dv = dv;
+  if (c.fused) {
+    grad.dout_layout = layouts.dout;
+    grad.dq_layout = layouts.out;
+    grad.dk_layout = layouts.dk;
+    grad.dv_layout = layouts.dv;
+  }
+  return grad;
+}
+
 struct Reference {
   std::vector<double> out, lse, dq, dk, dv;
 };

@@ -79,8 +79,6 @@ void run(const Problem& c, int64_t E, DType dtype) {
   // Layouts (element strides over B, H, T) and where each operand starts in its buffer.
   const int64_t HE = c.H * E;
   const Layouts layouts(c, E);
-  const AttentionLayout q_layout = layouts.q, kv_layout = layouts.kv, out_layout = layouts.out, dk_layout = layouts.dk;
-  const AttentionLayout dout_layout = layouts.dout, dv_layout = layouts.dv;
   const auto at = [&](const AttentionLayout& l, int64_t bh, int64_t t, int64_t d) { return element_at(l, c.H, bh, t, d); };
   // Dense values (bh, t, d) for the reference, stored through `layout` from `base`.
   auto fill = [&](uint16_t* base, const AttentionLayout& layout, std::vector<double>& values, int64_t len) {
@@ -101,41 +99,15 @@ void run(const Problem& c, int64_t E, DType dtype) {
   uint16_t* q_base = qb.data;
   uint16_t* k_base = c.fused ? qb.data + HE : kb.data;
   uint16_t* v_base = c.fused ? qb.data + 2 * HE : vb.data;
-  fill(q_base, q_layout, q, L);
-  fill(k_base, kv_layout, k, S);
-  fill(v_base, kv_layout, v, S);
-  fill(dob.data, dout_layout, dout, L);
+  fill(q_base, layouts.q, q, L);
+  fill(k_base, layouts.kv, k, S);
+  fill(v_base, layouts.kv, v, S);
+  fill(dob.data, layouts.dout, dout, L);
   // The additive mask, float32, and its strides over (B, L, S).
   const Mask mask = make_mask(c, engine, normal);
-  AttentionArgs args;
-  args.dtype = dtype;
-  args.batch = c.B;
-  args.heads = c.H;
-  args.q_len = L;
-  args.kv_len = S;
-  args.head_dim = E;
-  args.q = q_base;
-  args.k = k_base;
-  args.v = v_base;
-  if (c.fused) {  // otherwise left all zero: dense
-    args.q_layout = q_layout;
-    args.k_layout = kv_layout;
-    args.v_layout = kv_layout;
-    args.out_layout = out_layout;
-  }
-  if (!mask.values.empty()) {
-    args.mask.data = mask.values.data();
-    args.mask.stride_b = mask.stride_b;
-    args.mask.stride_q = mask.stride_q;
-    args.mask.stride_k = mask.stride_k;
-  }
-  args.causal = c.causal;
-  args.scale = 1.0 / std::sqrt(static_cast<double>(E));
-  args.dropout_p = c.dropout;
   const RandomArguments random = random_arguments(c);
-  args.seed = random.seed;
-  args.offset = random.offset;
-  args.replay = c.replay ? &random.state : nullptr;
+  const AttentionArgs args =
+      forward_args(c, E, dtype, layouts, q_base, k_base, v_base, mask, mask.values.data(), &random.state);
   Buffer16 outb(BH * L * E, false, 0xffff);
   std::vector<float> lse(BH * L, std::numeric_limits<float>::quiet_NaN());
   attention_tc::forward(args, outb.data, lse.data(), nullptr);
@@ -149,7 +121,7 @@ void run(const Problem& c, int64_t E, DType dtype) {
     }
     return x;
   };
-  const std::vector<double> out = widen(outb, out_layout, L);
+  const std::vector<double> out = widen(outb, layouts.out, L);
   // delta as attention.cu's delta kernel computes it: float sums of dout * out.
   std::vector<float> delta(BH * L);
   for (int64_t r = 0; r < BH * L; ++r) {
@@ -157,21 +129,8 @@ void run(const Problem& c, int64_t E, DType dtype) {
     for (int64_t d = 0; d < E; ++d) sum += static_cast<float>(dout[r * E + d] * out[r * E + d]);
     delta[r] = sum;
   }
-  AttentionGradArgs grad;
-  grad.forward = args;
-  grad.out = outb.data;
-  grad.lse = lse.data();
-  grad.dout = dob.data;
   Buffer16 dqb(BH * L * E, false, 0xffff), dkb(BH * S * E, false, 0xffff), dvb(BH * S * E, false, 0xffff);
-  grad.dq = dqb.data;
-  grad.dk = dkb.data;
-  grad.dv = dvb.data;
-  if (c.fused) {
-    grad.dout_layout = dout_layout;
-    grad.dq_layout = out_layout;
-    grad.dk_layout = dk_layout;
-    grad.dv_layout = dv_layout;
-  }
+  const AttentionGradArgs grad = backward_args(c, args, layouts, outb.data, lse.data(), dob.data, dqb.data, dkb.data, dvb.data);
   if (S > 0) attention_tc::backward(grad, delta.data(), nullptr);
 
   const Reference ref = reference(c, E, q, k, v, dout, mask, args.scale, kSeed, kOffset);
@@ -180,9 +139,9 @@ void run(const Problem& c, int64_t E, DType dtype) {
   std::vector<double> lse_d(lse.begin(), lse.end());
   compare("lse", lse_d, ref.lse, 1e-3, 1e-3, label);
   if (S > 0) {
-    compare("dq", widen(dqb, out_layout, L), ref.dq, 4 * rtol, 4 * atol, label);
-    compare("dk", widen(dkb, dk_layout, S), ref.dk, 4 * rtol, 4 * atol, label);
-    compare("dv", widen(dvb, dv_layout, S), ref.dv, 4 * rtol, 4 * atol, label);
+    compare("dq", widen(dqb, layouts.out, L), ref.dq, 4 * rtol, 4 * atol, label);
+    compare("dk", widen(dkb, layouts.dk, S), ref.dk, 4 * rtol, 4 * atol, label);
+    compare("dv", widen(dvb, layouts.dv, S), ref.dv, 4 * rtol, 4 * atol, label);
   }
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   std::printf("done %s (%.1f s)\n", label.c_str(), seconds);

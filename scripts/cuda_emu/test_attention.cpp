@@ -90,37 +90,10 @@ void run(const Problem& c, int64_t E, bool dv_only_too) {
   emu::Buffer<float> mask_buffer(mask.values.size(), "mask", 0, 0);
   std::copy(mask.values.begin(), mask.values.end(), mask_buffer.data);
 
-  AttentionArgs args;
-  args.dtype = emu_dtype<T>();
-  args.batch = c.B;
-  args.heads = c.H;
-  args.q_len = L;
-  args.kv_len = S;
-  args.head_dim = E;
-  args.q = q_base;
-  args.k = k_base;
-  args.v = v_base;
-  if (c.fused) {  // otherwise left dense
-    args.q_layout = layouts.q;
-    args.k_layout = layouts.kv;
-    args.v_layout = layouts.kv;
-    args.out_layout = layouts.out;
-  }
-  if (!mask.values.empty()) {
-    args.mask.data = mask_buffer.data;
-    args.mask.stride_b = mask.stride_b;
-    args.mask.stride_q = mask.stride_q;
-    args.mask.stride_k = mask.stride_k;
-  }
-  args.causal = c.causal;
-  args.scale = 1.0 / std::sqrt(static_cast<double>(E));
-  args.dropout_p = c.dropout;
-  const RandomArguments random = random_arguments(c);
   emu::Buffer<philox::ReplayState> replay_state(c.replay ? 1 : 0, "replay state", 0, 0);
-  if (c.replay) replay_state[0] = random.state;
-  args.seed = random.seed;
-  args.offset = random.offset;
-  args.replay = c.replay ? replay_state.data : nullptr;
+  if (c.replay) replay_state[0] = random_arguments(c).state;
+  const AttentionArgs args = forward_args(c, E, emu_dtype<T>(), layouts, q_base, k_base, v_base, mask,
+                                          mask_buffer.data, replay_state.data);
   emu::Buffer<T> outb(BH * L * E, "out");
   emu::Buffer<float> lse(BH * L, "lse");
   attention_forward_cuda(args, outb.data, lse.data, nullptr);
@@ -137,21 +110,8 @@ void run(const Problem& c, int64_t E, bool dv_only_too) {
   };
   const std::vector<double> out = widen(outb.data, layouts.out, L);
 
-  AttentionGradArgs grad;
-  grad.forward = args;
-  grad.out = outb.data;
-  grad.lse = lse.data;
-  grad.dout = dob.data;
   emu::Buffer<T> dqb(BH * L * E, "dq"), dkb(BH * S * E, "dk"), dvb(BH * S * E, "dv");
-  grad.dq = dqb.data;
-  grad.dk = dkb.data;
-  grad.dv = dvb.data;
-  if (c.fused) {
-    grad.dout_layout = layouts.dout;
-    grad.dq_layout = layouts.out;
-    grad.dk_layout = layouts.dk;
-    grad.dv_layout = layouts.dv;
-  }
+  AttentionGradArgs grad = backward_args(c, args, layouts, outb.data, lse.data, dob.data, dqb.data, dkb.data, dvb.data);
   emu::Buffer<float> workspace(attention_backward_workspace_bytes(grad) / sizeof(float), "delta");
   attention_backward_cuda(grad, workspace.data, nullptr);
 
