@@ -41,9 +41,6 @@ void adaptive_avg_pool2d_forward_cpu(DType dtype, const Pool2dParams& p, const v
 void adaptive_avg_pool2d_backward_cpu(DType dtype, const Pool2dParams& p, const void* dy, void* dx);
 
 // CUDA versions: asynchronous on `stream`.
-// Tests only: the CUDA kernels index with 64-bit division even below 2^30
-// elements (where they take FastDivmod), so both paths run on small tensors.
-void pool_cuda_force_64bit_index_for_testing(bool force);
 void max_pool2d_forward_cuda(DType dtype, const Pool2dParams& p, const void* x, void* y, int32_t* indices,
                              cuda::Stream stream);
 void max_pool2d_backward_cuda(DType dtype, const Pool2dParams& p, const void* dy, const int32_t* indices, void* dx,

@@ -1,5 +1,7 @@
 #include "kernels/strided.h"
 
+#include <atomic>
+
 #include "kernels/error.h"
 
 namespace kiln::kernels {
@@ -51,6 +53,13 @@ FastDivmod::FastDivmod(uint32_t d) : divisor(d) {
   // magic = 2^32 (2^shift - d) / d + 1 < 2^32, as 2^shift - d < d.
   magic = static_cast<uint32_t>(((uint64_t{1} << 32) * ((uint64_t{1} << shift) - d)) / d + 1);
 }
+
+namespace {
+std::atomic<bool> forced_64bit_index{false};
+}  // namespace
+
+void force_64bit_index_for_testing(bool force) { forced_64bit_index.store(force); }
+bool force_64bit_index() { return forced_64bit_index.load(); }
 
 FastIterShape fast_iter_shape(const IterShape& shape) {
   KILN_CHECK(shape.numel() < (int64_t{1} << 31), "fast_iter_shape: ", shape.numel(), " elements need 64-bit indexing");

@@ -53,6 +53,12 @@ struct FastDivmod {
   }
 };
 
+// Tests only: CUDA kernels that divide their flat index by FastDivmod below a
+// size limit (pooling, the reductions' and nll_loss's backward) take their
+// 64-bit-division path at every size instead, so both paths run on small tensors.
+void force_64bit_index_for_testing(bool force);
+bool force_64bit_index();
+
 // An IterShape for indices below 2^31, its sizes as FastDivmods.
 struct FastIterShape {
   int ndim = 0;

@@ -6,6 +6,7 @@
 // and once backward. NLL is one thread per element. Out-of-range targets
 // (other than ignore_index) give a NaN loss and a zero gradient for that row,
 // and their value is stored in *bad_target if given.
+#include "kernels/cuda/fast_divide.cuh"
 #include "kernels/cuda/softmax_rows.cuh"
 
 namespace kiln::kernels {
@@ -161,8 +162,9 @@ __global__ void nll_loss_kernel(NllLossArgs a) {
   }
 }
 
-template <typename T>
-__global__ void nll_loss_grad_kernel(NllLossGradArgs a) {
+// One thread per element of dlog_probs; split: its (n, class, inner) coordinates.
+template <typename T, typename D>
+__global__ void nll_loss_grad_kernel(NllLossGradArgs a, Split3<D> split) {
   using A = acc_of<T>;
   const int64_t total = a.n * a.classes * a.inner;
   const T* weight = static_cast<const T*>(a.weight);
@@ -170,7 +172,8 @@ __global__ void nll_loss_grad_kernel(NllLossGradArgs a) {
   T* out = static_cast<T*>(a.dlog_probs);
   const A divisor = a.total_weight != nullptr ? *static_cast<const A*>(a.total_weight) : A(1);
   for (int64_t k = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; k < total; k += int64_t{gridDim.x} * blockDim.x) {
-    const int64_t i = k % a.inner, c = (k / a.inner) % a.classes, n = k / (a.inner * a.classes);
+    int64_t n, c, i;
+    split(k, n, c, i);
     const int64_t r = n * a.inner + i;
     const int64_t t = a.target[r];
     A d = A(0);
@@ -245,7 +248,15 @@ void nll_loss_grad_cuda(const NllLossGradArgs& args, cuda::Stream stream) {
   if (total == 0) return;
   dispatch_floating(args.dtype, "nll_loss backward", [&]<typename T>() {
     using N = typename Native<T>::type;
-    nll_loss_grad_kernel<N><<<grid_for(total), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(args);
+    const auto launch = [&]<typename D>() {
+      nll_loss_grad_kernel<N, D><<<grid_for(total), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+          args, split3_for<D>(args.classes, args.inner));
+    };
+    if (fast_divide_fits(total)) {
+      launch.template operator()<Div32>();
+    } else {
+      launch.template operator()<Div64>();
+    }
     cuda::check_last_launch("nll_loss backward");
   });
 }

@@ -17,11 +17,11 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <type_traits>
 
 #include "kernels/cuda/check.h"
+#include "kernels/cuda/fast_divide.cuh"
 #include "kernels/pool.h"
 #include "kernels/cuda/native_types.cuh"
 #include "kernels/strided.h"
@@ -37,16 +37,6 @@ int blocks_for(int64_t n) { return static_cast<int>(std::min<int64_t>((n + kThre
 
 #define KILN_GRID_STRIDE(i, n) \
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < (n); i += int64_t{gridDim.x} * blockDim.x)
-
-// Division by a size fixed at launch: 64-bit, or FastDivmod for dividends below 2^31.
-struct Div64 {
-  int64_t divisor = 1;
-  __device__ __forceinline__ int64_t div(int64_t n) const { return n / divisor; }
-};
-struct Div32 {
-  FastDivmod divider;
-  __device__ __forceinline__ int64_t div(int64_t n) const { return divider.div(static_cast<uint32_t>(n)); }
-};
 
 // The divisors of one launch: the iterated tensor's C (read only for
 // NHWC), W and H (the output's forward, the input's backward), and the strides.
@@ -226,19 +216,10 @@ __global__ void adaptive_backward(Pool2dParams p, const T* dy, T* dx, PoolIndex<
 
 #undef KILN_GRID_STRIDE
 
-std::atomic<bool> force_64bit_index{false};
-
 template <typename D>
 PoolIndex<D> pool_index(const Pool2dParams& p, bool over_output) {
-  const auto make = [](int64_t divisor) {
-    if constexpr (std::is_same_v<D, Div32>) {
-      return Div32{FastDivmod(static_cast<uint32_t>(divisor))};
-    } else {
-      return Div64{divisor};
-    }
-  };
-  return {make(p.channels_last ? p.channels : 1), make(over_output ? p.out_w : p.in_w),
-          make(over_output ? p.out_h : p.in_h), make(p.stride_h), make(p.stride_w)};
+  return {divider_for<D>(p.channels_last ? p.channels : 1), divider_for<D>(over_output ? p.out_w : p.in_w),
+          divider_for<D>(over_output ? p.out_h : p.in_h), divider_for<D>(p.stride_h), divider_for<D>(p.stride_w)};
 }
 
 // The launch sequence every entry point shares: nothing for no work (an empty
@@ -251,8 +232,8 @@ template <typename Launch>
 void launch_pool(DType dtype, const Pool2dParams& p, int64_t n, bool over_output, const char* name,
                  cuda::Stream stream, Launch&& launch) {
   if (n == 0) return;
-  const bool fast = !force_64bit_index.load() && n < (int64_t{1} << 30) && p.pad_h < (int64_t{1} << 30) && p.pad_w < (int64_t{1} << 30) &&
-                    p.stride_h <= (int64_t{1} << 30) && p.stride_w <= (int64_t{1} << 30);
+  const bool fast = fast_divide_fits(int64_t{1} << 30) && n < (int64_t{1} << 30) && p.pad_h < (int64_t{1} << 30) &&
+                    p.pad_w < (int64_t{1} << 30) && p.stride_h <= (int64_t{1} << 30) && p.stride_w <= (int64_t{1} << 30);
   dispatch_floating(dtype, name, [&]<typename T>() {
     using N = typename Native<T>::type;
     const auto with_index = [&]<typename D>() {
@@ -273,8 +254,6 @@ void launch_pool(DType dtype, const Pool2dParams& p, int64_t n, bool over_output
 }
 
 }  // namespace
-
-void pool_cuda_force_64bit_index_for_testing(bool force) { force_64bit_index.store(force); }
 
 // Forward kernels: one thread per output element; backward: one per input element.
 void max_pool2d_forward_cuda(DType dtype, const Pool2dParams& p, const void* x, void* y, int32_t* indices,

@@ -14,6 +14,8 @@
 //               enough bytes are in flight to reach the memory's bandwidth).
 //   inner  > 1: bx <= 32 columns side by side (coalesced across tx).
 // Accumulation: float for f16/bf16/f32, double for f64, int64 for integer sums.
+// The gradient kernel (one thread per input element) splits its flat index by
+// FastDivmod below 2^31 elements (fast_divide.cuh), by 64-bit division above.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime_api.h>
@@ -25,6 +27,7 @@
 #include <type_traits>
 
 #include "kernels/cuda/check.h"
+#include "kernels/cuda/fast_divide.cuh"
 #include "kernels/reduction.h"
 #include "kernels/cuda/native_types.cuh"
 
@@ -446,9 +449,10 @@ void reduce_typed(const ReduceArgs& a, void* workspace, cudaStream_t stream) {
 
 // ---------------------------------------------------------------- gradients
 
-template <typename T>
+// One thread per element of x; split: its (outer, reduced, inner) coordinates.
+template <typename T, typename D>
 __global__ void reduce_grad_kernel(ReduceGradArgs a, const T* __restrict__ x, const T* __restrict__ grad,
-                                   T* __restrict__ dx) {
+                                   T* __restrict__ dx, Split3<D> split) {
   using Acc = sum_of<T>;
   const Acc* aux = static_cast<const Acc*>(a.aux);
   const Acc* count = static_cast<const Acc*>(a.count);
@@ -456,7 +460,8 @@ __global__ void reduce_grad_kernel(ReduceGradArgs a, const T* __restrict__ x, co
   const Acc p = static_cast<Acc>(a.p), scale = static_cast<Acc>(a.scale);
   const bool inf_norm = isinf(a.p);
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total; i += int64_t{gridDim.x} * blockDim.x) {
-    const int64_t c = i % a.inner, r = (i / a.inner) % a.reduced, o = i / (a.inner * a.reduced);
+    int64_t o, r, c;
+    split(i, o, r, c);
     const int64_t out = o * a.inner + c;
     const Acc g = static_cast<Acc>(to_acc(grad[out]));
     const Acc v = x == nullptr ? Acc(0) : static_cast<Acc>(to_acc(x[i]));
@@ -510,8 +515,16 @@ void reduce_grad_cuda(const ReduceGradArgs& args, cuda::Stream stream) {
   dispatch_floating(args.dtype, "reduce backward", [&]<typename T>() {
     using N = typename Native<T>::type;
     const int blocks = static_cast<int>(std::min<int64_t>((total + kThreads - 1) / kThreads, int64_t{1} << 20));
-    reduce_grad_kernel<N><<<blocks, kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
-        args, static_cast<const N*>(args.x), static_cast<const N*>(args.grad), static_cast<N*>(args.dx));
+    const auto launch = [&]<typename D>() {
+      reduce_grad_kernel<N, D><<<blocks, kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+          args, static_cast<const N*>(args.x), static_cast<const N*>(args.grad), static_cast<N*>(args.dx),
+          split3_for<D>(args.reduced, args.inner));
+    };
+    if (fast_divide_fits(total)) {
+      launch.template operator()<Div32>();
+    } else {
+      launch.template operator()<Div64>();
+    }
     cuda::check_last_launch("reduce_grad");
   });
 }

@@ -10,7 +10,6 @@ namespace {
 }
 }  // namespace
 
-void pool_cuda_force_64bit_index_for_testing(bool) {}  // nothing to force without CUDA
 void max_pool2d_forward_cuda(DType, const Pool2dParams&, const void*, void*, int32_t*, cuda::Stream) {
   no_cuda("max_pool2d (cuda)");
 }

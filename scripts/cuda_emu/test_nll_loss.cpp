@@ -7,7 +7,8 @@
 // scalar gradients, with and without a divisor; targets equal to ignore_index
 // (-100, or a class, 2), and out of range: CUDA gives those rows a NaN loss,
 // weight 0 and a zero gradient and stores one of their values in bad_target,
-// where the CPU throws (its reference treats them as ignored).
+// where the CPU throws (its reference treats them as ignored). The gradient
+// kernel's index split by FastDivmod and by 64-bit division (forced).
 //   test_nll_loss   (no arguments)
 #include "emu_test.h"
 
@@ -128,10 +129,11 @@ void run(const Case& c) {
   if (!slot_ok) note("bad_target", 0);
   ++checks;
   char label[200];
-  std::snprintf(label, sizeof label, "%s n %ld classes %ld inner %ld%s%s%s%s ignore %ld", name_of<T>(),
+  std::snprintf(label, sizeof label, "%s n %ld classes %ld inner %ld%s%s%s%s ignore %ld%s", name_of<T>(),
                 static_cast<long>(c.n), static_cast<long>(c.classes), static_cast<long>(c.inner),
                 c.weighted ? " weighted" : "", c.per_row_grad ? " per-row grad" : " scalar grad",
-                c.divisor ? " / total_weight" : "", c.bad ? " bad targets" : "", static_cast<long>(c.ignore_index));
+                c.divisor ? " / total_weight" : "", c.bad ? " bad targets" : "", static_cast<long>(c.ignore_index),
+                force_64bit_index() ? " 64-bit index" : "");
   if (wrong > 0) {
     ++failures;
     std::printf("FAIL %s: %ld wrong, first: %s\n", label, wrong, first.c_str());
@@ -153,12 +155,17 @@ int main() {
       {300, 3, 1, false, true, false, true, -100},    // several CTAs of rows
       {40, 100, 3, true, false, true, true, 0},       // 12000 gradient elements; class 0 ignored
   };
-  for (const Case& c : cases) {
-    run<float>(c);
-    run<double>(c);
-    run<__half>(c);
-    run<__nv_bfloat16>(c);
+  // The gradient's index split by FastDivmod (below 2^31 elements), then by 64-bit division (forced).
+  for (const bool force_64bit : {false, true}) {
+    force_64bit_index_for_testing(force_64bit);
+    for (const Case& c : cases) {
+      run<float>(c);
+      run<double>(c);
+      run<__half>(c);
+      run<__nv_bfloat16>(c);
+    }
   }
+  force_64bit_index_for_testing(false);
   std::printf("%d of %d checks failed; %ld launches, %ld CTAs emulated\n", failures, checks, emu::launches.load(),
               emu::ctas.load());
   return failures == 0 ? 0 : 1;

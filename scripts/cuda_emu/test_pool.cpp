@@ -250,7 +250,7 @@ int main() {
   };
   // Every case twice: FastDivmod indexing (what launches below 2^30 elements take), then 64-bit division.
   for (const bool force_64bit : {false, true}) {
-    pool_cuda_force_64bit_index_for_testing(force_64bit);
+    force_64bit_index_for_testing(force_64bit);
     for (const Case& c : cases) {
       run<double>(c);
       run<float>(c);
@@ -258,7 +258,7 @@ int main() {
       run<__nv_bfloat16>(c);
     }
   }
-  pool_cuda_force_64bit_index_for_testing(false);
+  force_64bit_index_for_testing(false);
   std::printf("%d of %d checks failed; %ld launches, %ld CTAs emulated\n", failures, checks, emu::launches.load(),
               emu::ctas.load());
   return failures == 0 ? 0 : 1;

@@ -6,7 +6,8 @@
 // var, equal (aux holding values of x, with ties counted), norm for p = 0, 1,
 // 2, inf (ties and a NaN), 3 and 0.5 (pow), a zero norm; float32/64, float16,
 // bfloat16; (outer, reduced, inner) with inner 1 and > 1 and enough elements
-// for several CTAs. dx starts as 0xff bytes.
+// for several CTAs; the index split by FastDivmod and by 64-bit division
+// (force_64bit_index_for_testing). dx starts as 0xff bytes.
 //   test_reduce_grad   (no arguments)
 #include "emu_test.h"
 #include "emu_reduction.inc"
@@ -110,8 +111,8 @@ void run(const Shape& s, const Kind& k) {
   }
   ++checks;
   char label[160];
-  std::snprintf(label, sizeof label, "%s %-9s (%ld, %ld, %ld)", name_of<T>(), k.name, static_cast<long>(s.outer),
-                static_cast<long>(s.reduced), static_cast<long>(s.inner));
+  std::snprintf(label, sizeof label, "%s %-9s (%ld, %ld, %ld)%s", name_of<T>(), k.name, static_cast<long>(s.outer),
+                static_cast<long>(s.reduced), static_cast<long>(s.inner), force_64bit_index() ? " 64-bit index" : "");
   if (wrong > 0) {
     ++failures;
     std::printf("FAIL %s: %ld of %ld differ, first at %ld: %.9g vs %.9g\n", label, wrong, static_cast<long>(total),
@@ -135,14 +136,19 @@ int main() {
       {ReduceGradKind::norm, 2, "norm p2"},    {ReduceGradKind::norm, INFINITY, "norm inf"},
       {ReduceGradKind::norm, 3, "norm p3"},    {ReduceGradKind::norm, 0.5, "norm p0.5"},
   };
-  for (const Shape& s : shapes) {
-    for (const Kind& k : kinds) {
-      run<float>(s, k);
-      run<double>(s, k);
-      run<__half>(s, k);
-      run<__nv_bfloat16>(s, k);
+  // The index split by FastDivmod (below 2^31 elements), then by 64-bit division (forced).
+  for (const bool force_64bit : {false, true}) {
+    force_64bit_index_for_testing(force_64bit);
+    for (const Shape& s : shapes) {
+      for (const Kind& k : kinds) {
+        run<float>(s, k);
+        run<double>(s, k);
+        run<__half>(s, k);
+        run<__nv_bfloat16>(s, k);
+      }
     }
   }
+  force_64bit_index_for_testing(false);
   std::printf("%d of %d checks failed; %ld launches, %ld CTAs emulated\n", failures, checks, emu::launches.load(),
               emu::ctas.load());
   return failures == 0 ? 0 : 1;
