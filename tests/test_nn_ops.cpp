@@ -12,7 +12,6 @@
 #include "core/nn_ops.h"
 #include "nn/conv.h"
 #include "kernels/pool.h"
-#include "kernels/strided.h"
 #include "tests/support/op_info.h"
 #include "tests/support/test_util.h"
 
@@ -641,10 +640,7 @@ TEST_CASE("pooling on CUDA: a channels-last input gives channels-last y and dx, 
       KILN_CHECK_CLOSE(cl.dx_from_channels_last_grad.cpu(), nchw.dx_from_nchw_grad.cpu(), 0.0, 0.0);
       {
         // The same kernels with 64-bit index division (tensors of 2^30 elements or more) give the same bits.
-        struct Force64 {
-          Force64() { kernels::force_64bit_index_for_testing(true); }
-          ~Force64() { kernels::force_64bit_index_for_testing(false); }
-        } force;
+        const Force64BitIndex force;
         const PoolLayoutResult nchw64 = run_pool_layout_case(c, x.cuda(), g.cuda());
         const PoolLayoutResult cl64 = run_pool_layout_case(c, x_cl_gpu, g.cuda());
         KILN_CHECK_CLOSE(nchw64.y.cpu(), nchw.y.cpu(), 0.0, 0.0);

@@ -322,6 +322,17 @@ TEST_CASE("softmax and losses: CUDA matches the CPU [gpu]") {
           Tensor lp = log_softmax(x, 1);
           KILN_CHECK_CLOSE(nll_loss(lp.cuda(), t.cuda(), w.cuda(), -100, reduction).cpu(),
                            nll_loss(lp, t, w, -100, reduction), tol.rtol * 4, 1e-4);
+          // nll_loss's backward; then its CUDA kernel's 64-bit index path, which must give the same bits.
+          const auto nll_grad = [&](const Tensor& log_probs) {
+            Tensor input = log_probs.detach().requires_grad_();
+            const bool cuda = input.is_cuda();
+            nll_loss(input, cuda ? t.cuda() : t, cuda ? w.cuda() : w, -100, reduction).backward(cuda ? seed.cuda() : seed);
+            return input.grad().cpu();
+          };
+          const Tensor nll_fast = nll_grad(lp.cuda());
+          KILN_CHECK_CLOSE(nll_fast, nll_grad(lp), tol.rtol * 4, 1e-4);
+          const Force64BitIndex force;
+          KILN_CHECK_CLOSE(nll_grad(lp.cuda()), nll_fast, 0.0, 0.0);
         }
       }
     }

@@ -13,6 +13,7 @@
 #include "core/ops.h"
 #include "core/tensor.h"
 #include "kernels/cuda/runtime.h"
+#include "kernels/strided.h"
 
 namespace kiln::testing {
 
@@ -60,6 +61,15 @@ inline std::vector<double> random_values(int64_t count, uint64_t seed) {
 struct Tolerance {
   double rtol;
   double atol;
+};
+
+// While alive, CUDA kernels that index by FastDivmod below a size limit take
+// their 64-bit-division path (as for tensors of 2^31 elements) instead.
+struct Force64BitIndex {
+  Force64BitIndex() { kernels::force_64bit_index_for_testing(true); }
+  ~Force64BitIndex() { kernels::force_64bit_index_for_testing(false); }
+  Force64BitIndex(const Force64BitIndex&) = delete;
+  Force64BitIndex& operator=(const Force64BitIndex&) = delete;
 };
 // The parity tolerances of DESIGN.md, per dtype.
 Tolerance parity_tolerance(DType dtype);
