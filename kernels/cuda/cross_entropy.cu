@@ -248,15 +248,10 @@ void nll_loss_grad_cuda(const NllLossGradArgs& args, cuda::Stream stream) {
   if (total == 0) return;
   dispatch_floating(args.dtype, "nll_loss backward", [&]<typename T>() {
     using N = typename Native<T>::type;
-    const auto launch = [&]<typename D>() {
+    dispatch_divider(fast_divide_fits(total), [&]<typename D>() {
       nll_loss_grad_kernel<N, D><<<grid_for(total), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
           args, split3_for<D>(args.classes, args.inner));
-    };
-    if (fast_divide_fits(total)) {
-      launch.template operator()<Div32>();
-    } else {
-      launch.template operator()<Div64>();
-    }
+    });
     cuda::check_last_launch("nll_loss backward");
   });
 }

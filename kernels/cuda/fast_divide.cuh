@@ -39,6 +39,16 @@ D divider_for(int64_t divisor) {
 // (never while the tests force the 64-bit path: force_64bit_index_for_testing).
 inline bool fast_divide_fits(int64_t bound) { return bound <= (int64_t{1} << 31) && !force_64bit_index(); }
 
+// body.template operator()<Div32>() when `fast`, else body.template operator()<Div64>().
+template <typename Body>
+void dispatch_divider(bool fast, Body&& body) {
+  if (fast) {
+    body.template operator()<Div32>();
+  } else {
+    body.template operator()<Div64>();
+  }
+}
+
 // (outer, middle, inner) coordinates of a flat index over sizes (outer, middle, inner).
 template <typename D>
 struct Split3 {

@@ -45,17 +45,17 @@ struct PoolIndex {
   D channels, width, height, stride_h, stride_w;
 };
 
-// The (b, y, x, c) of flat index i over (B, H, W, C); C = 1 in NCHW.
+// The (b, y, x, c) of flat index i over (B, H, W, C), the sizes ix divides by; C = 1 in NCHW.
 template <bool kChannelsLast, typename D>
 struct Coordinates {
   int64_t b, y, x, c;
-  __device__ __forceinline__ Coordinates(int64_t i, const PoolIndex<D>& ix, int64_t C, int64_t W, int64_t H) {
+  __device__ __forceinline__ Coordinates(int64_t i, const PoolIndex<D>& ix) {
     const int64_t pixel = kChannelsLast ? ix.channels.div(i) : i;
-    c = i - pixel * C;
+    c = kChannelsLast ? i - pixel * ix.channels.value() : 0;
     const int64_t row = ix.width.div(pixel);
-    x = pixel - row * W;
+    x = pixel - row * ix.width.value();
     b = ix.height.div(row);
-    y = row - b * H;
+    y = row - b * ix.height.value();
   }
 };
 
@@ -84,7 +84,7 @@ __global__ void max_forward(Pool2dParams p, const T* x, T* y, int32_t* indices, 
   using A = typename Acc<T>::type;
   const int64_t n = p.planes * p.out_h * p.out_w, C = channels<kChannelsLast>(p);
   KILN_GRID_STRIDE(i, n) {
-    const Coordinates<kChannelsLast, D> cell(i, ix, C, p.out_w, p.out_h);
+    const Coordinates<kChannelsLast, D> cell(i, ix);
     const int64_t c = cell.c, ow = cell.x, oh = cell.y, b = cell.b;
     const T* src = x + b * p.in_h * p.in_w * C + c;
     // As the CPU: a window that lies wholly in the padding (possible with
@@ -114,7 +114,7 @@ __global__ void max_backward(Pool2dParams p, const T* dy, const int32_t* indices
   using A = typename Acc<T>::type;
   const int64_t n = p.planes * p.in_h * p.in_w, C = channels<kChannelsLast>(p);
   KILN_GRID_STRIDE(i, n) {
-    const Coordinates<kChannelsLast, D> cell(i, ix, C, p.in_w, p.in_h);
+    const Coordinates<kChannelsLast, D> cell(i, ix);
     const int64_t c = cell.c, iw = cell.x, ih = cell.y, b = cell.b;
     const int64_t base = b * p.out_h * p.out_w * C + c;
     const int32_t self = static_cast<int32_t>(ih * p.in_w + iw);
@@ -134,7 +134,7 @@ __global__ void avg_forward(Pool2dParams p, const T* x, T* y, PoolIndex<D> ix) {
   using A = typename Acc<T>::type;
   const int64_t n = p.planes * p.out_h * p.out_w, C = channels<kChannelsLast>(p);
   KILN_GRID_STRIDE(i, n) {
-    const Coordinates<kChannelsLast, D> cell(i, ix, C, p.out_w, p.out_h);
+    const Coordinates<kChannelsLast, D> cell(i, ix);
     const int64_t c = cell.c, ow = cell.x, oh = cell.y, b = cell.b;
     const T* src = x + b * p.in_h * p.in_w * C + c;
     const AvgWindow wh = avg_window(oh, p.stride_h, p.pad_h, p.kernel_h, p.in_h);
@@ -154,7 +154,7 @@ __global__ void avg_backward(Pool2dParams p, const T* dy, T* dx, PoolIndex<D> ix
   using A = typename Acc<T>::type;
   const int64_t n = p.planes * p.in_h * p.in_w, C = channels<kChannelsLast>(p);
   KILN_GRID_STRIDE(i, n) {
-    const Coordinates<kChannelsLast, D> cell(i, ix, C, p.in_w, p.in_h);
+    const Coordinates<kChannelsLast, D> cell(i, ix);
     const int64_t c = cell.c, iw = cell.x, ih = cell.y, b = cell.b;
     const int64_t base = b * p.out_h * p.out_w * C + c;
     A total = A(0);
@@ -176,7 +176,7 @@ __global__ void adaptive_forward(Pool2dParams p, const T* x, T* y, PoolIndex<D> 
   using A = typename Acc<T>::type;
   const int64_t n = p.planes * p.out_h * p.out_w, C = channels<kChannelsLast>(p);
   KILN_GRID_STRIDE(i, n) {
-    const Coordinates<kChannelsLast, D> cell(i, ix, C, p.out_w, p.out_h);
+    const Coordinates<kChannelsLast, D> cell(i, ix);
     const int64_t c = cell.c, ow = cell.x, oh = cell.y, b = cell.b;
     const T* src = x + b * p.in_h * p.in_w * C + c;
     const int64_t h0 = adaptive_start(oh, p.in_h, p.out_h), h1 = adaptive_end(oh, p.in_h, p.out_h);
@@ -194,7 +194,7 @@ __global__ void adaptive_backward(Pool2dParams p, const T* dy, T* dx, PoolIndex<
   using A = typename Acc<T>::type;
   const int64_t n = p.planes * p.in_h * p.in_w, C = channels<kChannelsLast>(p);
   KILN_GRID_STRIDE(i, n) {
-    const Coordinates<kChannelsLast, D> cell(i, ix, C, p.in_w, p.in_h);
+    const Coordinates<kChannelsLast, D> cell(i, ix);
     const int64_t c = cell.c, iw = cell.x, ih = cell.y, b = cell.b;
     const int64_t base = b * p.out_h * p.out_w * C + c;
     // Output cells whose window holds ih: from floor(ih*OH/H) to ceil((ih+1)*OH/H), checked.
@@ -232,23 +232,18 @@ template <typename Launch>
 void launch_pool(DType dtype, const Pool2dParams& p, int64_t n, bool over_output, const char* name,
                  cuda::Stream stream, Launch&& launch) {
   if (n == 0) return;
-  const bool fast = fast_divide_fits(int64_t{1} << 30) && n < (int64_t{1} << 30) && p.pad_h < (int64_t{1} << 30) &&
+  const bool fast = !force_64bit_index() && n < (int64_t{1} << 30) && p.pad_h < (int64_t{1} << 30) &&
                     p.pad_w < (int64_t{1} << 30) && p.stride_h <= (int64_t{1} << 30) && p.stride_w <= (int64_t{1} << 30);
   dispatch_floating(dtype, name, [&]<typename T>() {
     using N = typename Native<T>::type;
-    const auto with_index = [&]<typename D>() {
+    dispatch_divider(fast, [&]<typename D>() {
       const PoolIndex<D> index = pool_index<D>(p, over_output);
       if (p.channels_last) {
         launch.template operator()<N, true, D>(blocks_for(n), static_cast<cudaStream_t>(stream), index);
       } else {
         launch.template operator()<N, false, D>(blocks_for(n), static_cast<cudaStream_t>(stream), index);
       }
-    };
-    if (fast) {
-      with_index.template operator()<Div32>();
-    } else {
-      with_index.template operator()<Div64>();
-    }
+    });
     cuda::check_last_launch(name);
   });
 }

@@ -515,16 +515,11 @@ void reduce_grad_cuda(const ReduceGradArgs& args, cuda::Stream stream) {
   dispatch_floating(args.dtype, "reduce backward", [&]<typename T>() {
     using N = typename Native<T>::type;
     const int blocks = static_cast<int>(std::min<int64_t>((total + kThreads - 1) / kThreads, int64_t{1} << 20));
-    const auto launch = [&]<typename D>() {
+    dispatch_divider(fast_divide_fits(total), [&]<typename D>() {
       reduce_grad_kernel<N, D><<<blocks, kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
           args, static_cast<const N*>(args.x), static_cast<const N*>(args.grad), static_cast<N*>(args.dx),
           split3_for<D>(args.reduced, args.inner));
-    };
-    if (fast_divide_fits(total)) {
-      launch.template operator()<Div32>();
-    } else {
-      launch.template operator()<Div64>();
-    }
+    });
     cuda::check_last_launch("reduce_grad");
   });
 }
