@@ -10,6 +10,7 @@
 
 #include "emu_cuda.h"
 #include "kernels/dtype.h"
+#include "kernels/strided.h"
 
 namespace emu_test {
 
@@ -58,6 +59,18 @@ kiln::DType emu_dtype() {
   if constexpr (std::is_same_v<T, __nv_bfloat16>) return kiln::DType::bf16;
   if constexpr (std::is_same_v<T, float>) return kiln::DType::f32;
   return kiln::DType::f64;
+}
+
+// Runs `body` under each index path of the kernels that split their flat
+// index by FastDivmod below a size limit: that path, then their 64-bit-division
+// path (force_64bit_index_for_testing), which is off again afterwards.
+template <typename Body>
+void for_each_index_path(Body&& body) {
+  for (const bool force_64bit : {false, true}) {
+    kiln::kernels::force_64bit_index_for_testing(force_64bit);
+    body();
+  }
+  kiln::kernels::force_64bit_index_for_testing(false);
 }
 
 inline int failures = 0;

@@ -156,16 +156,14 @@ int main() {
       {40, 100, 3, true, false, true, true, 0},       // 12000 gradient elements; class 0 ignored
   };
   // The gradient's index split by FastDivmod (below 2^31 elements), then by 64-bit division (forced).
-  for (const bool force_64bit : {false, true}) {
-    force_64bit_index_for_testing(force_64bit);
+  for_each_index_path([&] {
     for (const Case& c : cases) {
       run<float>(c);
       run<double>(c);
       run<__half>(c);
       run<__nv_bfloat16>(c);
     }
-  }
-  force_64bit_index_for_testing(false);
+  });
   std::printf("%d of %d checks failed; %ld launches, %ld CTAs emulated\n", failures, checks, emu::launches.load(),
               emu::ctas.load());
   return failures == 0 ? 0 : 1;

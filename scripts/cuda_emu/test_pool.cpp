@@ -249,16 +249,14 @@ int main() {
       {"adaptive 4x10 from 7x9 (overlapping)", Op::adaptive, 1, 3, 7, 9, adaptive(4, 10)},
   };
   // Every case twice: FastDivmod indexing (what launches below 2^30 elements take), then 64-bit division.
-  for (const bool force_64bit : {false, true}) {
-    force_64bit_index_for_testing(force_64bit);
+  for_each_index_path([&] {
     for (const Case& c : cases) {
       run<double>(c);
       run<float>(c);
       run<__half>(c);
       run<__nv_bfloat16>(c);
     }
-  }
-  force_64bit_index_for_testing(false);
+  });
   std::printf("%d of %d checks failed; %ld launches, %ld CTAs emulated\n", failures, checks, emu::launches.load(),
               emu::ctas.load());
   return failures == 0 ? 0 : 1;

@@ -137,8 +137,7 @@ int main() {
       {ReduceGradKind::norm, 3, "norm p3"},    {ReduceGradKind::norm, 0.5, "norm p0.5"},
   };
   // The index split by FastDivmod (below 2^31 elements), then by 64-bit division (forced).
-  for (const bool force_64bit : {false, true}) {
-    force_64bit_index_for_testing(force_64bit);
+  for_each_index_path([&] {
     for (const Shape& s : shapes) {
       for (const Kind& k : kinds) {
         run<float>(s, k);
@@ -147,8 +146,7 @@ int main() {
         run<__nv_bfloat16>(s, k);
       }
     }
-  }
-  force_64bit_index_for_testing(false);
+  });
   std::printf("%d of %d checks failed; %ld launches, %ld CTAs emulated\n", failures, checks, emu::launches.load(),
               emu::ctas.load());
   return failures == 0 ? 0 : 1;
