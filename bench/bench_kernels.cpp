@@ -97,6 +97,9 @@ void run_cases(Table& table, Device device, const Sizes& sizes, TimeFn&& time_fn
       Tensor slice = wide.narrow(1, rows.size(1), rows.size(1));
       measure("copy_ into a column slice", rows.shape(), 2 * n * element, [&] { slice.copy_(rows); });
       measure("transpose (contiguous of .t())", rows.shape(), 2 * n * element, [&] { (void)rows.t().contiguous(); });
+      Tensor transposed = empty({rows.size(1), rows.size(0)}, TensorOptions{.dtype = dtype, .device = device});
+      measure("transpose (copy_ of .t() into a tensor)", rows.shape(), 2 * n * element,
+              [&] { transposed.copy_(rows.t()); });
       // The same write into existing memory and into a fresh allocation: the
       // difference is the allocator's cost (page faults on the CPU).
       measure("fill_ (existing tensor)", flat, n * element, [&] { b.fill_(0.5); });

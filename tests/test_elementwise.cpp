@@ -250,6 +250,61 @@ TEST_CASE("elementwise: non-contiguous, offset and large inputs give the same va
   CHECK(all_equal);
 }
 
+namespace {
+// The values of x.permute(dims).contiguous() for x = ramp(shape), by index arithmetic.
+std::vector<double> permuted_ramp(const Shape& shape, const std::vector<int64_t>& dims) {
+  const auto rank = static_cast<int64_t>(shape.size());
+  std::vector<int64_t> source_strides(static_cast<size_t>(rank), 1);
+  for (int64_t d = rank - 2; d >= 0; --d) source_strides[d] = source_strides[d + 1] * shape[d + 1];
+  std::vector<double> values(static_cast<size_t>(shape_numel(shape)));
+  std::vector<int64_t> index(static_cast<size_t>(rank), 0);  // over the permuted shape
+  for (double& value : values) {
+    int64_t offset = 0;
+    for (int64_t d = 0; d < rank; ++d) offset += index[d] * source_strides[dims[d]];
+    value = static_cast<double>(offset);
+    for (int64_t d = rank - 1; d >= 0; --d) {
+      if (++index[d] < shape[dims[d]]) break;
+      index[d] = 0;
+    }
+  }
+  return values;
+}
+}  // namespace
+
+TEST_CASE("copy: transposes and permutes (copied tile by tile on the CPU) give every element, with and without a cast") {
+  struct Case {
+    Shape shape;
+    std::vector<int64_t> dims;
+  };
+  // Tile edges (32) crossed and missed, above the OpenMP threshold, 3-D and 4-D
+  // permutes (NCHW -> NHWC), and a source stride too small to tile.
+  const std::vector<Case> cases = {{{67, 45}, {1, 0}},        {{32, 64}, {1, 0}},           {{513, 301}, {1, 0}},
+                                   {{5, 37, 41}, {2, 0, 1}},  {{5, 37, 41}, {1, 2, 0}},     {{3, 40, 7, 9}, {0, 2, 3, 1}},
+                                   {{6, 33, 35}, {0, 2, 1}},  {{100, 3}, {1, 0}}};
+  for (const Case& c : cases) {
+    INFO("shape " << shape_str(c.shape) << " dims " << c.dims.size());
+    const std::vector<double> expected = permuted_ramp(c.shape, c.dims);
+    Tensor x = ramp(c.shape);
+    Tensor permuted = x.permute(c.dims);
+    CHECK(doubles(permuted.contiguous()) == expected);
+    CHECK(doubles(permuted.to(DType::f64)) == expected);  // a cast through the same strides
+    // bfloat16 rounds these integers: against the contiguous (untiled) cast of the expected values.
+    const std::vector<double> expected16 =
+        doubles(tensor<double>(expected, {static_cast<int64_t>(expected.size())}).to(DType::bf16));
+    CHECK(doubles(permuted.to(DType::bf16)) == expected16);
+    CHECK(doubles(x.to(DType::bf16).permute(c.dims).contiguous()) == expected16);
+    // 8-byte elements (no register transpose), same type and cast to float32.
+    Tensor x64 = x.to(DType::i64);
+    CHECK(doubles(x64.permute(c.dims).contiguous()) == expected);
+    CHECK(doubles(x64.permute(c.dims).to(DType::f32)) == expected);
+  }
+  // The destination strided, the source dense: copy_ into a transposed view.
+  Tensor storage = zeros({45, 67});
+  Tensor source = ramp({67, 45});
+  storage.t().copy_(source);
+  CHECK(doubles(storage) == permuted_ramp({67, 45}, {1, 0}));
+}
+
 TEST_CASE("elementwise: the dense fast path (float32; 16-bit widened to float) agrees with the strided path, inf and NaN included") {
   // (2, n): row 0 a sweep over [-20, 20], row 1 the special values.
   const float inf = std::numeric_limits<float>::infinity();

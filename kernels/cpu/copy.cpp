@@ -1,5 +1,12 @@
 // CPU strided copy with conversion, and fill. Contiguous same-dtype copies are
-// memcpy; the rest convert element by element through the destination type.
+// memcpy; the rest convert element by element through the destination type,
+// transposes (and other permutes) tile by tile.
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
+#include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <type_traits>
 
@@ -10,7 +17,9 @@ namespace kiln::kernels {
 namespace {
 template <typename To, typename From>
 inline To convert(From value) {
-  if constexpr (std::is_same_v<To, bool>) {
+  if constexpr (std::is_same_v<To, From>) {
+    return value;  // bits unchanged (a 16-bit value through float and back is a rounding call per element)
+  } else if constexpr (std::is_same_v<To, bool>) {
     // Nonzero in the source type: a double such as 1e-50 is true, as in torch
     // and CUDA (through float it was 0 and false).
     if constexpr (std::is_same_v<From, Half> || std::is_same_v<From, BFloat16>) {
@@ -24,6 +33,128 @@ inline To convert(From value) {
     return static_cast<To>(static_cast<float>(value));
   } else {
     return static_cast<To>(value);
+  }
+}
+
+// A transpose-like copy: the destination is dense along dim `to_dim` (stride 1),
+// the source along another dim `from_dim`, and walking the destination reads
+// the source a cache line or more apart. Copied row by row, every element read
+// is a new line and, past a page of stride, a new page (a 1024 x 1024 float
+// .t().contiguous() ran at 4-9% of memcpy). Tiling alone is not enough: at a
+// power-of-two stride a tile's lines all fall in one L1 set. So each tile goes
+// through a buffer: transposed into it 8 x 8 elements at a time (in
+// registers), then written out along the destination's dense dim, converted
+// there.
+struct TransposeDims {
+  int to_dim = -1, from_dim = -1;
+};
+
+TransposeDims transpose_dims(const IterShape& shape, const Operand* operands) {
+  TransposeDims dims;
+  for (int d = 0; d < shape.ndim; ++d) {
+    if (operands[0].strides[d] == 1 && dims.to_dim < 0) dims.to_dim = d;
+    if (operands[1].strides[d] == 1 && dims.from_dim < 0) dims.from_dim = d;
+  }
+  if (dims.to_dim < 0 || dims.from_dim < 0 || dims.to_dim == dims.from_dim) return {};
+  const auto line_elements = static_cast<int64_t>(64 / dtype_size(operands[1].dtype));
+  if (std::abs(operands[1].strides[dims.to_dim]) < line_elements) return {};
+  return dims;
+}
+
+// out[j * out_stride + i] = in[i * in_stride + j] for i, j < 8: the elements' bits, any type of their size.
+template <typename T>
+inline void transpose_8x8(const T* in, int64_t in_stride, T* out, int64_t out_stride) {
+#if defined(__AVX2__)
+  if constexpr (sizeof(T) == 4) {
+    __m256 r[8], t[8];
+    for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(reinterpret_cast<const float*>(in + i * in_stride));
+    for (int i = 0; i < 8; i += 2) {
+      t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);      // per 128-bit half: r_i[0] r_i+1[0] r_i[1] r_i+1[1]
+      t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);  // ... [2] and [3]
+    }
+    for (int i = 0; i < 8; i += 4) {
+      r[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);  // column 0 (4) of rows i..i+3, per half
+      r[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xee);
+      r[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+      r[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xee);
+    }
+    for (int j = 0; j < 4; ++j) {
+      _mm256_storeu_ps(reinterpret_cast<float*>(out + j * out_stride), _mm256_permute2f128_ps(r[j], r[j + 4], 0x20));
+      _mm256_storeu_ps(reinterpret_cast<float*>(out + (j + 4) * out_stride),
+                       _mm256_permute2f128_ps(r[j], r[j + 4], 0x31));
+    }
+    return;
+  } else if constexpr (sizeof(T) == 2) {
+    __m128i a[8], b[8];
+    for (int i = 0; i < 8; ++i) a[i] = _mm_loadu_si128(reinterpret_cast<const __m128i*>(in + i * in_stride));
+    for (int i = 0; i < 8; i += 2) {
+      b[i] = _mm_unpacklo_epi16(a[i], a[i + 1]);      // a_i[0] a_i+1[0] ... a_i[3] a_i+1[3]
+      b[i + 1] = _mm_unpackhi_epi16(a[i], a[i + 1]);  // ... [4..7]
+    }
+    for (int i = 0; i < 8; i += 4) {
+      a[i] = _mm_unpacklo_epi32(b[i], b[i + 2]);  // columns 0, 1 of rows i..i+3
+      a[i + 1] = _mm_unpackhi_epi32(b[i], b[i + 2]);  // 2, 3
+      a[i + 2] = _mm_unpacklo_epi32(b[i + 1], b[i + 3]);  // 4, 5
+      a[i + 3] = _mm_unpackhi_epi32(b[i + 1], b[i + 3]);  // 6, 7
+    }
+    for (int j = 0; j < 4; ++j) {
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 2 * j * out_stride), _mm_unpacklo_epi64(a[j], a[j + 4]));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(out + (2 * j + 1) * out_stride), _mm_unpackhi_epi64(a[j], a[j + 4]));
+    }
+    return;
+  }
+#endif
+  for (int i = 0; i < 8; ++i) {
+    for (int j = 0; j < 8; ++j) out[j * out_stride + i] = in[i * in_stride + j];
+  }
+}
+
+template <typename To, typename From>
+void copy_tiled(const IterShape& shape, const Operand* operands, TransposeDims dims) {
+  // Each tile reads 256 bytes (4 lines) or more of the source at a time:
+  // bfloat16 at 128 x 64 ran 1.3-1.6x faster at 4096 x 4096 than at 64 x 64.
+  constexpr int64_t kTileRows = std::max<int64_t>(64, 256 / sizeof(From)), kTileCols = 64;
+  // The other dims, iterated as a flat index.
+  IterShape rest;
+  Operand rest_operands[2] = {operands[0], operands[1]};
+  for (int d = 0; d < shape.ndim; ++d) {
+    if (d == dims.to_dim || d == dims.from_dim) continue;
+    rest.sizes[rest.ndim] = shape.sizes[d];
+    for (int k = 0; k < 2; ++k) rest_operands[k].strides[rest.ndim] = operands[k].strides[d];
+    ++rest.ndim;
+  }
+  // A tile's rows run along from_dim (dense in the source), its columns along to_dim (dense in the destination).
+  const int64_t rows = shape.sizes[dims.from_dim], cols = shape.sizes[dims.to_dim];
+  const int64_t dst_row_stride = operands[0].strides[dims.from_dim];
+  const int64_t src_col_stride = operands[1].strides[dims.to_dim];
+  const int64_t row_tiles = (rows + kTileRows - 1) / kTileRows, col_tiles = (cols + kTileCols - 1) / kTileCols;
+  const int64_t tasks = rest.numel() * row_tiles * col_tiles;
+  To* dst = static_cast<To*>(operands[0].data);
+  const From* src = static_cast<const From*>(operands[1].data);
+  // Row tiles innermost: the next task reads on along the same source lines and
+  // pages (measured 1.6-2x faster at 4096 x 4096 than column tiles innermost).
+#pragma omp parallel for if (shape.numel() > 1 << 16) schedule(static)
+  for (int64_t task = 0; task < tasks; ++task) {
+    const int64_t row_tile = task % row_tiles, col_tile = task / row_tiles % col_tiles;
+    int64_t offsets[2];
+    offsets_of(task / (row_tiles * col_tiles), rest, rest_operands, 2, offsets);
+    const int64_t row0 = row_tile * kTileRows, col0 = col_tile * kTileCols;
+    const int64_t tile_rows = std::min(rows - row0, kTileRows), tile_cols = std::min(cols - col0, kTileCols);
+    const From* tile = src + offsets[1] + col0 * src_col_stride + row0;  // (column c, row r) at c * src_col_stride + r
+    alignas(64) From buffer[kTileRows][kTileCols];  // [row][column]
+    const int64_t full_rows = tile_rows / 8 * 8, full_cols = tile_cols / 8 * 8;
+    for (int64_t c = 0; c < full_cols; c += 8) {
+      for (int64_t r = 0; r < full_rows; r += 8) {
+        transpose_8x8(tile + c * src_col_stride + r, src_col_stride, &buffer[r][c], kTileCols);
+      }
+    }
+    for (int64_t c = 0; c < tile_cols; ++c) {  // the edges the 8 x 8 blocks leave
+      for (int64_t r = c < full_cols ? full_rows : 0; r < tile_rows; ++r) buffer[r][c] = tile[c * src_col_stride + r];
+    }
+    for (int64_t r = 0; r < tile_rows; ++r) {
+      To* d = dst + offsets[0] + (row0 + r) * dst_row_stride + col0;
+      for (int64_t c = 0; c < tile_cols; ++c) d[c] = convert<To>(buffer[r][c]);
+    }
   }
 }
 }  // namespace
@@ -45,6 +176,10 @@ void copy_cpu(const IterShape& input_shape, const Operand& input_dst, const Oper
       if (all_contiguous(shape, operands, 2)) {
 #pragma omp parallel for if (n > 1 << 16) schedule(static)
         for (int64_t i = 0; i < n; ++i) dst[i] = convert<To>(src[i]);
+        return;
+      }
+      if (const TransposeDims dims = transpose_dims(shape, operands); dims.to_dim >= 0) {
+        copy_tiled<To, From>(shape, operands, dims);
         return;
       }
       // Innermost dim in a tight loop; outer coordinates from the linear index.
