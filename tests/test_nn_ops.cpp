@@ -400,6 +400,58 @@ TEST_CASE("max_pool2d: ties go to the first maximum, padding never wins, NaN pro
   CHECK(std::isnan(max_pool2d(with_nan.to(DType::f32), {1, 2}, Size2(1)).to_vector<float>()[0]));
 }
 
+TEST_CASE("max_pool2d 2x2: every window's value and index follow the sequential rule, at every row length") {
+  // Rows of 1 to 21 outputs (scalar, 4- and 8-wide vectors, an overlapping last
+  // vector), odd sizes that drop a row or column, and values full of ties, signed
+  // zeros, infinities and NaNs. Reference: each window's elements in order
+  // (0,0) (0,1) (1,0) (1,1); a greater value or a NaN takes the place.
+  const double inf = std::numeric_limits<double>::infinity();
+  const std::vector<double> choices = {-inf, -2, -1, -0.0, 0.0, 1, 2, inf, std::nan("")};
+  std::mt19937_64 engine(2026);
+  std::uniform_int_distribution<size_t> pick(0, choices.size() - 1);
+  for (DType dtype : {DType::f32, DType::bf16, DType::f16, DType::f64}) {
+    for (int64_t H : {2, 5}) {
+      for (int64_t W : {2, 3, 6, 7, 8, 9, 14, 15, 16, 17, 28, 29, 42, 43}) {
+        INFO(dtype_name(dtype) << " H " << H << " W " << W);
+        const int64_t planes = 6, OH = H / 2, OW = W / 2;
+        std::vector<double> values(static_cast<size_t>(planes * H * W));
+        for (double& v : values) v = choices[pick(engine)];
+        Tensor x = tensor<double>(values, {2, 3, H, W}).to(dtype).requires_grad_();
+        Tensor y = max_pool2d(x, 2);
+        std::vector<double> dy_values(static_cast<size_t>(planes * OH * OW));
+        for (size_t o = 0; o < dy_values.size(); ++o) dy_values[o] = static_cast<double>(o % 200 + 1);
+        y.backward(tensor<double>(dy_values, y.shape()).to(dtype));
+        const std::vector<double> got = y.to_vector<double>(), dx = x.grad().to_vector<double>();
+        std::vector<double> expected_dx(values.size(), 0.0);
+        bool values_equal = true;
+        for (int64_t p = 0; p < planes; ++p) {
+          for (int64_t oh = 0; oh < OH; ++oh) {
+            for (int64_t ow = 0; ow < OW; ++ow) {
+              int64_t at = -1;
+              double best = 0;
+              for (int64_t k = 0; k < 4; ++k) {
+                const int64_t i = (p * H + 2 * oh + k / 2) * W + 2 * ow + k % 2;
+                const double v = values[static_cast<size_t>(i)];
+                if (at < 0 || v > best || std::isnan(v)) {
+                  best = v;
+                  at = i;
+                }
+              }
+              const size_t o = static_cast<size_t>((p * OH + oh) * OW + ow);
+              const bool same = std::isnan(best) ? std::isnan(got[o])
+                                                 : got[o] == best && std::signbit(got[o]) == std::signbit(best);
+              values_equal = values_equal && same;
+              expected_dx[static_cast<size_t>(at)] = dy_values[o];
+            }
+          }
+        }
+        CHECK(values_equal);
+        CHECK(dx == expected_dx);
+      }
+    }
+  }
+}
+
 TEST_CASE("pooling: checks and output sizes") {
   Tensor x = zeros({2, 3, 5, 5});
   CHECK(max_pool2d(x, 2).shape() == Shape{2, 3, 2, 2});
