@@ -1,6 +1,7 @@
 #include "kernels/strided.h"
 
 #include <atomic>
+#include <cstdlib>
 
 #include "kernels/error.h"
 
@@ -44,6 +45,31 @@ bool all_contiguous(const IterShape& shape, const Operand* operands, int count) 
     if (operands[k].strides[0] != 1) return false;
   }
   return true;
+}
+
+TransposeSplit transpose_split(const IterShape& shape, const Operand* operands) {
+  int to_dim = -1, from_dim = -1;
+  for (int d = 0; d < shape.ndim; ++d) {
+    if (operands[0].strides[d] == 1 && to_dim < 0) to_dim = d;
+    if (operands[1].strides[d] == 1 && from_dim < 0) from_dim = d;
+  }
+  TransposeSplit split;
+  if (to_dim < 0 || from_dim < 0 || to_dim == from_dim) return split;
+  const auto line_elements = static_cast<int64_t>(64 / dtype_size(operands[1].dtype));
+  if (std::abs(operands[1].strides[to_dim]) < line_elements) return split;
+  split.found = true;
+  split.rows = shape.sizes[from_dim];
+  split.cols = shape.sizes[to_dim];
+  split.dst_row_stride = operands[0].strides[from_dim];
+  split.src_col_stride = operands[1].strides[to_dim];
+  for (int k = 0; k < 2; ++k) split.rest_operands[k] = operands[k];
+  for (int d = 0; d < shape.ndim; ++d) {
+    if (d == to_dim || d == from_dim) continue;
+    split.rest.sizes[split.rest.ndim] = shape.sizes[d];
+    for (int k = 0; k < 2; ++k) split.rest_operands[k].strides[split.rest.ndim] = operands[k].strides[d];
+    ++split.rest.ndim;
+  }
+  return split;
 }
 
 FastDivmod::FastDivmod(uint32_t d) : divisor(d) {

@@ -53,6 +53,21 @@ struct FastDivmod {
   }
 };
 
+// A transpose-like copy of operands[1] into operands[0] (coalesced), split for a
+// tiled kernel (kernels/cpu/copy.cpp, kernels/cuda/copy.cu): the destination is
+// dense along one dim (a tile's columns), the source along another (its rows),
+// and the source's stride along the columns is 64 bytes or more, so that
+// walking the destination row by row reads a new cache line per element.
+// Element (rest index, row r, column c) is at dst[offsets[0] + r * dst_row_stride + c]
+// and src[offsets[1] + r + c * src_col_stride], offsets_of(rest index, rest, rest_operands).
+struct TransposeSplit {
+  bool found = false;
+  int64_t rows = 0, cols = 0, dst_row_stride = 0, src_col_stride = 0;
+  IterShape rest;  // the other dims
+  Operand rest_operands[2];
+};
+TransposeSplit transpose_split(const IterShape& shape, const Operand* operands);
+
 // Tests only: CUDA kernels that divide their flat index by FastDivmod below a
 // size limit (pooling, the reductions' and nll_loss's backward) take their
 // 64-bit-division path at every size instead, so both paths run on small tensors.

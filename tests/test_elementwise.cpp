@@ -305,6 +305,29 @@ TEST_CASE("copy: transposes and permutes (copied tile by tile on the CPU) give e
   CHECK(doubles(storage) == permuted_ramp({67, 45}, {1, 0}));
 }
 
+TEST_CASE("copy: CUDA transposes and permutes (shared-memory tiles) give every element, each element size [gpu]") {
+  KILN_REQUIRE_GPU();
+  struct Case {
+    Shape shape;
+    std::vector<int64_t> dims;
+  };
+  // Tile edges (32) crossed and missed, 3-D and 4-D permutes (NCHW <-> NHWC), several
+  // rest indices, and a source stride under 64 bytes (the elementwise kernel instead).
+  const std::vector<Case> cases = {{{67, 65}, {1, 0}},           {{513, 301}, {1, 0}},     {{5, 70, 41}, {2, 0, 1}},
+                                   {{3, 70, 9, 8}, {0, 2, 3, 1}}, {{3, 9, 8, 70}, {0, 3, 1, 2}}, {{100, 3}, {1, 0}}};
+  for (const Case& c : cases) {
+    INFO("shape " << shape_str(c.shape));
+    for (DType dtype : {DType::u8, DType::bf16, DType::f32, DType::i64}) {
+      INFO(dtype_name(dtype));
+      // Against the CPU's permute of the same values (checked by index arithmetic above).
+      Tensor x = ramp(c.shape, 0, 1, DType::i64).to(dtype);  // i64 -> u8 wraps, defined
+      const std::vector<double> want = doubles(x.permute(c.dims).contiguous());
+      CHECK(doubles(x.cuda().permute(c.dims).contiguous().cpu()) == want);
+      if (dtype == DType::f32 || dtype == DType::i64) CHECK(want == permuted_ramp(c.shape, c.dims));
+    }
+  }
+}
+
 TEST_CASE("elementwise: the dense fast path (float32; 16-bit widened to float) agrees with the strided path, inf and NaN included") {
   // (2, n): row 0 a sweep over [-20, 20], row 1 the special values.
   const float inf = std::numeric_limits<float>::infinity();

@@ -36,30 +36,13 @@ inline To convert(From value) {
   }
 }
 
-// A transpose-like copy: the destination is dense along dim `to_dim` (stride 1),
-// the source along another dim `from_dim`, and walking the destination reads
-// the source a cache line or more apart. Copied row by row, every element read
-// is a new line and, past a page of stride, a new page (a 1024 x 1024 float
-// .t().contiguous() ran at 4-9% of memcpy). Tiling alone is not enough: at a
-// power-of-two stride a tile's lines all fall in one L1 set. So each tile goes
-// through a buffer: transposed into it 8 x 8 elements at a time (in
-// registers), then written out along the destination's dense dim, converted
-// there.
-struct TransposeDims {
-  int to_dim = -1, from_dim = -1;
-};
-
-TransposeDims transpose_dims(const IterShape& shape, const Operand* operands) {
-  TransposeDims dims;
-  for (int d = 0; d < shape.ndim; ++d) {
-    if (operands[0].strides[d] == 1 && dims.to_dim < 0) dims.to_dim = d;
-    if (operands[1].strides[d] == 1 && dims.from_dim < 0) dims.from_dim = d;
-  }
-  if (dims.to_dim < 0 || dims.from_dim < 0 || dims.to_dim == dims.from_dim) return {};
-  const auto line_elements = static_cast<int64_t>(64 / dtype_size(operands[1].dtype));
-  if (std::abs(operands[1].strides[dims.to_dim]) < line_elements) return {};
-  return dims;
-}
+// A transpose-like copy (kernels::transpose_split): copied row by row, every
+// element read is a new line and, past a page of stride, a new page (a
+// 1024 x 1024 float .t().contiguous() ran at 4-9% of memcpy). Tiling alone is
+// not enough: at a power-of-two stride a tile's lines all fall in one L1 set.
+// So each tile goes through a buffer: transposed into it 8 x 8 elements at a
+// time (in registers), then written out along the destination's dense dim,
+// converted there.
 
 // out[j * out_stride + i] = in[i * in_stride + j] for i, j < 8: the elements' bits, any type of their size.
 template <typename T>
@@ -110,34 +93,23 @@ inline void transpose_8x8(const T* in, int64_t in_stride, T* out, int64_t out_st
 }
 
 template <typename To, typename From>
-void copy_tiled(const IterShape& shape, const Operand* operands, TransposeDims dims) {
+void copy_tiled(const Operand* operands, const TransposeSplit& split) {
   // Each tile reads 256 bytes (4 lines) or more of the source at a time:
   // bfloat16 at 128 x 64 ran 1.3-1.6x faster at 4096 x 4096 than at 64 x 64.
   constexpr int64_t kTileRows = std::max<int64_t>(64, 256 / sizeof(From)), kTileCols = 64;
-  // The other dims, iterated as a flat index.
-  IterShape rest;
-  Operand rest_operands[2] = {operands[0], operands[1]};
-  for (int d = 0; d < shape.ndim; ++d) {
-    if (d == dims.to_dim || d == dims.from_dim) continue;
-    rest.sizes[rest.ndim] = shape.sizes[d];
-    for (int k = 0; k < 2; ++k) rest_operands[k].strides[rest.ndim] = operands[k].strides[d];
-    ++rest.ndim;
-  }
-  // A tile's rows run along from_dim (dense in the source), its columns along to_dim (dense in the destination).
-  const int64_t rows = shape.sizes[dims.from_dim], cols = shape.sizes[dims.to_dim];
-  const int64_t dst_row_stride = operands[0].strides[dims.from_dim];
-  const int64_t src_col_stride = operands[1].strides[dims.to_dim];
+  const int64_t rows = split.rows, cols = split.cols;
+  const int64_t dst_row_stride = split.dst_row_stride, src_col_stride = split.src_col_stride;
   const int64_t row_tiles = (rows + kTileRows - 1) / kTileRows, col_tiles = (cols + kTileCols - 1) / kTileCols;
-  const int64_t tasks = rest.numel() * row_tiles * col_tiles;
+  const int64_t tasks = split.rest.numel() * row_tiles * col_tiles;
   To* dst = static_cast<To*>(operands[0].data);
   const From* src = static_cast<const From*>(operands[1].data);
   // Row tiles innermost: the next task reads on along the same source lines and
   // pages (measured 1.6-2x faster at 4096 x 4096 than column tiles innermost).
-#pragma omp parallel for if (shape.numel() > 1 << 16) schedule(static)
+#pragma omp parallel for if (split.rest.numel() * rows * cols > 1 << 16) schedule(static)
   for (int64_t task = 0; task < tasks; ++task) {
     const int64_t row_tile = task % row_tiles, col_tile = task / row_tiles % col_tiles;
     int64_t offsets[2];
-    offsets_of(task / (row_tiles * col_tiles), rest, rest_operands, 2, offsets);
+    offsets_of(task / (row_tiles * col_tiles), split.rest, split.rest_operands, 2, offsets);
     const int64_t row0 = row_tile * kTileRows, col0 = col_tile * kTileCols;
     const int64_t tile_rows = std::min(rows - row0, kTileRows), tile_cols = std::min(cols - col0, kTileCols);
     const From* tile = src + offsets[1] + col0 * src_col_stride + row0;  // (column c, row r) at c * src_col_stride + r
@@ -178,8 +150,8 @@ void copy_cpu(const IterShape& input_shape, const Operand& input_dst, const Oper
         for (int64_t i = 0; i < n; ++i) dst[i] = convert<To>(src[i]);
         return;
       }
-      if (const TransposeDims dims = transpose_dims(shape, operands); dims.to_dim >= 0) {
-        copy_tiled<To, From>(shape, operands, dims);
+      if (const TransposeSplit split = transpose_split(shape, operands); split.found) {
+        copy_tiled<To, From>(operands, split);
         return;
       }
       // Innermost dim in a tight loop; outer coordinates from the linear index.

@@ -1,7 +1,7 @@
 // The CUDA elementwise launcher (kernels/cuda/elementwise_launch.cuh:
 // contiguous_kernel, strided_kernel) through the public entry points
 // unary_cuda / binary_cuda / where_cuda (elementwise.cu, elementwise_binary.cu)
-// and copy_cuda (copy.cu: casts), emulated, against the CPU entry points
+// and copy_cuda (copy.cu: casts, transposes), emulated, against the CPU entry points
 // (kernels/cpu/elementwise.cpp, elementwise_binary.cpp, copy.cpp; linked by
 // run_kernels.sh) on the same IterShape / Operands, built as the core builds
 // them (core/ops/broadcast.cpp: broadcast strides 0, then
@@ -36,7 +36,8 @@
 // f64, f16, bf16, i32, i64, u8, bool; ops relu, gelu, exp, tanh, affine,
 // clamp, isfinite, gt_scalar, add (alpha), mul, div, maximum, lt, eq,
 // gelu_backward, relu_backward, where; casts between every dtype pair (dense
-// vector path, strided, same-dtype strided words); mixed input dtypes (must
+// vector path, strided, same-dtype strided words, same-dtype transposes through
+// shared-memory tiles); mixed input dtypes (must
 // throw, as on the CPU); the grid-stride loops with a small grid (direct
 // launches of contiguous_kernel / strided_kernel). Outputs start as 0xff.
 //   test_elementwise   (no arguments; EMU_VERBOSE=1 prints each case before it runs)
@@ -685,6 +686,12 @@ int main() {
           {"transposed (37, 5)^T", contiguous({5, 37}), {transposed(contiguous({37, 5}), 0, 1)}, 0, {}},
           {"NCHW -> NHWC (2, 6, 3, 5)", channels_last({2, 6, 3, 5}), {contiguous({2, 6, 3, 5})}, 0, {}},
           {"NHWC -> NCHW (2, 6, 3, 5)", contiguous({2, 6, 3, 5}), {channels_last({2, 6, 3, 5})}, 0, {}},
+          // Source strides of 64 bytes or more along the destination's rows (transpose_split):
+          // same-dtype copies take copy.cu's shared-memory tiles (partial tiles at every edge),
+          // the CPU its register-transposed tiles.
+          {"transposed (67, 65)^T", contiguous({65, 67}), {transposed(contiguous({67, 65}), 0, 1)}, 0, {}},
+          {"NCHW -> NHWC (2, 70, 9, 8)", channels_last({2, 70, 9, 8}), {contiguous({2, 70, 9, 8})}, 0, {}},
+          {"NHWC -> NCHW (2, 70, 9, 8)", contiguous({2, 70, 9, 8}), {channels_last({2, 70, 9, 8})}, 0, {}},
           {"broadcast row (37) -> (5, 37)", contiguous({5, 37}), {contiguous({37})}, 0, {}},
           {"sliced [:, 1:38] of (5, 40) -> output [:, ::2]", sliced(contiguous({5, 74}), 1, 0, 74, 2),
            {sliced(contiguous({5, 40}), 1, 1, 38, 1)}, 0, {}},
