@@ -89,6 +89,13 @@ int64_t wrap_dim(int64_t dim, int64_t ndim, const char* op) {
 }
 
 namespace {
+// wrap_dim for ops that index an existing dim: a 0-d tensor has none (wrap_dim
+// accepts dim 0 and -1 of a 0-d tensor for the reductions).
+int64_t wrap_existing_dim(int64_t dim, int64_t ndim, const char* op) {
+  KILN_CHECK(ndim > 0, op, ": dim ", dim, " is out of range for a 0-d tensor (it has no dims)");
+  return wrap_dim(dim, ndim, op);
+}
+
 const TensorImpl& checked(const Tensor& tensor, const char* what) {
   KILN_CHECK(tensor.defined(), what, ": the tensor is undefined");
   return *tensor.impl();
@@ -125,8 +132,8 @@ void record_view(const char* name, const Tensor& input, const Tensor& output,
 // ---------------------------------------------------------------- metadata
 const Shape& Tensor::shape() const { return checked(*this, "shape").shape; }
 const Shape& Tensor::strides() const { return checked(*this, "strides").strides; }
-int64_t Tensor::size(int64_t dim) const { return shape()[wrap_dim(dim, this->dim(), "size")]; }
-int64_t Tensor::stride(int64_t dim) const { return strides()[wrap_dim(dim, this->dim(), "stride")]; }
+int64_t Tensor::size(int64_t dim) const { return shape()[wrap_existing_dim(dim, this->dim(), "size")]; }
+int64_t Tensor::stride(int64_t dim) const { return strides()[wrap_existing_dim(dim, this->dim(), "stride")]; }
 int64_t Tensor::dim() const { return static_cast<int64_t>(shape().size()); }
 int64_t Tensor::numel() const { return shape_numel(shape()); }
 int64_t Tensor::offset() const { return checked(*this, "offset").offset; }
@@ -377,7 +384,11 @@ Tensor Tensor::permute(const std::vector<int64_t>& dims) const {
 
 Tensor Tensor::transpose(int64_t dim0, int64_t dim1) const {
   const int64_t n = dim();
-  if (n == 0) return view({});
+  if (n == 0) {  // dims 0 and -1 only, as torch
+    wrap_dim(dim0, n, "transpose");
+    wrap_dim(dim1, n, "transpose");
+    return view({});
+  }
   std::vector<int64_t> order(n);
   std::iota(order.begin(), order.end(), 0);
   std::swap(order[wrap_dim(dim0, n, "transpose")], order[wrap_dim(dim1, n, "transpose")]);
@@ -390,7 +401,7 @@ Tensor Tensor::t() const {
 }
 
 Tensor Tensor::slice(int64_t dim, int64_t start, int64_t end, int64_t step) const {
-  const int64_t d = wrap_dim(dim, this->dim(), "slice");
+  const int64_t d = wrap_existing_dim(dim, this->dim(), "slice");
   KILN_CHECK(step > 0, "slice: step must be positive, got ", step);
   const int64_t size = shape()[d];
   if (start < 0) start += size;
@@ -398,7 +409,7 @@ Tensor Tensor::slice(int64_t dim, int64_t start, int64_t end, int64_t step) cons
   start = std::clamp<int64_t>(start, 0, size);
   end = std::clamp<int64_t>(end, start, size);
   Shape new_shape = shape(), new_strides = strides();
-  new_shape[d] = (end - start + step - 1) / step;
+  new_shape[d] = end == start ? 0 : (end - start - 1) / step + 1;  // no overflow for a huge step
   new_strides[d] *= step;
   Tensor out = make_view(*this, new_shape, new_strides, offset() + start * strides()[d]);
   Shape input_shape = shape();
@@ -412,16 +423,16 @@ Tensor Tensor::slice(int64_t dim, int64_t start, int64_t end, int64_t step) cons
 }
 
 Tensor Tensor::narrow(int64_t dim, int64_t start, int64_t length) const {
-  const int64_t d = wrap_dim(dim, this->dim(), "narrow");
+  const int64_t d = wrap_existing_dim(dim, this->dim(), "narrow");
   const int64_t size = shape()[d];
   if (start < 0) start += size;
-  KILN_CHECK(start >= 0 && length >= 0 && start + length <= size, "narrow: start ", start, " and length ", length,
-             " are out of range for dim ", d, " of size ", size);
+  KILN_CHECK(start >= 0 && start <= size && length >= 0 && length <= size - start, "narrow: start ", start,
+             " and length ", length, " are out of range for dim ", d, " of size ", size);
   return slice(d, start, start + length);
 }
 
 Tensor Tensor::select(int64_t dim, int64_t index) const {
-  const int64_t d = wrap_dim(dim, this->dim(), "select");
+  const int64_t d = wrap_existing_dim(dim, this->dim(), "select");
   const int64_t size = shape()[d];
   KILN_CHECK(index >= -size && index < size, "select: index ", index, " is out of range for dim ", d, " of size ",
              size);
@@ -443,6 +454,7 @@ Tensor Tensor::expand(const Shape& requested) const {
     }
     const int64_t own = shape()[i - lead];
     const int64_t want = requested[i] == -1 ? own : requested[i];
+    KILN_CHECK(want >= 0, "expand: invalid size ", requested[i], " in ", shape_str(requested));
     KILN_CHECK(own == want || own == 1, "expand: cannot expand shape ", shape_str(shape()), " to ",
                shape_str(requested), " (dim ", i, ": ", own, " to ", want, ")");
     new_shape[i] = want;
@@ -455,8 +467,8 @@ Tensor Tensor::expand(const Shape& requested) const {
 }
 
 Tensor Tensor::squeeze(int64_t dim) const {
+  const int64_t d = wrap_dim(dim, this->dim(), "squeeze");  // dim 0 or -1 of a 0-d tensor
   if (this->dim() == 0) return view({});
-  const int64_t d = wrap_dim(dim, this->dim(), "squeeze");
   if (shape()[d] != 1) return view(shape());
   Shape new_shape = shape();
   new_shape.erase(new_shape.begin() + d);

@@ -85,8 +85,20 @@ void check_conv_args(const Tensor& x, const Tensor& weight, const Tensor& bias, 
                dtype_name(bias.dtype()), " on ", bias.device(), ", expected ", dtype_name(x.dtype()), " on ",
                x.device());
   }
-  const int64_t kh = dilation.h * (weight.size(2) - 1) + 1, kw = dilation.w * (weight.size(3) - 1) + 1;
-  const int64_t padded_h = x.size(2) + 2 * padding.h, padded_w = x.size(3) + 2 * padding.w;
+  KILN_CHECK(weight.size(2) > 0 && weight.size(3) > 0, "conv2d: expected a kernel of positive size, got weight ",
+             shape_str(weight.shape()));
+  // The dilated kernel and the padded input, refused where they overflow 64 bits.
+  int64_t kh = 0, kw = 0, padded_h = 0, padded_w = 0;
+  KILN_CHECK(!__builtin_mul_overflow(dilation.h, weight.size(2) - 1, &kh) &&
+                 !__builtin_mul_overflow(dilation.w, weight.size(3) - 1, &kw) &&
+                 !__builtin_add_overflow(kh, 1, &kh) && !__builtin_add_overflow(kw, 1, &kw),
+             "conv2d: dilation [", dilation.h, ", ", dilation.w, "] is too large for weight ",
+             shape_str(weight.shape()), " (the dilated kernel size overflows 64 bits)");
+  KILN_CHECK(!__builtin_mul_overflow(padding.h, 2, &padded_h) && !__builtin_mul_overflow(padding.w, 2, &padded_w) &&
+                 !__builtin_add_overflow(padded_h, x.size(2), &padded_h) &&
+                 !__builtin_add_overflow(padded_w, x.size(3), &padded_w),
+             "conv2d: padding [", padding.h, ", ", padding.w,
+             "] is too large (the padded input size overflows 64 bits)");
   KILN_CHECK(kh <= padded_h && kw <= padded_w, "conv2d: kernel size [", kh, ", ", kw,
              "] (after dilation) is larger than the padded input [", padded_h, ", ", padded_w, "] (input ",
              shape_str(x.shape()), ", padding [", padding.h, ", ", padding.w, "])");

@@ -74,7 +74,10 @@ bool describe(const Tensor& t, kernels::GemmMatrix* out) {
 kernels::GemmMatrix gemm_operand(Tensor& t) {
   kernels::GemmMatrix matrix;
   if (describe(t, &matrix)) return matrix;
-  t = t.contiguous();
+  // An empty operand (k = 0) is never read, but is_contiguous() holds for an
+  // empty tensor of any strides, so contiguous() would keep a layout the GEMM
+  // cannot describe (say, an empty batch-broadcast A^T in matmul's backward).
+  t = t.numel() == 0 ? empty(t.shape(), {.dtype = t.dtype(), .device = t.device()}) : t.contiguous();
   KILN_ASSERT(describe(t, &matrix), "a contiguous tensor of shape ", shape_str(t.shape()), " is not a GEMM operand");
   return matrix;
 }

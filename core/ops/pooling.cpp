@@ -24,9 +24,11 @@ void check_pool_input(const Tensor& x, const char* op) {
   KILN_CHECK(is_floating(x.dtype()), op, ": expected a floating input, got ", dtype_name(x.dtype()));
 }
 
-// Output size of a sliding window along one dim (0 or less when it does not fit).
-int64_t window_out_size(int64_t in, int64_t kernel, int64_t stride, int64_t pad, int64_t dilation) {
-  return (in + 2 * pad - dilation * (kernel - 1) - 1) / stride + 1;
+// Output size of a sliding window of dilated size `extent` along one dim (0 or
+// less when it does not fit); written so that no term overflows once
+// 2 * pad <= extent has been checked.
+int64_t window_out_size(int64_t in, int64_t extent, int64_t stride, int64_t pad) {
+  return (in - (extent - 2 * pad)) / stride + 1;
 }
 
 kernels::Pool2dParams window_params(const char* op, const Tensor& x, Size2 kernel, std::optional<Size2> stride_opt,
@@ -37,12 +39,19 @@ kernels::Pool2dParams window_params(const char* op, const Tensor& x, Size2 kerne
   KILN_CHECK(stride.h > 0 && stride.w > 0, op, ": stride must be positive, got [", stride.h, ", ", stride.w, "]");
   KILN_CHECK(dilation.h > 0 && dilation.w > 0, op, ": dilation must be positive, got [", dilation.h, ", ",
              dilation.w, "]");
-  const int64_t eff_h = dilation.h * (kernel.h - 1) + 1, eff_w = dilation.w * (kernel.w - 1) + 1;
-  KILN_CHECK(padding.h >= 0 && padding.w >= 0 && 2 * padding.h <= eff_h && 2 * padding.w <= eff_w, op,
+  int64_t eff_h = 0, eff_w = 0;  // the dilated kernel size, less 1 until checked
+  KILN_CHECK(!__builtin_mul_overflow(dilation.h, kernel.h - 1, &eff_h) &&
+                 !__builtin_mul_overflow(dilation.w, kernel.w - 1, &eff_w) &&
+                 eff_h < std::numeric_limits<int64_t>::max() && eff_w < std::numeric_limits<int64_t>::max(),
+             op, ": kernel [", kernel.h, ", ", kernel.w, "] with dilation [", dilation.h, ", ", dilation.w,
+             "] is too large (the dilated kernel size overflows 64 bits)");
+  ++eff_h;
+  ++eff_w;
+  KILN_CHECK(padding.h >= 0 && padding.w >= 0 && padding.h <= eff_h / 2 && padding.w <= eff_w / 2, op,
              ": padding must be non-negative and at most half the (dilated) kernel size; got padding [", padding.h,
              ", ", padding.w, "] for kernel [", eff_h, ", ", eff_w, "]");
   const int64_t H = x.size(-2), W = x.size(-1);
-  KILN_CHECK(eff_h <= H + 2 * padding.h && eff_w <= W + 2 * padding.w, op, ": kernel size [", eff_h, ", ", eff_w,
+  KILN_CHECK(eff_h - 2 * padding.h <= H && eff_w - 2 * padding.w <= W, op, ": kernel size [", eff_h, ", ", eff_w,
              "] (after dilation) is larger than the padded input [", H + 2 * padding.h, ", ", W + 2 * padding.w,
              "] (input ", shape_str(x.shape()), ")");
   kernels::Pool2dParams p;
@@ -57,8 +66,8 @@ kernels::Pool2dParams window_params(const char* op, const Tensor& x, Size2 kerne
   p.pad_w = padding.w;
   p.dilation_h = dilation.h;
   p.dilation_w = dilation.w;
-  p.out_h = window_out_size(H, kernel.h, stride.h, padding.h, dilation.h);
-  p.out_w = window_out_size(W, kernel.w, stride.w, padding.w, dilation.w);
+  p.out_h = window_out_size(H, eff_h, stride.h, padding.h);
+  p.out_w = window_out_size(W, eff_w, stride.w, padding.w);
   return p;
 }
 
