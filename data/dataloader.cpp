@@ -100,8 +100,13 @@ struct DataLoader::Impl {
 
   int64_t batches_per_epoch() const {
     const int64_t n = sampler->size(), b = options.batch_size;
-    return options.drop_last ? n / b : (n + b - 1) / b;
+    // Not (n + b - 1) / b: that overflows for a batch_size near 2^63.
+    return options.drop_last ? n / b : n / b + (n % b != 0);
   }
+
+  // The most examples a batch holds: a batch_size beyond the epoch's samples (torch: one batch of
+  // everything) must not size the buffers (its bytes would overflow and wrap to a small block).
+  int64_t largest_batch() const { return std::max<int64_t>(1, std::min(options.batch_size, sampler->size())); }
 
   std::shared_ptr<const EpochPlan> make_plan(uint64_t for_epoch) const {
     auto made = std::make_shared<EpochPlan>();
@@ -277,11 +282,10 @@ DataLoader::DataLoader(std::shared_ptr<const Dataset> dataset, DataLoaderOptions
   d.caller_scratch.resize(static_cast<size_t>(std::max<int64_t>(d.layout.input.numel(), 1)));
   if (d.options.resident_device && d.options.resident_device->is_cuda()) {
     d.resident = std::make_unique<ResidentData>(*d.dataset, d.layout, *d.options.resident_device,
-                                                d.options.batch_size, d.options.transforms, d.augment_seed);
+                                                d.largest_batch(), d.options.transforms, d.augment_seed);
   } else {
     const bool pin = d.options.pin_memory && cuda::is_available();
-    d.pool = std::make_shared<BatchBufferPool>(d.layout, d.options.batch_size, pin,
-                                               static_cast<size_t>(d.capacity + 2));
+    d.pool = std::make_shared<BatchBufferPool>(d.layout, d.largest_batch(), pin, static_cast<size_t>(d.capacity + 2));
   }
 }
 
@@ -323,11 +327,11 @@ void DataLoader::set_batch_size(int64_t batch_size) {
   d.plan.reset();
   if (d.resident) {
     d.resident.reset();  // free the old upload before making the new one
-    d.resident = std::make_unique<ResidentData>(*d.dataset, d.layout, *d.options.resident_device, batch_size,
-                                                d.options.transforms, d.augment_seed);
+    d.resident = std::make_unique<ResidentData>(*d.dataset, d.layout, *d.options.resident_device,
+                                                d.largest_batch(), d.options.transforms, d.augment_seed);
   } else {
     // Batches already handed out keep the old pool alive until they are gone.
-    d.pool = std::make_shared<BatchBufferPool>(d.layout, batch_size, d.pool->pinned(),
+    d.pool = std::make_shared<BatchBufferPool>(d.layout, d.largest_batch(), d.pool->pinned(),
                                                static_cast<size_t>(d.capacity + 2));
   }
 }

@@ -96,9 +96,18 @@ Tensor make_image_grid(const Tensor& images, const ImageGridOptions& options) {
 
   const int64_t columns = std::min(options.nrow, count);
   const int64_t rows = (count + columns - 1) / columns;
-  const int64_t cell_height = height + options.padding, cell_width = width + options.padding;
-  const int64_t grid_height = rows * cell_height + options.padding;
-  const int64_t grid_width = columns * cell_width + options.padding;
+  // In checked arithmetic: a padding near 2^63 would wrap the grid round to a few pixels that the
+  // images are then written far outside of.
+  int64_t cell_height = 0, cell_width = 0, grid_height = 0, grid_width = 0, grid_pixels = 0;
+  const bool overflows = __builtin_add_overflow(height, options.padding, &cell_height) ||
+                         __builtin_add_overflow(width, options.padding, &cell_width) ||
+                         __builtin_mul_overflow(rows, cell_height, &grid_height) ||
+                         __builtin_add_overflow(grid_height, options.padding, &grid_height) ||
+                         __builtin_mul_overflow(columns, cell_width, &grid_width) ||
+                         __builtin_add_overflow(grid_width, options.padding, &grid_width) ||
+                         __builtin_mul_overflow(grid_height, grid_width, &grid_pixels);
+  KILN_CHECK(!overflows, "make_image_grid: padding ", options.padding, " around ", count, " images of ", height, "x",
+             width, " makes a grid too large to address");
   Tensor grid = full({1, grid_height, grid_width}, options.pad_value);  // (1, grid_height, grid_width)
   float* out = grid.data<float>();
   for (int64_t index = 0; index < count; ++index) {

@@ -7,6 +7,7 @@
 #include <CLI/CLI.hpp>
 
 #include <filesystem>
+#include <sstream>
 #include <string>
 
 namespace kiln::examples {
@@ -27,6 +28,21 @@ inline CLI::Validator number_check(bool zero_allowed) {
 // Value > 0 / value >= 0, for numeric options (the text must be a number).
 inline const CLI::Validator kPositive = detail::number_check(/*zero_allowed=*/false);
 inline const CLI::Validator kNonNegative = detail::number_check(/*zero_allowed=*/true);
+
+// low <= value <= high, for a floating option. CLI::Range lets "nan" through
+// (it compares false both ways), which then fails deep inside a run.
+inline CLI::Validator in_range(double low, double high) {
+  std::ostringstream range;
+  range << "[" << low << ", " << high << "]";
+  return CLI::Validator(
+      [low, high, bounds = range.str()](std::string& text) -> std::string {
+        double value = 0;
+        if (!CLI::detail::lexical_cast(text, value)) return "expected a number, got '" + text + "'";
+        if (value >= low && value <= high) return {};
+        return "must be in " + bounds + ", got " + text;
+      },
+      "in " + range.str());
+}
 
 // For bool options given a value ("--pin-memory false"): the words CLI11 reads as a bool.
 inline const CLI::Validator kTrueOrFalse = CLI::Validator(

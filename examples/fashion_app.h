@@ -218,10 +218,10 @@ inline int fashion_main(int argc, char** argv, const FashionDefaults& defaults) 
       ->check(kNonNegative);
   app.add_option("--label-smoothing", recipe.label_smoothing, "Label smoothing of the training loss")
       ->capture_default_str()
-      ->check(CLI::Range(0.0, 1.0));
+      ->check(in_range(0.0, 1.0));
   app.add_option("--pct-start", recipe.pct_start, "OneCycle's share of steps spent warming up")
       ->capture_default_str()
-      ->check(CLI::Range(0.0, 1.0));
+      ->check(in_range(0.0, 1.0));
   app.add_option("--augment", recipe.augment, "Training augmentation: crop+flip, flip or none")
       ->capture_default_str()
       ->check(CLI::IsMember({"crop+flip", "flip", "none"}));
@@ -239,7 +239,7 @@ inline int fashion_main(int argc, char** argv, const FashionDefaults& defaults) 
   CLI::Option* ema_option = app.add_option("--ema", ema_decay,
                  "Exponential moving average of the weights with this decay (e.g. 0.999), updated after every "
                  "optimizer step; validation, test and --export-weights use the averaged weights")
-      ->check(CLI::Range(0.0, 1.0))
+      ->check(in_range(0.0, 1.0))
       ->excludes(swa_flag);
   app.add_flag("--find-lr", find_lr, "Run the learning-rate finder first");
   app.add_flag("--find-batch-size", find_batch_size, "Run the batch-size finder first");

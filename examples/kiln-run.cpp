@@ -286,7 +286,14 @@ int main(int argc, char** argv) {
   app.add_option("--max-restarts", o.max_restarts, "restart the whole group up to this many times after a failure")
       ->check(kiln::examples::kNonNegative);
   app.add_option("command", o.command, "the program and its arguments (after --)")->required();
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& error) {
+    // One line, as the training binaries (CLI11_PARSE adds "Run with --help ...").
+    if (error.get_exit_code() == 0) return app.exit(error);
+    say(std::string(error.what()) + " (see --help)");
+    return error.get_exit_code();
+  }
   {
     const auto since_epoch = std::chrono::system_clock::now().time_since_epoch();
     const auto seconds = std::chrono::duration_cast<std::chrono::seconds>(since_epoch);

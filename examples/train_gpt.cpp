@@ -237,7 +237,7 @@ int main(int argc, char** argv) {
   app.add_option("--n-layer", recipe.n_layer, "Blocks (small model)")->capture_default_str()->check(examples::kPositive);
   app.add_option("--n-head", recipe.n_head, "Attention heads (small model)")->capture_default_str()->check(examples::kPositive);
   app.add_option("--n-embd", recipe.n_embd, "Width (small model)")->capture_default_str()->check(examples::kPositive);
-  app.add_option("--dropout", recipe.dropout, "Dropout")->capture_default_str()->check(CLI::Range(0.0, 0.99));
+  app.add_option("--dropout", recipe.dropout, "Dropout")->capture_default_str()->check(examples::in_range(0.0, 0.99));
   app.add_option("--lr", recipe.lr, "Peak learning rate")->capture_default_str()->check(examples::kPositive);
   app.add_option("--weight-decay", recipe.weight_decay, "AdamW weight decay on matrices")
       ->capture_default_str()

@@ -216,7 +216,9 @@ void Module::load_state_dict(const StateDict& state, bool strict) {
       continue;
     }
     seen.insert(name);
-    if (value.shape() != it->second.shape()) {
+    if (!value.defined()) {
+      mismatched.push_back(name + " (checkpoint undefined, model " + shape_str(it->second.shape()) + ")");
+    } else if (value.shape() != it->second.shape()) {
       mismatched.push_back(name + " (checkpoint " + shape_str(value.shape()) + ", model " +
                            shape_str(it->second.shape()) + ")");
     } else if (is_floating(value.dtype()) && !is_floating(it->second.dtype())) {

@@ -144,6 +144,8 @@ void clip_grad_value_(const std::vector<Tensor>& params, double clip_value) {
 }
 
 void clip_gradients(Optimizer& optimizer, double clip_val, const std::string& algorithm) {
+  KILN_CHECK(algorithm == "norm" || algorithm == "value",
+             "clip_gradients: gradient_clip_algorithm must be \"norm\" or \"value\", got '", algorithm, "'");
   if (clip_val == 0) return;
   if (algorithm == "norm") {
     optimizer.clip_grad_norm_(clip_val);

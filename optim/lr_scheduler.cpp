@@ -233,6 +233,22 @@ OneCycleLR::OneCycleLR(Optimizer& optimizer, const OneCycleLROptions& o)
                       v.base_momentum = o.base_momentum;
                       v.max_momentum = o.max_momentum;
                     }
+                    // A phase of no steps (pct_start * total_steps == 1, or pct_start 1) divides 0 by 0:
+                    // torch raises ZeroDivisionError there; the formula would write a NaN lr.
+                    // Only the steps at the phase ends can meet it (and steps past the end hold the last one).
+                    const kernels::ScheduleGroupValues probe{
+                        .base_lr = 1, .max_lr = 2, .min_lr = 0.5, .base_momentum = 0.5, .max_momentum = 0.9};
+                    const double total = static_cast<double>(o.total_steps);
+                    for (double end : {o.pct_start * total - 1, 2 * o.pct_start * total - 2, total - 1}) {
+                      for (double near : {std::floor(end), std::floor(end) + 1, 0.0, total}) {
+                        const auto step = static_cast<int64_t>(std::clamp(near, 0.0, total));
+                        const kernels::ScheduleValue value = kernels::schedule_detail::one_cycle(f, probe, step);
+                        KILN_CHECK(std::isfinite(value.lr), "OneCycleLR: pct_start ", o.pct_start, " of total_steps ",
+                                   o.total_steps, (o.three_phase ? " (three_phase)" : ""),
+                                   " leaves a phase with no steps (the lr at step ", step,
+                                   " would be NaN); choose another pct_start or total_steps");
+                      }
+                    }
                     return p;
                   }(),
                   "OneCycleLR") {}

@@ -90,6 +90,12 @@ Trainer::Trainer(TrainerOptions options)
   for (const auto& [epoch, k] : o.accumulation_schedule) {
     KILN_CHECK(epoch >= 0 && k >= 1, "Trainer: accumulation_schedule: invalid entry {", epoch, ": ", k, "}");
   }
+  for (size_t i = 0; i < o.callbacks.size(); ++i) {
+    KILN_CHECK(o.callbacks[i] != nullptr, "Trainer: callback ", i, " of ", o.callbacks.size(), " is null");
+  }
+  for (size_t i = 0; i < o.loggers.size(); ++i) {
+    KILN_CHECK(o.loggers[i] != nullptr, "Trainer: logger ", i, " of ", o.loggers.size(), " is null");
+  }
   adopt_accumulation_scheduler(options_);
   resolve_trainer_flags(options_);  // after the checks: they judge the flags as given
   // Lightning's order: ModelCheckpoint callbacks last.

@@ -7,6 +7,10 @@
 
 namespace kiln {
 
+namespace {
+constexpr int64_t kMaxTimeSeconds = 1'000'000'000;  // about 31 years
+}  // namespace
+
 std::chrono::seconds parse_max_time(const std::string& text) {
   int64_t parts[4] = {0, 0, 0, 0};
   int count = 0;
@@ -14,7 +18,14 @@ std::chrono::seconds parse_max_time(const std::string& text) {
   for (char c : text + ":") {
     if (c == ':') {
       KILN_CHECK(!current.empty() && count < 4, "max_time: expected \"DD:HH:MM:SS\" or seconds, got '", text, "'");
-      parts[count++] = std::stoll(current);
+      int64_t part = 0;
+      for (char digit : current) {
+        part = part * 10 + (digit - '0');
+        // A part over the limit makes max_time over it (and std::stoll threw std::out_of_range past 2^63).
+        KILN_CHECK(part <= kMaxTimeSeconds, "max_time: '", text, "' is too long (at most ", kMaxTimeSeconds,
+                   " seconds)");
+      }
+      parts[count++] = part;
       current.clear();
     } else {
       KILN_CHECK(std::isdigit(static_cast<unsigned char>(c)), "max_time: expected \"DD:HH:MM:SS\" or seconds, got '",
@@ -22,9 +33,13 @@ std::chrono::seconds parse_max_time(const std::string& text) {
       current += c;
     }
   }
-  if (count == 1) return std::chrono::seconds(parts[0]);
-  KILN_CHECK(count == 4, "max_time: expected \"DD:HH:MM:SS\" or seconds, got '", text, "'");
-  return std::chrono::seconds(((parts[0] * 24 + parts[1]) * 60 + parts[2]) * 60 + parts[3]);
+  KILN_CHECK(count == 1 || count == 4, "max_time: expected \"DD:HH:MM:SS\" or seconds, got '", text, "'");
+  // Parts up to 10^9 keep this far below 2^63; the limit keeps the deadline (start + max_time
+  // in steady_clock nanoseconds) from overflowing.
+  const int64_t seconds = count == 1 ? parts[0] : ((parts[0] * 24 + parts[1]) * 60 + parts[2]) * 60 + parts[3];
+  KILN_CHECK(seconds <= kMaxTimeSeconds, "max_time: '", text, "' is too long (at most ", kMaxTimeSeconds,
+             " seconds)");
+  return std::chrono::seconds(seconds);
 }
 
 void resolve_trainer_flags(TrainerOptions& options) {
