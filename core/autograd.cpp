@@ -68,6 +68,17 @@ Tensor SavedTensor::unpack() const {
 
 namespace {
 
+// A gradient hook may replace the gradient, not change what it describes (torch: "hook 'hook' has changed the size of value").
+const Tensor& checked_hook_result(const Tensor& replaced, const Tensor& gradient) {
+  KILN_CHECK(replaced.shape() == gradient.shape() && replaced.dtype() == gradient.dtype() &&
+                 replaced.device() == gradient.device(),
+             "backward: a gradient hook returned a tensor of shape ", shape_str(replaced.shape()), ", ",
+             dtype_name(replaced.dtype()), " on ", replaced.device(), " for a gradient of shape ",
+             shape_str(gradient.shape()), ", ", dtype_name(gradient.dtype()), " on ", gradient.device(),
+             "; a hook must keep the shape, dtype and device");
+  return replaced;
+}
+
 class FunctionNode final : public Node {
  public:
   FunctionNode(const char* name, BackwardFn backward) : name_(name), backward_(std::move(backward)) {}
@@ -95,7 +106,7 @@ class AccumulateGrad final : public Node {
     Tensor incoming = grads[0];
     for (auto& hook : m.hooks) {
       Tensor replaced = hook(incoming);
-      if (replaced.defined()) incoming = replaced;
+      if (replaced.defined()) incoming = checked_hook_result(replaced, incoming);
     }
     if (!m.grad.defined()) {
       // Keep the incoming buffer when nothing else refers to it; otherwise copy,
@@ -279,7 +290,7 @@ void execute(const std::vector<Edge>& roots, const TensorList& grad_roots, bool 
       }
       for (auto& hook : node->pre_hooks[i]) {
         Tensor replaced = hook(grads[i]);
-        if (replaced.defined()) grads[i] = replaced;
+        if (replaced.defined()) grads[i] = checked_hook_result(replaced, grads[i]);
       }
     }
     const bool is_leaf_accumulator = dynamic_cast<AccumulateGrad*>(node) != nullptr;
@@ -320,6 +331,19 @@ void execute(const std::vector<Edge>& roots, const TensorList& grad_roots, bool 
   }
 }
 
+// The gradient `gradient` given for `root` (output i of `what`): the same shape
+// and device, cast to the root's dtype as torch does (validate_outputs).
+Tensor checked_root_gradient(const Tensor& root, const Tensor& gradient, size_t i, const char* what) {
+  KILN_CHECK(gradient.defined(), what, ": the gradient for output ", i, " is undefined");
+  KILN_CHECK(gradient.shape() == root.shape(), what, ": the gradient for output ", i, " has shape ",
+             shape_str(gradient.shape()), " but the output has shape ", shape_str(root.shape()));
+  KILN_CHECK(gradient.device() == root.device(), what, ": the gradient for output ", i, " is on ", gradient.device(),
+             " but the output is on ", root.device());
+  if (gradient.dtype() == root.dtype()) return gradient;
+  NoGradGuard no_grad;
+  return gradient.to(root.dtype());
+}
+
 Edge edge_of(const Tensor& tensor, const char* what) {
   KILN_CHECK(tensor.defined(), what, ": undefined tensor");
   Edge edge;
@@ -334,18 +358,24 @@ void run_backward(const TensorList& roots, const TensorList& grad_roots, bool re
   KILN_CHECK(roots.size() == grad_roots.size(), "backward: ", roots.size(), " tensors but ", grad_roots.size(),
              " gradients");
   std::vector<Edge> edges;
-  for (const Tensor& root : roots) edges.push_back(edge_of(root, "backward"));
-  execute(edges, grad_roots, retain_graph, nullptr);
+  TensorList seeds;
+  for (size_t i = 0; i < roots.size(); ++i) {
+    edges.push_back(edge_of(roots[i], "backward"));
+    seeds.push_back(checked_root_gradient(roots[i], grad_roots[i], i, "backward"));
+  }
+  execute(edges, seeds, retain_graph, nullptr);
 }
 
 TensorList grad(const TensorList& outputs, const TensorList& inputs, const TensorList& grad_outputs,
                 bool retain_graph, bool allow_unused) {
+  KILN_CHECK(grad_outputs.empty() || grad_outputs.size() == outputs.size(), "grad: ", grad_outputs.size(),
+             " grad_outputs for ", outputs.size(), " outputs (expected one per output, or none)");
   std::vector<Edge> edges;
   TensorList seeds;
   for (size_t i = 0; i < outputs.size(); ++i) {
     edges.push_back(edge_of(outputs[i], "grad"));
     if (i < grad_outputs.size() && grad_outputs[i].defined()) {
-      seeds.push_back(grad_outputs[i]);
+      seeds.push_back(checked_root_gradient(outputs[i], grad_outputs[i], i, "grad"));
     } else {
       KILN_CHECK(outputs[i].numel() == 1, "grad: a grad_output is needed for output ", i, " of shape ",
                  shape_str(outputs[i].shape()));

@@ -212,8 +212,9 @@ Tensor Tensor::grad() const {
 
 void Tensor::set_grad(const Tensor& grad) const {
   if (grad.defined()) {
-    KILN_CHECK(grad.shape() == shape() && grad.device() == device(), "set_grad: gradient of shape ",
-               shape_str(grad.shape()), " on ", grad.device(), " for a tensor of shape ", shape_str(shape()), " on ",
+    KILN_CHECK(grad.shape() == shape() && grad.device() == device() && grad.dtype() == dtype(),
+               "set_grad: gradient of shape ", shape_str(grad.shape()), ", ", dtype_name(grad.dtype()), " on ",
+               grad.device(), " for a tensor of shape ", shape_str(shape()), ", ", dtype_name(dtype()), " on ",
                device());
   }
   autograd::meta(*this).grad = grad;

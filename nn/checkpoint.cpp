@@ -25,6 +25,7 @@ class RecomputeScope {
 bool is_recomputing() { return recomputing; }
 
 Tensor checkpoint(const CheckpointFunction& fn, const std::vector<Tensor>& inputs) {
+  KILN_CHECK(fn != nullptr, "checkpoint: the function is empty");
   KILN_CHECK(!inputs.empty() && inputs[0].defined(), "checkpoint: needs at least one defined input");
   if (!grad_mode_enabled()) return fn(inputs);
   const Device device = inputs[0].device();
@@ -37,8 +38,12 @@ Tensor checkpoint(const CheckpointFunction& fn, const std::vector<Tensor>& input
     NoGradGuard no_grad;
     output = fn(inputs);
   }
+  KILN_CHECK(output.defined(), "checkpoint: the function returned an undefined tensor");
   KILN_CHECK(is_floating(output.dtype()), "checkpoint: the function must return a floating tensor, got ",
              dtype_name(output.dtype()));
+  // A fresh handle: fn may return one of its inputs or a tensor it captured,
+  // which must not become the output of the node recorded below.
+  output = output.detach();
   // Record one node over the inputs. Parameters used inside fn are not its
   // inputs: the reentrant backward below accumulates their gradients directly.
   std::vector<Tensor> detached_inputs;
@@ -88,6 +93,7 @@ Tensor checkpoint(const CheckpointFunction& fn, const std::vector<Tensor>& input
 }
 
 Tensor checkpoint(const ModulePtr& module, const Tensor& input) {
+  KILN_CHECK(module != nullptr, "checkpoint: the module is null");
   return checkpoint([module](const std::vector<Tensor>& inputs) { return module->forward(inputs[0]); }, {input});
 }
 

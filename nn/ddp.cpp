@@ -304,6 +304,9 @@ void DistributedDataParallel::setup(ModulePtr module, DDPOptions options) {
     r.params.push_back(p);
     r.names.push_back(name);
   }
+  // As torch: nothing to synchronize (every rank agrees: their parameters were verified above).
+  KILN_CHECK(!r.params.empty(), "DistributedDataParallel: the module has no parameter that requires grad (",
+             all_params.size(), " parameters, none trainable); DDP is not needed for it");
   for (const auto& [name, b] : module_->named_buffers()) state.push_back(b);
   broadcast_coalesced(*group_, state, 0);
 

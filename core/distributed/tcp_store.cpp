@@ -1,6 +1,6 @@
 // TCPStore: a small request/reply protocol over one TCP connection per client.
 //   request: u8 op | u32 key count | keys (u32 length + bytes) | op-specific tail
-//   reply:   u8 status (0 ok, 1 timed out) | op-specific tail
+//   reply:   u8 status (0 ok, 1 timed out, 2 not an integer) | op-specific tail
 // The server runs one thread per connection: a blocking GET or WAIT sleeps on
 // a condition variable until the key appears or the client's deadline passes.
 #include "core/distributed/tcp_store.h"
@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <charconv>
 #include <condition_variable>
 #include <cstring>
 #include <map>
@@ -31,7 +32,7 @@ using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
 enum Op : uint8_t { kSet = 1, kGet = 2, kAdd = 3, kCheck = 4, kWait = 5 };
-enum Status : uint8_t { kOk = 0, kTimedOut = 1 };
+enum Status : uint8_t { kOk = 0, kTimedOut = 1, kNotInteger = 2 };
 
 void put_bytes(std::vector<char>& out, const void* data, size_t n) {
   if (n == 0) return;
@@ -211,17 +212,23 @@ struct TCPStore::Server {
         int64_t delta = 0;
         if (!read_value(fd, &delta)) return;
         int64_t result = 0;
+        bool integer = true;  // a value set() as text that is no integer (or a sum that overflows) is refused
         {
           std::lock_guard<std::mutex> lock(mutex);
           auto& slot = data[keys.at(0)];
-          if (!slot.empty()) result = std::stoll(std::string(slot.begin(), slot.end()));
-          result += delta;
-          const std::string text = std::to_string(result);
-          slot.assign(text.begin(), text.end());
+          if (!slot.empty()) {
+            const auto [end, error] = std::from_chars(slot.data(), slot.data() + slot.size(), result);
+            integer = error == std::errc() && end == slot.data() + slot.size();
+          }
+          integer = integer && !__builtin_add_overflow(result, delta, &result);
+          if (integer) {
+            const std::string text = std::to_string(result);
+            slot.assign(text.begin(), text.end());
+          }
         }
-        changed.notify_all();
-        put(reply, kOk);
-        put(reply, result);
+        if (integer) changed.notify_all();
+        put(reply, integer ? kOk : kNotInteger);
+        put(reply, integer ? result : int64_t{0});
       } else if (op == kCheck) {
         std::lock_guard<std::mutex> lock(mutex);
         put(reply, kOk);
@@ -315,6 +322,7 @@ TCPStore::TCPStore(std::string host, int port, bool is_server, milliseconds time
     : host_(std::move(host)), port_(port), timeout_(timeout) {
   KILN_CHECK(port >= 0 && port < 65536, "TCPStore: port ", port, " is out of range [0, 65535]");
   KILN_CHECK(is_server || port > 0, "TCPStore: a client needs the server's port (got 0)");
+  KILN_CHECK(timeout.count() > 0, "TCPStore: the timeout must be positive, got ", timeout.count(), " ms");
   if (is_server) {
     server_ = std::make_unique<Server>(port);
     port_ = server_->bound_port();
@@ -382,6 +390,8 @@ int64_t TCPStore::add(const std::string& key, int64_t delta) {
   put(message, delta);
   uint8_t status = 0;
   const auto tail = request(message, "add", key, milliseconds(0), sizeof(int64_t), &status);
+  KILN_CHECK(status == kOk, "TCPStore::add: key '", key, "' at ", host_, ":", port_,
+             " holds a value that is not an integer, or adding ", delta, " to it overflows 64 bits");
   int64_t result = 0;
   std::memcpy(&result, tail.data(), sizeof(result));
   return result;
