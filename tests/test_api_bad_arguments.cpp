@@ -12,7 +12,6 @@
 // case before the process goes down.
 #include <doctest/doctest.h>
 
-#include <cxxabi.h>
 #include <unistd.h>
 
 #include <nlohmann/json.hpp>
@@ -29,7 +28,6 @@
 #include <map>
 #include <memory>
 #include <string>
-#include <typeinfo>
 #include <vector>
 
 #include "core/autograd.h"
@@ -53,6 +51,7 @@
 #include "optim/lr_scheduler.h"
 #include "optim/optimizer.h"
 #include "optim/swa.h"
+#include "tests/support/misuse_sweep.h"
 #include "tests/support/run_binary.h"
 #include "tests/support/trainer_fixtures.h"
 #include "trainer/accumulation_scheduler.h"
@@ -69,177 +68,10 @@ namespace {
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
-// ---------------------------------------------------------------- reporting a crash or a hang
-
-char g_crash_line[1024] = {};  // written by set_case, read by the signal handlers (no allocation there)
-std::string g_where;           // the case running now (INFO'd by every test case)
-
-void write_crash_line() {
-  size_t length = 0;
-  while (g_crash_line[length] != 0) ++length;
-  [[maybe_unused]] ssize_t written = write(STDERR_FILENO, g_crash_line, length);
-}
-
-constexpr int kFatalSignals[] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT};
-struct sigaction g_previous[std::size(kFatalSignals)];
-
-void on_fatal_signal(int signal) {
-  write_crash_line();
-  for (size_t i = 0; i < std::size(kFatalSignals); ++i) {
-    if (kFatalSignals[i] == signal) sigaction(signal, &g_previous[i], nullptr);
-  }
-  raise(signal);
-}
-
-void on_alarm(int) {
-  constexpr char kHang[] = "test_api_bad_arguments: hang (> 60 s): ";
-  [[maybe_unused]] ssize_t written = write(STDERR_FILENO, kHang, sizeof kHang - 1);
-  write_crash_line();
-  std::abort();
-}
-
-// Installs the handlers for one test case; the alarm is re-armed by each case.
-class CrashReporter {
- public:
-  CrashReporter() {
-    for (size_t i = 0; i < std::size(kFatalSignals); ++i) {
-      struct sigaction action {};
-      action.sa_handler = on_fatal_signal;
-      sigemptyset(&action.sa_mask);
-      sigaction(kFatalSignals[i], &action, &g_previous[i]);
-    }
-    struct sigaction alarm_action {};
-    alarm_action.sa_handler = on_alarm;
-    sigemptyset(&alarm_action.sa_mask);
-    sigaction(SIGALRM, &alarm_action, &previous_alarm_);
-  }
-  ~CrashReporter() {
-    alarm(0);
-    for (size_t i = 0; i < std::size(kFatalSignals); ++i) sigaction(kFatalSignals[i], &g_previous[i], nullptr);
-    sigaction(SIGALRM, &previous_alarm_, nullptr);
-  }
-  CrashReporter(const CrashReporter&) = delete;
-  CrashReporter& operator=(const CrashReporter&) = delete;
-
- private:
-  struct sigaction previous_alarm_ {};
-};
-
-void set_case(const std::string& text) {
-  g_where = text;
-  std::snprintf(g_crash_line, sizeof g_crash_line, "test_api_bad_arguments: crashed in %s\n", text.c_str());
-  alarm(60);
-}
-
-std::string demangled(const char* name) {
-  int status = 0;
-  std::unique_ptr<char, void (*)(void*)> result(abi::__cxa_demangle(name, nullptr, nullptr, &status), std::free);
-  return status == 0 && result ? std::string(result.get()) : std::string(name);
-}
-
-// ---------------------------------------------------------------- the sweep
-
-// Runs cases and collects failures; finish() reports them all.
-class Sweep {
- public:
-  // `fn` must throw kiln::Error whose message holds every word of `words`.
-  template <typename Fn>
-  void refuses(const std::string& what, std::vector<std::string> words, Fn&& fn) {
-    set_case(what);
-    ++cases_;
-    try {
-      fn();
-      fail(what, "was accepted (expected a kiln::Error naming " + join(words) + ")");
-    } catch (const Error& error) {
-      if (error.message().rfind("internal error", 0) == 0) {
-        fail(what, "hit an internal check: " + error.message());
-        return;
-      }
-      for (const std::string& word : words) {
-        if (error.message().find(word) == std::string::npos) {
-          fail(what, "threw kiln::Error without '" + word + "': " + error.message());
-          return;
-        }
-      }
-    } catch (const std::exception& error) {
-      fail(what, "threw " + demangled(typeid(error).name()) + ": " + error.what());
-    } catch (...) {
-      fail(what, "threw an exception of unknown type");
-    }
-  }
-
-  // `fn` must return normally; when it returns a string, a non-empty one is a
-  // wrong answer.
-  template <typename Fn>
-  void works(const std::string& what, Fn&& fn) {
-    set_case(what);
-    ++cases_;
-    try {
-      if constexpr (std::is_same_v<decltype(fn()), std::string>) {
-        const std::string problem = fn();
-        if (!problem.empty()) fail(what, problem);
-      } else {
-        fn();
-      }
-    } catch (const Error& error) {
-      fail(what, "threw kiln::Error: " + error.message());
-    } catch (const std::exception& error) {
-      fail(what, "threw " + demangled(typeid(error).name()) + ": " + error.what());
-    } catch (...) {
-      fail(what, "threw an exception of unknown type");
-    }
-  }
-
-  // Either outcome is fine, as long as it is one of the two.
-  template <typename Fn>
-  void works_or_refuses(const std::string& what, std::vector<std::string> words, Fn&& fn) {
-    set_case(what);
-    ++cases_;
-    try {
-      if constexpr (std::is_same_v<decltype(fn()), std::string>) {
-        const std::string problem = fn();
-        if (!problem.empty()) fail(what, problem);
-      } else {
-        fn();
-      }
-    } catch (const Error& error) {
-      for (const std::string& word : words) {
-        if (error.message().find(word) == std::string::npos) {
-          fail(what, "threw kiln::Error without '" + word + "': " + error.message());
-          return;
-        }
-      }
-    } catch (const std::exception& error) {
-      fail(what, "threw " + demangled(typeid(error).name()) + ": " + error.what());
-    }
-  }
-
-  void finish() {
-    alarm(0);
-    g_where = "(between cases)";
-    std::string report;
-    for (const std::string& failure : failures_) report += "\n  " + failure;
-    INFO(cases_ << " cases, " << failures_.size() << " failures:" << report);
-    CHECK(failures_.empty());
-    total_cases() += cases_;
-  }
-
-  static int& total_cases() {
-    static int total = 0;
-    return total;
-  }
-
- private:
-  static std::string join(const std::vector<std::string>& words) {
-    std::string text;
-    for (const std::string& word : words) text += (text.empty() ? "'" : ", '") + word + "'";
-    return text;
-  }
-  void fail(const std::string& what, const std::string& problem) { failures_.push_back(what + ": " + problem); }
-
-  std::vector<std::string> failures_;
-  int cases_ = 0;
-};
+using sweep::CrashReporter;
+using sweep::g_where;
+using sweep::set_case;
+using sweep::Sweep;
 
 std::vector<double> values_of(const nn::Module& module) {
   std::vector<double> out;
@@ -267,7 +99,7 @@ std::vector<Tensor> params_with_grads() {
 // ================================================================ nn
 
 TEST_CASE("bad arguments: nn layer constructors refuse bad sizes with the layer's name") {
-  CrashReporter reporter;
+  CrashReporter reporter("test_api_bad_arguments", 60);
   INFO(g_where);
   Sweep s;
   manual_seed(1);
@@ -368,7 +200,7 @@ TEST_CASE("bad arguments: nn layer constructors refuse bad sizes with the layer'
 }
 
 TEST_CASE("bad arguments: nn forward refuses inputs of the wrong rank, size, dtype") {
-  CrashReporter reporter;
+  CrashReporter reporter("test_api_bad_arguments", 60);
   INFO(g_where);
   Sweep s;
   manual_seed(2);
@@ -475,7 +307,7 @@ TEST_CASE("bad arguments: nn forward refuses inputs of the wrong rank, size, dty
 }
 
 TEST_CASE("bad arguments: nn init functions and load_state_dict") {
-  CrashReporter reporter;
+  CrashReporter reporter("test_api_bad_arguments", 60);
   INFO(g_where);
   Sweep s;
   manual_seed(3);
@@ -591,7 +423,7 @@ TEST_CASE("bad arguments: nn init functions and load_state_dict") {
 // ================================================================ optim
 
 TEST_CASE("bad arguments: optimizers refuse bad hyperparameters and parameters") {
-  CrashReporter reporter;
+  CrashReporter reporter("test_api_bad_arguments", 60);
   INFO(g_where);
   Sweep s;
   manual_seed(4);
@@ -707,7 +539,7 @@ TEST_CASE("bad arguments: optimizers refuse bad hyperparameters and parameters")
 }
 
 TEST_CASE("bad arguments: optimizer load_state_dict refuses mismatches and loads nothing") {
-  CrashReporter reporter;
+  CrashReporter reporter("test_api_bad_arguments", 60);
   INFO(g_where);
   Sweep s;
   manual_seed(5);
@@ -800,7 +632,7 @@ TEST_CASE("bad arguments: optimizer load_state_dict refuses mismatches and loads
 }
 
 TEST_CASE("bad arguments: lr schedulers, GradScaler, clipping, averaging") {
-  CrashReporter reporter;
+  CrashReporter reporter("test_api_bad_arguments", 60);
   INFO(g_where);
   Sweep s;
   manual_seed(6);
@@ -1031,7 +863,7 @@ std::vector<uint8_t> idx_bytes(uint8_t type, const std::vector<uint32_t>& dims, 
 }  // namespace
 
 TEST_CASE("bad arguments: data loader, samplers, transforms, IDX files, image output") {
-  CrashReporter reporter;
+  CrashReporter reporter("test_api_bad_arguments", 60);
   INFO(g_where);
   Sweep s;
   manual_seed(7);
@@ -1249,7 +1081,7 @@ TEST_CASE("bad arguments: data loader, samplers, transforms, IDX files, image ou
 // ================================================================ trainer
 
 TEST_CASE("bad arguments: Trainer options and callbacks") {
-  CrashReporter reporter;
+  CrashReporter reporter("test_api_bad_arguments", 60);
   INFO(g_where);
   Sweep s;
   manual_seed(8);
@@ -1345,7 +1177,7 @@ TEST_CASE("bad arguments: Trainer options and callbacks") {
 }
 
 TEST_CASE("bad arguments: Trainer.fit with bad monitors, checkpoint folders and paths") {
-  CrashReporter reporter;
+  CrashReporter reporter("test_api_bad_arguments", 60);
   INFO(g_where);
   Sweep s;
   manual_seed(9);
@@ -1428,7 +1260,7 @@ TEST_CASE("bad arguments: Trainer.fit with bad monitors, checkpoint folders and 
 // ================================================================ the example binaries
 
 TEST_CASE("bad arguments: example binaries refuse bad flags in one line, naming the flag, writing nothing") {
-  CrashReporter reporter;
+  CrashReporter reporter("test_api_bad_arguments", 60);
   INFO(g_where);
   Sweep s;
   const fs::path root = fresh_folder("api_bad_arguments", "cli");

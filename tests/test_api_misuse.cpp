@@ -14,7 +14,6 @@
 // connecting, with timeouts of at most a second or two.
 #include <doctest/doctest.h>
 
-#include <cxxabi.h>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -31,7 +30,6 @@
 #include <optional>
 #include <sstream>
 #include <string>
-#include <typeinfo>
 #include <vector>
 
 #include "core/autocast.h"
@@ -47,183 +45,16 @@
 #include "nn/layers.h"
 #include "optim/optimizer.h"
 #include "optim/zero.h"
+#include "tests/support/misuse_sweep.h"
 
 namespace fs = std::filesystem;
 
 namespace kiln::testing {
 namespace {
 
-// ---------------------------------------------------------------- reporting a crash or a hang
-
-char g_crash_line[1024] = {};  // written by set_case, read by the signal handlers (no allocation there)
-std::string g_where;           // the case running now (INFO'd by every test case)
-
-void write_crash_line() {
-  size_t length = 0;
-  while (g_crash_line[length] != 0) ++length;
-  [[maybe_unused]] ssize_t written = write(STDERR_FILENO, g_crash_line, length);
-}
-
-constexpr int kFatalSignals[] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT};
-struct sigaction g_previous[std::size(kFatalSignals)];
-
-void on_fatal_signal(int signal) {
-  write_crash_line();
-  for (size_t i = 0; i < std::size(kFatalSignals); ++i) {
-    if (kFatalSignals[i] == signal) sigaction(signal, &g_previous[i], nullptr);
-  }
-  raise(signal);
-}
-
-void on_alarm(int) {
-  constexpr char kHang[] = "test_api_misuse: hang (> 20 s): ";
-  [[maybe_unused]] ssize_t written = write(STDERR_FILENO, kHang, sizeof kHang - 1);
-  write_crash_line();
-  std::abort();
-}
-
-// Installs the handlers for one test case; the alarm is re-armed by each case.
-class CrashReporter {
- public:
-  CrashReporter() {
-    for (size_t i = 0; i < std::size(kFatalSignals); ++i) {
-      struct sigaction action {};
-      action.sa_handler = on_fatal_signal;
-      sigemptyset(&action.sa_mask);
-      sigaction(kFatalSignals[i], &action, &g_previous[i]);
-    }
-    struct sigaction alarm_action {};
-    alarm_action.sa_handler = on_alarm;
-    sigemptyset(&alarm_action.sa_mask);
-    sigaction(SIGALRM, &alarm_action, &previous_alarm_);
-  }
-  ~CrashReporter() {
-    alarm(0);
-    for (size_t i = 0; i < std::size(kFatalSignals); ++i) sigaction(kFatalSignals[i], &g_previous[i], nullptr);
-    sigaction(SIGALRM, &previous_alarm_, nullptr);
-  }
-  CrashReporter(const CrashReporter&) = delete;
-  CrashReporter& operator=(const CrashReporter&) = delete;
-
- private:
-  struct sigaction previous_alarm_ {};
-};
-
-void set_case(const std::string& text) {
-  g_where = text;
-  std::snprintf(g_crash_line, sizeof g_crash_line, "test_api_misuse: crashed in %s\n", text.c_str());
-  alarm(20);
-}
-
-std::string demangled(const char* name) {
-  int status = 0;
-  std::unique_ptr<char, void (*)(void*)> result(abi::__cxa_demangle(name, nullptr, nullptr, &status), std::free);
-  return status == 0 && result ? std::string(result.get()) : std::string(name);
-}
-
-// ---------------------------------------------------------------- the sweep
-
-// Runs cases and collects failures; finish() reports them all.
-class Sweep {
- public:
-  // `fn` must throw kiln::Error whose message holds every word of `words`.
-  template <typename Fn>
-  void refuses(const std::string& what, std::vector<std::string> words, Fn&& fn) {
-    set_case(what);
-    ++cases_;
-    try {
-      fn();
-      fail(what, "was accepted (expected a kiln::Error naming " + join(words) + ")");
-    } catch (const Error& error) {
-      check_words(what, words, error);
-    } catch (const std::exception& error) {
-      fail(what, "threw " + demangled(typeid(error).name()) + ": " + error.what());
-    } catch (...) {
-      fail(what, "threw an exception of unknown type");
-    }
-  }
-
-  // `fn` must return normally; when it returns a string, a non-empty one is a
-  // wrong answer.
-  template <typename Fn>
-  void works(const std::string& what, Fn&& fn) {
-    set_case(what);
-    ++cases_;
-    try {
-      run(what, fn);
-    } catch (const Error& error) {
-      fail(what, "threw kiln::Error: " + error.message());
-    } catch (const std::exception& error) {
-      fail(what, "threw " + demangled(typeid(error).name()) + ": " + error.what());
-    } catch (...) {
-      fail(what, "threw an exception of unknown type");
-    }
-  }
-
-  // Either outcome is fine (where torch and kiln may differ in strictness), as
-  // long as it is one of the two: a right answer or a kiln::Error naming `words`.
-  template <typename Fn>
-  void works_or_refuses(const std::string& what, std::vector<std::string> words, Fn&& fn) {
-    set_case(what);
-    ++cases_;
-    try {
-      run(what, fn);
-    } catch (const Error& error) {
-      check_words(what, words, error);
-    } catch (const std::exception& error) {
-      fail(what, "threw " + demangled(typeid(error).name()) + ": " + error.what());
-    } catch (...) {
-      fail(what, "threw an exception of unknown type");
-    }
-  }
-
-  void finish() {
-    alarm(0);
-    g_where = "(between cases)";
-    std::string report;
-    for (const std::string& failure : failures_) report += "\n  " + failure;
-    INFO(cases_ << " cases, " << failures_.size() << " failures:" << report);
-    CHECK(failures_.empty());
-    total_cases() += cases_;
-  }
-
-  static int& total_cases() {
-    static int total = 0;
-    return total;
-  }
-
- private:
-  template <typename Fn>
-  void run(const std::string& what, Fn& fn) {
-    if constexpr (std::is_same_v<decltype(fn()), std::string>) {
-      const std::string problem = fn();
-      if (!problem.empty()) fail(what, problem);
-    } else {
-      fn();
-    }
-  }
-  void check_words(const std::string& what, const std::vector<std::string>& words, const Error& error) {
-    if (error.message().rfind("internal error", 0) == 0) {
-      fail(what, "hit an internal check: " + error.message());
-      return;
-    }
-    for (const std::string& word : words) {
-      if (error.message().find(word) == std::string::npos) {
-        fail(what, "threw kiln::Error without '" + word + "': " + error.message());
-        return;
-      }
-    }
-  }
-  static std::string join(const std::vector<std::string>& words) {
-    std::string text;
-    for (const std::string& word : words) text += (text.empty() ? "'" : ", '") + word + "'";
-    return text;
-  }
-  void fail(const std::string& what, const std::string& problem) { failures_.push_back(what + ": " + problem); }
-
-  std::vector<std::string> failures_;
-  int cases_ = 0;
-};
+using sweep::CrashReporter;
+using sweep::g_where;
+using sweep::Sweep;
 
 Tensor leaf(const Shape& shape) {
   Tensor t = randn(shape);
@@ -297,7 +128,7 @@ distributed::ProcessGroupOptions short_timeout() {
 // ================================================================ autograd
 
 TEST_CASE("misuse: backward and grad refuse wrong gradients, unused inputs and a freed graph") {
-  CrashReporter reporter;
+  CrashReporter reporter("test_api_misuse", 20);
   INFO(g_where);
   Sweep s;
   manual_seed(3);
@@ -466,7 +297,7 @@ TEST_CASE("misuse: backward and grad refuse wrong gradients, unused inputs and a
 }
 
 TEST_CASE("misuse: requires_grad_, set_grad, hooks, retain_grad, detach") {
-  CrashReporter reporter;
+  CrashReporter reporter("test_api_misuse", 20);
   INFO(g_where);
   Sweep s;
   manual_seed(4);
@@ -591,7 +422,7 @@ TEST_CASE("misuse: requires_grad_, set_grad, hooks, retain_grad, detach") {
 }
 
 TEST_CASE("misuse: in-place writes to leaves and to tensors saved for backward") {
-  CrashReporter reporter;
+  CrashReporter reporter("test_api_misuse", 20);
   INFO(g_where);
   Sweep s;
   manual_seed(5);
@@ -703,7 +534,7 @@ TEST_CASE("misuse: in-place writes to leaves and to tensors saved for backward")
 }
 
 TEST_CASE("misuse: activation checkpointing with bad functions and inputs") {
-  CrashReporter reporter;
+  CrashReporter reporter("test_api_misuse", 20);
   INFO(g_where);
   Sweep s;
   manual_seed(6);
@@ -790,7 +621,7 @@ TEST_CASE("misuse: activation checkpointing with bad functions and inputs") {
 // ================================================================ autocast
 
 TEST_CASE("misuse: autocast guards with other dtypes and device types") {
-  CrashReporter reporter;
+  CrashReporter reporter("test_api_misuse", 20);
   INFO(g_where);
   Sweep s;
   manual_seed(7);
@@ -870,7 +701,7 @@ TEST_CASE("misuse: autocast guards with other dtypes and device types") {
 // ================================================================ tensor creation and conversion
 
 TEST_CASE("misuse: tensor creation, conversion, views and devices") {
-  CrashReporter reporter;
+  CrashReporter reporter("test_api_misuse", 20);
   INFO(g_where);
   Sweep s;
   manual_seed(8);
@@ -982,7 +813,7 @@ TEST_CASE("misuse: tensor creation, conversion, views and devices") {
 // ================================================================ safetensors
 
 TEST_CASE("misuse: safetensors save to bad places and load of bad files") {
-  CrashReporter reporter;
+  CrashReporter reporter("test_api_misuse", 20);
   INFO(g_where);
   Sweep s;
   manual_seed(9);
@@ -1121,7 +952,7 @@ TEST_CASE("misuse: safetensors save to bad places and load of bad files") {
 // ================================================================ distributed without peers
 
 TEST_CASE("misuse: distributed with world size 1 or failing before any connection") {
-  CrashReporter reporter;
+  CrashReporter reporter("test_api_misuse", 20);
   INFO(g_where);
   Sweep s;
   manual_seed(10);
