@@ -139,10 +139,13 @@ void record(const char* name, const TensorList& inputs, const TensorList& output
 // functions receive this through needs_input_grad() of the recording helper.
 std::shared_ptr<Node> gradient_edge_node(const Tensor& tensor, uint32_t* input_nr);
 
-// Runs backward from `roots` with `grad_roots` (defined, same shapes).
+// Runs backward from `roots` with `grad_roots` (defined, the roots' shapes and
+// devices; another dtype is cast to the root's, as torch does).
 void run_backward(const TensorList& roots, const TensorList& grad_roots, bool retain_graph);
 
 // Gradients of `outputs` w.r.t. `inputs` without touching .grad (torch.autograd.grad).
+// `grad_outputs`: none, or one per output (undefined for a one-element output),
+// checked as run_backward's `grad_roots`.
 TensorList grad(const TensorList& outputs, const TensorList& inputs, const TensorList& grad_outputs = {},
                 bool retain_graph = false, bool allow_unused = false);
 

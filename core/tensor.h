@@ -119,15 +119,19 @@ class Tensor {
   bool is_leaf() const;
   // The accumulated gradient; undefined until first written.
   Tensor grad() const;
+  // kiln::Error unless `grad` is undefined or has this tensor's shape, dtype and device.
   void set_grad(const Tensor& grad) const;
   void zero_grad_(bool set_to_none = true) const;
   std::shared_ptr<autograd::Node> grad_fn() const;
-  // Runs backward from this tensor. `gradient` may be omitted for one element.
+  // Runs backward from this tensor. `gradient` may be omitted for one element;
+  // it must have this tensor's shape and device (another dtype is cast to this
+  // tensor's, as torch does).
   void backward(const Tensor& gradient = Tensor(), bool retain_graph = false) const;
   // A view that shares storage but is cut from the graph.
   Tensor detach() const;
   // A hook on the gradient flowing into this tensor; it may return a
-  // replacement (or an undefined tensor to keep the gradient as it is).
+  // replacement of the same shape, dtype and device (kiln::Error otherwise), or
+  // an undefined tensor to keep the gradient as it is.
   void register_hook(std::function<Tensor(const Tensor&)> hook) const;
   // A hook that runs after a leaf's .grad has been accumulated (DDP uses it).
   void register_post_accumulate_grad_hook(std::function<void(const Tensor&)> hook) const;

@@ -25,8 +25,8 @@ namespace kiln::distributed {
 
 class TCPStore {
  public:
-  // Throws kiln::Error when the server cannot listen (port taken) or a client
-  // cannot connect within `timeout`.
+  // Throws kiln::Error when the server cannot listen (port taken), a client
+  // cannot connect within `timeout`, or `timeout` is not positive.
   TCPStore(std::string host, int port, bool is_server,
            std::chrono::milliseconds timeout = std::chrono::seconds(30));
   ~TCPStore();
@@ -38,7 +38,8 @@ class TCPStore {
   // Waits until `key` exists (up to the store's timeout), then returns its value.
   std::vector<char> get(const std::string& key);
   std::string get_string(const std::string& key);
-  // Adds `delta` to the integer under `key` (absent: 0) and returns the new value.
+  // Adds `delta` to the integer under `key` (absent: 0) and returns the new value;
+  // kiln::Error when the key holds something else or the sum overflows 64 bits.
   int64_t add(const std::string& key, int64_t delta);
   // Whether every key exists now (no waiting).
   bool check(const std::vector<std::string>& keys);
