@@ -11,32 +11,25 @@
 //     signs), negative sizes, kernels larger than the input, stride 0, groups
 //     not dividing the channels, targets out of range, mismatched batches,
 //     masks of the wrong shape. These must throw kiln::Error naming the op.
-// A watchdog aborts (and so reports the case) if one call runs for a minute; a
-// crash handler names the case that crashed. KILN_BAD_INPUTS_TRACE=1 prints
-// each case before it runs and each failure as it happens.
+// A CrashReporter (tests/support/misuse_sweep.h) aborts, naming the case, if
+// one call runs for a minute, and names the case that crashed.
+// KILN_BAD_INPUTS_TRACE=1 prints each case before it runs and each failure as
+// it happens.
 #include <doctest/doctest.h>
 
-#include <cxxabi.h>
-#include <unistd.h>
-
-#include <atomic>
-#include <chrono>
-#include <condition_variable>
-#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
 #include <limits>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <sstream>
-#include <thread>
 #include <typeinfo>
 
 #include "core/nn_ops.h"
 #include "core/ops.h"
+#include "tests/support/misuse_sweep.h"
 #include "tests/support/op_info.h"
 #include "tests/support/test_util.h"
 
@@ -56,100 +49,15 @@ std::vector<OpInfo> all_rows() {
   return rows;
 }
 
-std::string demangled(const char* name) {
-  int status = 0;
-  std::unique_ptr<char, void (*)(void*)> result(abi::__cxa_demangle(name, nullptr, nullptr, &status), std::free);
-  return status == 0 && result ? std::string(result.get()) : std::string(name);
-}
-
-// The case running now: reported by the watchdog and, through INFO, by doctest
-// when a call crashes.
-struct CurrentCase {
-  std::mutex mutex;
-  std::string text;
-  std::atomic<int64_t> started_ms{0};
-  char crash_line[1024] = {};  // what a crash handler writes (no allocation there)
-};
-CurrentCase& current_case() {
-  static CurrentCase current;
-  return current;
-}
-
-int64_t now_ms() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
+using sweep::demangled;
 
 const bool kTrace = std::getenv("KILN_BAD_INPUTS_TRACE") != nullptr;  // see the top of the file
 
+// The case running now, for the crash and hang reports (misuse_sweep.h's CrashReporter).
 void set_current_case(const std::string& text) {
-  CurrentCase& current = current_case();
-  std::lock_guard<std::mutex> lock(current.mutex);
-  current.text = text;
-  current.started_ms = now_ms();
-  std::snprintf(current.crash_line, sizeof current.crash_line, "test_op_bad_inputs: crashed in %s\n", text.c_str());
-  if (kTrace) std::fprintf(stderr, "%lld ms %s\n", static_cast<long long>(current.started_ms.load()), text.c_str());
+  sweep::set_case(text);
+  if (kTrace) std::fprintf(stderr, "%s\n", text.c_str());
 }
-
-// Writes the running case on a fatal signal, then hands the signal on to the
-// handler it replaced (doctest's, which reports the crash).
-constexpr int kFatalSignals[] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT};
-struct sigaction previous_actions[std::size(kFatalSignals)];
-
-void on_fatal_signal(int signal) {
-  const char* line = current_case().crash_line;
-  size_t length = 0;
-  while (line[length] != 0) ++length;
-  [[maybe_unused]] ssize_t written = write(STDERR_FILENO, line, length);
-  for (size_t i = 0; i < std::size(kFatalSignals); ++i) {
-    if (kFatalSignals[i] == signal) sigaction(signal, &previous_actions[i], nullptr);
-  }
-  raise(signal);
-}
-
-// Aborts the process, naming the case, when one case runs longer than a minute
-// (a hang: a loop that never ends on a bad size).
-class Watchdog {
- public:
-  Watchdog() {
-    for (size_t i = 0; i < std::size(kFatalSignals); ++i) {
-      struct sigaction action {};
-      action.sa_handler = on_fatal_signal;
-      sigemptyset(&action.sa_mask);
-      sigaction(kFatalSignals[i], &action, &previous_actions[i]);
-    }
-    thread_ = std::thread([this] {
-      std::unique_lock<std::mutex> lock(mutex_);
-      while (!stop_) {
-        cv_.wait_for(lock, std::chrono::milliseconds(500));
-        CurrentCase& current = current_case();
-        if (!stop_ && now_ms() - current.started_ms > 60'000) {
-          std::lock_guard<std::mutex> case_lock(current.mutex);
-          std::fprintf(stderr, "test_op_bad_inputs: hang (> 60 s) in %s\n", current.text.c_str());
-          std::fflush(stderr);
-          std::abort();
-        }
-      }
-    });
-  }
-  ~Watchdog() {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      stop_ = true;
-    }
-    cv_.notify_all();
-    thread_.join();
-    for (size_t i = 0; i < std::size(kFatalSignals); ++i) sigaction(kFatalSignals[i], &previous_actions[i], nullptr);
-  }
-  Watchdog(const Watchdog&) = delete;
-  Watchdog& operator=(const Watchdog&) = delete;
-
- private:
-  std::mutex mutex_;
-  std::condition_variable cv_;
-  bool stop_ = false;
-  std::thread thread_;
-};
 
 // What one call did.
 struct Outcome {
@@ -358,7 +266,7 @@ std::string sweep_one(const OpInfo& row, Inputs inputs, SweepCounts& counts, std
   if (is_internal_error(backward)) return "backward hit an internal check: " + backward.message;
   if (backward.kiln_error) {
     ++counts.backward_errors;
-    notes.push_back(current_case().text +
+    notes.push_back(sweep::g_where +
                     ": backward threw kiln::Error after the forward succeeded: " + backward.message);
     return "";
   }
@@ -386,7 +294,7 @@ bool row_cannot_take(const OpInfo& row, const Inputs& inputs) {
 }  // namespace
 
 TEST_CASE("bad inputs: every op-table row with variations of its samples returns or throws kiln::Error") {
-  Watchdog watchdog;
+  sweep::CrashReporter reporter("test_op_bad_inputs", 60);
   std::string where;
   INFO(where);  // the case running, also when a call crashes
   SweepCounts counts;
@@ -886,7 +794,7 @@ std::vector<HandCase> hand_cases() {
 }  // namespace
 
 TEST_CASE("bad inputs: dim and size arguments out of range throw kiln::Error naming the op") {
-  Watchdog watchdog;
+  sweep::CrashReporter reporter("test_op_bad_inputs", 60);
   std::string where;
   INFO(where);
   std::vector<HandCase> cases = hand_cases();

@@ -6,7 +6,6 @@
 #endif
 
 #include <algorithm>
-#include <cstdlib>
 #include <cstring>
 #include <type_traits>
 
