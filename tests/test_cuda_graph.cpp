@@ -113,6 +113,30 @@ TEST_CASE("cuda::Graph records a region once and replays it on new inputs, alloc
   CHECK_THROWS_AS(graph.replay(), Error);
 }
 
+TEST_CASE("cuda::Graph records zero fills and contiguous copies (cudaMemsetAsync, cudaMemcpyAsync) [gpu]") {
+  // Both ask for their stream's device first; cudaStreamGetDevice is refused
+  // during a capture (the first H200 run lost every 16-mixed graph to it).
+  KILN_REQUIRE_GPU();
+  const Device gpu = Device::cuda(0);
+  Tensor source = zeros({256}, {.device = gpu});
+  Tensor copied = full({256}, 7.0, {.device = gpu});
+  Tensor cleared = full({256}, 7.0, {.device = gpu});
+  cuda::Graph graph;
+  graph.capture_begin();
+  copied.copy_(source);  // same dtype, contiguous: one cudaMemcpyAsync
+  cleared.fill_(0.0);    // all-zero bits: one cudaMemsetAsync
+  graph.capture_end();
+  REQUIRE(graph.captured());
+  CHECK(copied.cpu().to_vector<float>()[0] == 7.0f);  // recorded, not run
+  for (double value : {3.0, -1.5}) {
+    source.fill_(value);
+    cleared.fill_(9.0);
+    graph.replay();
+    CHECK(copied.cpu().to_vector<float>()[255] == static_cast<float>(value));
+    CHECK(cleared.cpu().to_vector<float>()[255] == 0.0f);
+  }
+}
+
 TEST_CASE("cuda::Graph refuses a host read inside the capture and names it [gpu]") {
   KILN_REQUIRE_GPU();
   Tensor x = ones({10}, {.device = Device::cuda(0)});

@@ -23,6 +23,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <unordered_map>
 #include <vector>
 
 #include "kernels/cuda/check.h"
@@ -120,11 +121,34 @@ cudaMemcpyKind to_cuda(CopyKind kind) {
 cudaStream_t as_stream(Stream stream) { return static_cast<cudaStream_t>(stream); }
 cudaEvent_t as_event(Event event) { return static_cast<cudaEvent_t>(event); }
 
+// The device of each stream create_stream made. cudaStreamGetDevice is refused
+// while a stream captures (cudaErrorStreamCaptureUnsupported, seen on the H200
+// with CUDA 13: a captured memset failed the whole graph), so kiln answers from
+// its own record and asks CUDA only about a stream it did not create.
+struct StreamDevices {
+  std::mutex mutex;
+  std::unordered_map<Stream, int> device_of;
+};
+StreamDevices& stream_devices() {
+  static StreamDevices* instance = new StreamDevices();  // streams outlive static destruction (default_streams)
+  return *instance;
+}
+
 // The device a stream belongs to (the current one for the legacy default
 // stream): copies, memsets and event records on it run with it current.
 int device_of(Stream stream) {
   adopt_process_device();
   int device = 0;
+  if (stream == nullptr) {
+    KILN_CUDA_CHECK(cudaGetDevice(&device));
+    return device;
+  }
+  {
+    StreamDevices& streams = stream_devices();
+    std::lock_guard<std::mutex> lock(streams.mutex);
+    const auto it = streams.device_of.find(stream);
+    if (it != streams.device_of.end()) return it->second;
+  }
   KILN_CUDA_CHECK(cudaStreamGetDevice(as_stream(stream), &device));
   return device;
 }
@@ -254,6 +278,18 @@ bool is_pinned(const void* pointer) {
   return attributes.type == cudaMemoryTypeHost;
 }
 
+int pointer_device(const void* pointer) {
+  if (pointer == nullptr || device_count() == 0) return -1;
+  adopt_process_device();
+  cudaPointerAttributes attributes{};
+  if (cudaPointerGetAttributes(&attributes, pointer) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return -1;
+  }
+  const bool on_device = attributes.type == cudaMemoryTypeDevice || attributes.type == cudaMemoryTypeManaged;
+  return on_device ? attributes.device : -1;
+}
+
 void memcpy_async(void* dst, const void* src, size_t bytes, CopyKind kind, Stream stream) {
   // A copy to the host is recorded fine, but whoever reads the host buffer
   // reads it when the graph runs, not when it is captured: refused. A copy
@@ -292,11 +328,19 @@ Stream create_stream(int device) {
   cudaStream_t stream = nullptr;
   // Non-blocking: kiln's streams never serialize with the legacy default stream.
   KILN_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  StreamDevices& streams = stream_devices();
+  std::lock_guard<std::mutex> lock(streams.mutex);
+  streams.device_of[stream] = device;
   return stream;
 }
 
 void destroy_stream(Stream stream) {
   if (stream == nullptr) return;
+  {
+    StreamDevices& streams = stream_devices();
+    std::lock_guard<std::mutex> lock(streams.mutex);
+    streams.device_of.erase(stream);
+  }
   KILN_CUDA_CHECK(cudaStreamDestroy(as_stream(stream)));
 }
 
