@@ -173,9 +173,13 @@ bool lt_matmul(const GemmProblem& p, bool allow_tf32, bool with_bias, float beta
     if (element == 2) {
       // 16-bit outputs: split-K partial sums are reduced in float, never in the
       // output type (the in-place and output-type schemes round every partial
-      // sum to 16 bits). On the H200 a bf16 linear of 37 x 53 x 29 was up to 7
-      // ulps off the once-rounded result; this is the suspected cause.
-      const uint32_t schemes = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;  // NONE (no split) is always allowed
+      // sum to 16 bits). With the bias epilogue no split-K at all: its
+      // reduction adds the bias in the output type (PyTorch found the same,
+      // pytorch/pytorch#180875). On the H200 a bf16 linear of 37 x 53 x 29 was
+      // still up to 7 ulps off the once-rounded result with the float
+      // reduction allowed (e30be42); without split-K the epilogue adds the
+      // bias to the float accumulator and rounds once.
+      const uint32_t schemes = with_bias ? CUBLASLT_REDUCTION_SCHEME_NONE : CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
       KILN_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(d.preference, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
                                                              &schemes, sizeof(schemes)));
     }
