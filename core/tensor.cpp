@@ -827,6 +827,20 @@ Tensor linspace(double start, double end, int64_t steps, const TensorOptions& op
 
 Tensor from_blob(void* data, const Shape& shape, DType dtype, Device device, std::function<void(void*)> deleter) {
   KILN_CHECK(data != nullptr || shape_numel(shape) == 0, "from_blob: null data for shape ", shape_str(shape));
+  if (device.is_cuda()) {
+    // A kernel reading host memory as device memory is an illegal address: it
+    // ends every later CUDA call of the process (the first H200 run lost a
+    // test file's remaining GPU cases to one). Refused here instead.
+    KILN_CHECK(cuda::is_available(), "from_blob: device ", device, " but no CUDA device is available (",
+               cuda::availability().problem, ")");
+    if (shape_numel(shape) > 0) {
+      const int owner = cuda::pointer_device(data);
+      KILN_CHECK(owner == device.index, "from_blob: the data for ", device, " is ",
+                 owner < 0 ? std::string("host memory (or memory CUDA does not know)")
+                           : "memory of cuda:" + std::to_string(owner),
+                 "; pass the device it lives on, or copy host data with tensor(...).to(", device, ")");
+    }
+  }
   auto impl = std::make_shared<TensorImpl>();
   impl->storage = storage_from_blob(data, static_cast<size_t>(shape_numel(shape)) * dtype_size(dtype), device,
                                     std::move(deleter));

@@ -718,7 +718,9 @@ TEST_CASE("misuse: tensor creation, conversion, views and devices") {
     float data[2] = {};
     from_blob(data, {-2}, DType::f32);
   });
-  s.refuses("from_blob(host memory, device cuda) without a GPU", {"CUDA"}, [] {
+  // Without a GPU: no CUDA device; with one: host memory is not cuda:0's (a
+  // kernel reading it was an illegal address that broke every later CUDA call).
+  s.refuses("from_blob(host memory, device cuda)", {"from_blob", "cuda:0"}, [] {
     static float data[2] = {};
     Tensor t = from_blob(data, {2}, DType::f32, Device::cuda());
     sum(t).item<float>();
@@ -739,19 +741,36 @@ TEST_CASE("misuse: tensor creation, conversion, views and devices") {
   s.refuses("data<float>() of an undefined tensor", {"data<float32>", "undefined"}, [] { Tensor().data<float>(); });
   s.refuses("data_ptr() of an undefined tensor", {"undefined"}, [] { Tensor().data_ptr(); });
 
-  s.refuses(".cuda() without a GPU", {"CUDA"}, [] { ones({2}).cuda(); });
-  s.refuses(".to(Device::cuda(3)) without a GPU", {"CUDA"}, [] { ones({2}).to(Device::cuda(3)); });
-  s.refuses(".to(cuda, float16) without a GPU", {"CUDA"}, [] { ones({2}).to(Device::cuda(), DType::f16); });
   s.refuses(".to(Device::cuda(-1))", {"-1"}, [] { ones({2}).to(Device::cuda(-1)); });
-  s.refuses("zeros(device cuda) without a GPU", {"CUDA"}, [] { zeros({2}, {.device = Device::cuda()}); });
-  s.refuses("empty(device cuda) without a GPU", {"CUDA"}, [] { empty({2}, {.device = Device::cuda()}); });
-  s.refuses("randn(device cuda) without a GPU", {"CUDA"}, [] { randn({2}, {.device = Device::cuda()}); });
-  s.refuses("arange(device cuda) without a GPU", {"CUDA"}, [] { arange(4.0, {.device = Device::cuda()}); });
-  s.refuses("tensor<float>(device cuda) without a GPU", {"CUDA"},
-            [] { tensor<float>({1, 2}, {2}, {.device = Device::cuda()}); });
-  s.refuses("pin_memory() without a GPU", {"pin"}, [] { ones({2}).pin_memory(); });
-  s.refuses("empty(pinned) without a GPU", {"pin"}, [] { empty({2}, {.pinned = true}); });
-  s.works_or_refuses("default_generator(cuda) without a GPU", {"CUDA"}, [] { default_generator(Device::cuda()); });
+  s.refuses(".to(Device::cuda(64)): no such device", {"cuda:64"}, [] { ones({2}).to(Device::cuda(64)); });
+  if (!cuda::is_available()) {
+    s.refuses(".cuda() without a GPU", {"CUDA"}, [] { ones({2}).cuda(); });
+    s.refuses(".to(Device::cuda(3)) without a GPU", {"CUDA"}, [] { ones({2}).to(Device::cuda(3)); });
+    s.refuses(".to(cuda, float16) without a GPU", {"CUDA"}, [] { ones({2}).to(Device::cuda(), DType::f16); });
+    s.refuses("zeros(device cuda) without a GPU", {"CUDA"}, [] { zeros({2}, {.device = Device::cuda()}); });
+    s.refuses("empty(device cuda) without a GPU", {"CUDA"}, [] { empty({2}, {.device = Device::cuda()}); });
+    s.refuses("randn(device cuda) without a GPU", {"CUDA"}, [] { randn({2}, {.device = Device::cuda()}); });
+    s.refuses("arange(device cuda) without a GPU", {"CUDA"}, [] { arange(4.0, {.device = Device::cuda()}); });
+    s.refuses("tensor<float>(device cuda) without a GPU", {"CUDA"},
+              [] { tensor<float>({1, 2}, {2}, {.device = Device::cuda()}); });
+    s.refuses("pin_memory() without a GPU", {"pin"}, [] { ones({2}).pin_memory(); });
+    s.refuses("empty(pinned) without a GPU", {"pin"}, [] { empty({2}, {.pinned = true}); });
+    s.works_or_refuses("default_generator(cuda) without a GPU", {"CUDA"}, [] { default_generator(Device::cuda()); });
+  } else {
+    // With a GPU the same calls work (the sweep above must not have broken the device).
+    s.works("ones().cuda() and back", []() -> std::string {
+      return ones({2}).cuda().cpu().to_vector<float>() == std::vector<float>{1, 1} ? "" : "wrong values";
+    });
+    s.works("empty(device cuda) and empty(pinned)", []() -> std::string {
+      Tensor device = empty({2}, {.device = Device::cuda()}), pinned = empty({2}, {.pinned = true});
+      return device.is_cuda() && pinned.is_pinned() ? "" : "wrong device or not pinned";
+    });
+    s.works("from_blob over device memory of cuda:0", []() -> std::string {
+      Tensor owner = full({3}, 2.0, {.device = Device::cuda()});
+      Tensor view = from_blob(owner.data_ptr(), {3}, DType::f32, Device::cuda());
+      return sum(view).item<float>() == 6.0f ? "" : "wrong sum";
+    });
+  }
 
   // Views of undefined tensors and incompatible views.
   s.refuses("view() of an undefined tensor", {"undefined"}, [] { Tensor().view({1}); });

@@ -84,6 +84,10 @@ size_t device_total_memory(int device);
 void* host_alloc_pinned(size_t bytes);
 void host_free_pinned(void* pointer);
 bool is_pinned(const void* pointer);
+// The device whose memory `pointer` points into (cudaMalloc'd or managed
+// memory), or -1 for host memory, pinned or not, and for pointers CUDA does not
+// know (always -1 without a GPU).
+int pointer_device(const void* pointer);
 
 enum class CopyKind { host_to_device, device_to_host, device_to_device, host_to_host };
 // Asynchronous on `stream`; host memory must be pinned for the copy to overlap.

@@ -28,6 +28,7 @@ size_t device_total_memory(int) { no_cuda("device_total_memory"); }
 void* host_alloc_pinned(size_t) { no_cuda("pinned memory"); }
 void host_free_pinned(void*) { no_cuda("pinned memory"); }
 bool is_pinned(const void*) { return false; }
+int pointer_device(const void*) { return -1; }
 void memcpy_async(void*, const void*, size_t, CopyKind, Stream) { no_cuda("memcpy_async"); }
 void memset_async(void*, int, size_t, Stream) { no_cuda("memset_async"); }
 Stream current_stream(int) { return nullptr; }
