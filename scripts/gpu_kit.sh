@@ -371,7 +371,15 @@ step_bench() {
     echo '```' >>"$out"
     [ "$rc" -eq 0 ] && ran+=("$bench") || ran+=("$bench(exit $rc)")
   done
-  if grep -q 'exit' <<<"${ran[*]}"; then verdict bench FAILED "${ran[*]}"; else verdict bench ok "${ran[*]}"; fi
+  local failed_benches=() ok_benches=() entry
+  for entry in "${ran[@]}"; do
+    [[ "$entry" == *'(exit '* ]] && failed_benches+=("$entry") || ok_benches+=("$entry")
+  done
+  if [ ${#failed_benches[@]} -gt 0 ]; then
+    verdict bench FAILED "${failed_benches[*]}; ran: ${ok_benches[*]:-none}"
+  else
+    verdict bench ok "${ran[*]}"
+  fi
 }
 
 step_compare() {
@@ -594,7 +602,9 @@ cmd_run() {
   : >"$summary"; : >"$verdicts"; : >"$details"
   failures=0
   not_run=()
-  device_line="no GPU seen"
+  # (every step's header names the GPU, with or without the preflight step)
+  device_line="$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | head -n 1 || true)"
+  [ -n "$device_line" ] || device_line="no GPU seen"
   commit="$(sed -n 's/^commit: //p' "$kit/COMMIT" 2>/dev/null || echo unknown)"
 
   trap finish_run EXIT
@@ -624,7 +634,8 @@ cmd_run() {
   [ "$(grep -c . "$kit/gpu_cases.tsv")" -eq "$(source_gpu_cases | grep -c .)" ] || stale+=("the GPU case list")
   [ ${#stale[@]} -eq 0 ] || note "WARNING: the kit is older than this tree (${stale[*]} differ): pack again on the CPU machine"
   preflight_failed=0
-  test_jobs=$(($(nproc) / 2))
+  # (nproc obeys OMP_NUM_THREADS, set to 2 above: ask for every core, or the files run one at a time)
+  test_jobs=$(($(nproc --all) / 2))
   [ "$test_jobs" -ge 1 ] || test_jobs=1
   # Fashion-MNIST where kiln and torch_fashion.py look by default.
   local data=/usr/share/datasets/fashion-mnist
