@@ -167,8 +167,11 @@ struct Twin {
   std::string name;
   emu::Buffer<unsigned char> dev;
   std::vector<unsigned char> host, initial;
-  Twin(Elem e, int64_t count, const std::string& label, const std::function<double(int64_t)>& value)
-      : elem(e), n(count), name(label), dev(static_cast<size_t>(count) * size_of(e), label),
+  // misalign: bytes the device buffer starts past a 16-byte boundary (a view
+  // at an odd offset: the kernels' vector paths must step aside for it).
+  Twin(Elem e, int64_t count, const std::string& label, const std::function<double(int64_t)>& value,
+       size_t misalign = 0)
+      : elem(e), n(count), name(label), dev(static_cast<size_t>(count) * size_of(e), label, misalign),
         host(static_cast<size_t>(count) * size_of(e)) {
     for (int64_t i = 0; i < n; ++i) put(elem, host.data(), i, value(i));
     initial = host;
@@ -183,8 +186,9 @@ struct Twin {
 };
 using TwinPtr = std::unique_ptr<Twin>;
 
-TwinPtr twin(Elem e, int64_t n, const std::string& name, const std::function<double(int64_t)>& value) {
-  return std::make_unique<Twin>(e, n, name, value);
+TwinPtr twin(Elem e, int64_t n, const std::string& name, const std::function<double(int64_t)>& value,
+             size_t misalign = 0) {
+  return std::make_unique<Twin>(e, n, name, value, misalign);
 }
 TwinPtr scalar(Elem e, double value, const std::string& name) {
   return twin(e, 1, name, [=](int64_t) { return value; });
@@ -429,7 +433,9 @@ void optim_case(const OptimVariant& v, bool master, const std::vector<int64_t>& 
       s2[i] = i % 2 == 0 ? s1[i] + 0.005 * std::abs(normal(engine)) : 0.5 * s1[i];  // max picks either
     }
     const std::string name = "t" + std::to_string(t);
-    owned.push_back(twin(pe, n, name + ".param", [&](int64_t i) { return p[i]; }));
+    // Every fifth param one element off a 16-byte boundary: its chunks take
+    // the scalar loop where the others take adam's float4 one.
+    owned.push_back(twin(pe, n, name + ".param", [&](int64_t i) { return p[i]; }, t % 5 == 2 ? size_of(pe) : 0));
     params.push_back(owned.back().get());
     owned.push_back(twin(pe, n, name + ".grad", [&](int64_t i) { return g[i]; }));
     grads.push_back(owned.back().get());
