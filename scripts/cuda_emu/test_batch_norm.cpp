@@ -17,7 +17,7 @@
 // and more elements than a block's 256 threads, threads' strides that wrap
 // into the next plane, several splits, a split boundary inside one plane), rows (inner 1: channels-last NHWC, BatchNorm1d
 // (N, C), NCHW with 1x1 spatial) with C = 1, 3, 130 (a partial 32-channel
-// block) and 33000 rows (3 splits); C = 1 and N = 1.
+// block) and 33000 rows (33 splits); C = 1 and N = 1.
 // Tolerances (the same against float64 and against the CPU kernels, which sum
 // in another order): y and dx 2 u_T |want| + 128 u_A of max |want|, dx's
 // absolute part scaled by its largest term (with two values per channel dx is
@@ -209,9 +209,9 @@ void run(const Shape& shape, const Mode& mode) {
   const char* affine = mode.affine == Affine::none ? "none" : mode.affine == Affine::weight ? "w" : "w+b";
   const char* grads = mode.grads == Grads::all ? "dx,dw,db" : mode.grads == Grads::dx_only ? "dx" : "dw,db";
   char label[200];
-  std::snprintf(label, sizeof label, "%-4s %-16s (%ld, %ld, %ld) %s%s affine %-4s %s%s", name_of<T>(), shape.name, N,
-                C, I, mode.training ? "train" : "eval", mode.training && running ? "+running" : "", affine, grads,
-                mode.relu ? " relu" : "");
+  std::snprintf(label, sizeof label, "%-4s %-16s (%ld, %ld, %ld) %s%s affine %-4s %s%s%s", name_of<T>(), shape.name,
+                N, C, I, mode.training ? "train" : "eval", mode.training && running ? "+running" : "", affine, grads,
+                mode.relu ? " relu" : "", kiln::kernels::force_64bit_index() ? " 64-bit index" : "");
   const double uT = roundoff<T>(), uA = roundoff<A>(), rtol = 2 * uT, atol = 128 * uA;
   // The sums' tolerance: 64 u_A of the sum of the terms' magnitudes (they cancel), relative to max |want|.
   const auto sum_atol = [&](const std::vector<double>& want, const std::vector<double>& magnitude) {
@@ -287,7 +287,7 @@ int main(int argc, char** argv) {
       {"rows-1x1-c1", 2, 1, 1},        // NCHW (2, 1, 1, 1): two values per channel
       {"nchw-splits2", 5, 3, 4096},    // M = 20480: 2 splits of 10240 (2.5 planes each)
       {"nchw-splits3-1plane", 1, 2, 40000},  // N = 1, M = 40000: 3 splits inside one plane
-      {"rows-nhwc-splits3", 33000, 3, 1},    // M = 33000 rows: 3 splits of 11000
+      {"rows-nhwc-splits33", 33000, 3, 1},   // M = 33000 rows: 33 splits of 1000 (1024 rows per split)
   };
   const std::vector<Mode> modes = {
       {true, true, false, Affine::both, Grads::all},
@@ -304,11 +304,20 @@ int main(int argc, char** argv) {
       // The large shapes (several splits): training with all grads, and with the ReLU; eval once.
       if (large && k == 2) continue;
       if (large && k == 3) continue;
-      run<float>(shape, modes[k]);
-      run<double>(shape, modes[k]);
-      run<__half>(shape, modes[k]);
-      run<__nv_bfloat16>(shape, modes[k]);
-      cases += 4;
+      // The elementwise passes split their index by FastDivmod or, forced (and
+      // above 2^31 elements), by 64-bit division: both on the small shapes.
+      const auto all_types = [&] {
+        run<float>(shape, modes[k]);
+        run<double>(shape, modes[k]);
+        run<__half>(shape, modes[k]);
+        run<__nv_bfloat16>(shape, modes[k]);
+        cases += 4;
+      };
+      if (large) {
+        all_types();
+      } else {
+        for_each_index_path(all_types);
+      }
     }
   }
   // BatchNorm1d with one sample per channel: eval only (training needs more than one value).
