@@ -109,6 +109,57 @@ __global__ void max_forward(Pool2dParams p, const T* x, T* y, int32_t* indices, 
   }
 }
 
+// 2x2 windows with stride 2, no padding or dilation, every window inside the
+// input (ResNet's and FashionCNN's pools): a window is four fixed loads and
+// an input lies in at most one window, so these skip the general kernels'
+// window loops, bounds tests and covering-window divisions. The general
+// kernels ran at 34% (NCHW) and 21% (NHWC) of the H200's copy rate forward.
+// The same values, indices and bits as the general kernels.
+bool plain_2x2(const Pool2dParams& p) {
+  return p.kernel_h == 2 && p.kernel_w == 2 && p.stride_h == 2 && p.stride_w == 2 && p.pad_h == 0 && p.pad_w == 0 &&
+         p.dilation_h == 1 && p.dilation_w == 1 && 2 * p.out_h <= p.in_h && 2 * p.out_w <= p.in_w;
+}
+
+template <typename T, bool kChannelsLast, typename D>
+__global__ void max_forward_2x2(Pool2dParams p, const T* x, T* y, int32_t* indices, PoolIndex<D> ix) {
+  using A = typename Acc<T>::type;
+  const int64_t n = p.planes * p.out_h * p.out_w, C = channels<kChannelsLast>(p);
+  KILN_GRID_STRIDE(i, n) {
+    const Coordinates<kChannelsLast, D> cell(i, ix);
+    const int64_t ih = 2 * cell.y, iw = 2 * cell.x, next_row = p.in_w * C;
+    const T* src = x + ((cell.b * p.in_h + ih) * p.in_w + iw) * C + cell.c;
+    const A window[4] = {to_acc(src[0]), to_acc(src[C]), to_acc(src[next_row]), to_acc(src[next_row + C])};
+    // The general kernel's rule in its order: the first, then greater or NaN.
+    A best = window[0];
+    int at = 0;
+#pragma unroll
+    for (int k = 1; k < 4; ++k) {
+      if (window[k] > best || window[k] != window[k]) {
+        best = window[k];
+        at = k;
+      }
+    }
+    y[i] = from_acc<T>(best);
+    indices[i] = static_cast<int32_t>((ih + (at >> 1)) * p.in_w + iw + (at & 1));
+  }
+}
+
+template <typename T, bool kChannelsLast, typename D>
+__global__ void max_backward_2x2(Pool2dParams p, const T* dy, const int32_t* indices, T* dx, PoolIndex<D> ix) {
+  using A = typename Acc<T>::type;
+  const int64_t n = p.planes * p.in_h * p.in_w, C = channels<kChannelsLast>(p);
+  KILN_GRID_STRIDE(i, n) {
+    const Coordinates<kChannelsLast, D> cell(i, ix);
+    const int64_t oh = cell.y >> 1, ow = cell.x >> 1;
+    A total = A(0);  // 0 + dy, as the general kernel sums (-0.0 becomes +0.0 there too)
+    if (oh < p.out_h && ow < p.out_w) {
+      const int64_t o = ((cell.b * p.out_h + oh) * p.out_w + ow) * C + cell.c;
+      if (indices[o] == static_cast<int32_t>(cell.y * p.in_w + cell.x)) total += to_acc(dy[o]);
+    }
+    dx[i] = from_acc<T>(total);
+  }
+}
+
 template <typename T, bool kChannelsLast, typename D>
 __global__ void max_backward(Pool2dParams p, const T* dy, const int32_t* indices, T* dx, PoolIndex<D> ix) {
   using A = typename Acc<T>::type;
@@ -255,8 +306,13 @@ void max_pool2d_forward_cuda(DType dtype, const Pool2dParams& p, const void* x, 
                              cuda::Stream stream) {
   launch_pool(dtype, p, p.planes * p.out_h * p.out_w, /*over_output=*/true, "max_pool2d forward (cuda)", stream,
               [&]<typename T, bool kChannelsLast, typename D>(int blocks, cudaStream_t s, const PoolIndex<D>& index) {
-                max_forward<T, kChannelsLast, D>
-                    <<<blocks, kThreads, 0, s>>>(p, static_cast<const T*>(x), static_cast<T*>(y), indices, index);
+                if (plain_2x2(p)) {
+                  max_forward_2x2<T, kChannelsLast, D>
+                      <<<blocks, kThreads, 0, s>>>(p, static_cast<const T*>(x), static_cast<T*>(y), indices, index);
+                } else {
+                  max_forward<T, kChannelsLast, D>
+                      <<<blocks, kThreads, 0, s>>>(p, static_cast<const T*>(x), static_cast<T*>(y), indices, index);
+                }
               });
 }
 
@@ -264,8 +320,13 @@ void max_pool2d_backward_cuda(DType dtype, const Pool2dParams& p, const void* dy
                               cuda::Stream stream) {
   launch_pool(dtype, p, p.planes * p.in_h * p.in_w, /*over_output=*/false, "max_pool2d backward (cuda)", stream,
               [&]<typename T, bool kChannelsLast, typename D>(int blocks, cudaStream_t s, const PoolIndex<D>& index) {
-                max_backward<T, kChannelsLast, D>
-                    <<<blocks, kThreads, 0, s>>>(p, static_cast<const T*>(dy), indices, static_cast<T*>(dx), index);
+                if (plain_2x2(p)) {
+                  max_backward_2x2<T, kChannelsLast, D>
+                      <<<blocks, kThreads, 0, s>>>(p, static_cast<const T*>(dy), indices, static_cast<T*>(dx), index);
+                } else {
+                  max_backward<T, kChannelsLast, D>
+                      <<<blocks, kThreads, 0, s>>>(p, static_cast<const T*>(dy), indices, static_cast<T*>(dx), index);
+                }
               });
 }
 
