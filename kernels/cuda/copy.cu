@@ -103,6 +103,19 @@ void copy_cuda(const IterShape& input_shape, const Operand& input_dst, const Ope
                          cuda::CopyKind::device_to_device, stream);
       return;
     }
+    // Rows of contiguous elements at other row strides (a column slice, a
+    // narrowed last dim): one cudaMemcpy2DAsync, not the elementwise kernel's
+    // index arithmetic per element (22% of the H200's copy rate in float32,
+    // 13% in bf16: bench_kernels "copy_ into a column slice").
+    if (shape.ndim == 2 && operands[0].strides[1] == 1 && operands[1].strides[1] == 1 &&
+        operands[0].strides[0] >= shape.sizes[1] && operands[1].strides[0] >= shape.sizes[1]) {
+      const auto element = static_cast<size_t>(dtype_size(to));
+      cuda::memcpy_2d_device_async(operands[0].data, static_cast<size_t>(operands[0].strides[0]) * element,
+                                   operands[1].data, static_cast<size_t>(operands[1].strides[0]) * element,
+                                   static_cast<size_t>(shape.sizes[1]) * element, static_cast<size_t>(shape.sizes[0]),
+                                   stream);
+      return;
+    }
     // Within the grid's limits: at most 2^31 - 1 column tiles and 65535 row tiles.
     if (const TransposeSplit split = transpose_split(shape, operands);
         split.found && split.rows <= int64_t{65535} * kTile && split.cols <= int64_t{2147483647} * kTile) {

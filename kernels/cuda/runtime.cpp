@@ -303,6 +303,14 @@ void memcpy_async(void* dst, const void* src, size_t bytes, CopyKind kind, Strea
   KILN_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, to_cuda(kind), as_stream(stream)));
 }
 
+void memcpy_2d_device_async(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width,
+                            size_t height, Stream stream) {
+  if (width == 0 || height == 0) return;
+  DeviceGuard guard(device_of(stream), "memcpy_2d_device_async");
+  KILN_CUDA_CHECK(cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, width, height, cudaMemcpyDeviceToDevice,
+                                    as_stream(stream)));
+}
+
 void memset_async(void* dst, int value, size_t bytes, Stream stream) {
   if (bytes == 0) return;
   DeviceGuard guard(device_of(stream), "memset_async");

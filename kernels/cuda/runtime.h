@@ -93,6 +93,10 @@ enum class CopyKind { host_to_device, device_to_host, device_to_device, host_to_
 // Asynchronous on `stream`; host memory must be pinned for the copy to overlap.
 void memcpy_async(void* dst, const void* src, size_t bytes, CopyKind kind, Stream stream);
 void memset_async(void* dst, int value, size_t bytes, Stream stream);
+// `height` rows of `width` bytes, a pitch (bytes from one row's start to the
+// next) apart at each end, device to device (cudaMemcpy2DAsync).
+void memcpy_2d_device_async(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width,
+                            size_t height, Stream stream);
 
 // The stream kiln launches work on for `device` (a per-thread current stream,
 // by default one non-blocking stream per device created on first use).

@@ -31,6 +31,9 @@ bool is_pinned(const void*) { return false; }
 int pointer_device(const void*) { return -1; }
 void memcpy_async(void*, const void*, size_t, CopyKind, Stream) { no_cuda("memcpy_async"); }
 void memset_async(void*, int, size_t, Stream) { no_cuda("memset_async"); }
+void memcpy_2d_device_async(void*, size_t, const void*, size_t, size_t, size_t, Stream) {
+  no_cuda("memcpy_2d_device_async");
+}
 Stream current_stream(int) { return nullptr; }
 void set_current_stream(int, Stream) { no_cuda("set_current_stream"); }
 Stream create_stream(int) { no_cuda("create_stream"); }

@@ -22,6 +22,12 @@ DeviceGuard::~DeviceGuard() = default;
 
 void memcpy_async(void* dst, const void* src, size_t bytes, CopyKind, Stream) { std::memcpy(dst, src, bytes); }
 void memset_async(void* dst, int value, size_t bytes, Stream) { std::memset(dst, value, bytes); }
+void memcpy_2d_device_async(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width,
+                            size_t height, Stream) {
+  for (size_t row = 0; row < height; ++row) {
+    std::memcpy(static_cast<char*>(dst) + row * dst_pitch, static_cast<const char*>(src) + row * src_pitch, width);
+  }
+}
 void stream_synchronize(Stream) {}
 
 // One device shaped like an H100 SXM (132 multiprocessors; EMU_SM_COUNT=n for another

@@ -695,6 +695,12 @@ int main() {
           {"broadcast row (37) -> (5, 37)", contiguous({5, 37}), {contiguous({37})}, 0, {}},
           {"sliced [:, 1:38] of (5, 40) -> output [:, ::2]", sliced(contiguous({5, 74}), 1, 0, 74, 2),
            {sliced(contiguous({5, 40}), 1, 1, 38, 1)}, 0, {}},
+          // Rows of contiguous elements at other row strides: same-dtype copies take one
+          // cudaMemcpy2DAsync (copy.cu), casts the elementwise kernel.
+          {"column slice: (5, 37) -> output [:, 2:39] of (5, 41)", sliced(contiguous({5, 41}), 1, 2, 39, 1),
+           {contiguous({5, 37})}, 0, {}},
+          {"sliced [:, 1:38] of (5, 40) -> (5, 37)", contiguous({5, 37}), {sliced(contiguous({5, 40}), 1, 1, 38, 1)},
+           0, {}},
       };
       for (const Layout& l : layouts) run(copy_op, l, from, to);
     }
