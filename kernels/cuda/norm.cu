@@ -63,10 +63,11 @@ ChannelOf<D> channel_of_for(const BatchNormShape& shape) {
 
 // Splits per channel, from the shape only. Planar: ~16K elements each, at
 // most 256 (a block per channel and split). Rows (channels-last): 1024 rows
-// each, at most 1024, since a block covers 32 channels: with 16K rows per
-// split a (512, 128, 28, 28) NHWC input made 100 blocks for 132 SMs.
+// each, since a block covers 32 channels (with 16K rows per split a
+// (512, 128, 28, 28) NHWC input made 100 blocks for 132 SMs; now 1024), also
+// at most 256: one thread per channel merges a channel's partials in order.
 int64_t bn_splits(const BatchNormShape& shape) {
-  if (shape.inner == 1) return std::clamp<int64_t>((shape.outer + 1023) / 1024, 1, 1024);
+  if (shape.inner == 1) return std::clamp<int64_t>((shape.outer + 1023) / 1024, 1, 256);
   return std::clamp<int64_t>((shape.reduced() + 16383) / 16384, 1, 256);
 }
 
