@@ -328,6 +328,23 @@ TEST_CASE("copy: CUDA transposes and permutes (shared-memory tiles) give every e
   }
 }
 
+TEST_CASE("copy: CUDA column slices into and out of wider rows (one 2-D copy) give every element, gaps kept [gpu]") {
+  KILN_REQUIRE_GPU();
+  for (DType dtype : {DType::u8, DType::bf16, DType::f32, DType::i64}) {
+    INFO(dtype_name(dtype));
+    const Tensor wide = ramp({37, 41}, 0, 1, DType::i64).to(dtype);  // i64 -> u8 wraps, defined
+    // Out of wider rows: a narrowed last dim made contiguous.
+    CHECK(doubles(wide.cuda().slice(1, 2, 39).contiguous().cpu()) == doubles(wide.slice(1, 2, 39).contiguous()));
+    // Into wider rows: the columns outside the slice keep their values.
+    const Tensor block = ramp({37, 37}, 100, 1, DType::i64).to(dtype);
+    Tensor target = full({37, 41}, 7.0, {.dtype = dtype, .device = Device::cuda()});
+    target.slice(1, 3, 40).copy_(block.cuda());
+    Tensor expected = full({37, 41}, 7.0, {.dtype = dtype});
+    expected.slice(1, 3, 40).copy_(block);
+    CHECK(doubles(target.cpu()) == doubles(expected));
+  }
+}
+
 TEST_CASE("elementwise: the dense fast path (float32; 16-bit widened to float) agrees with the strided path, inf and NaN included") {
   // (2, n): row 0 a sweep over [-20, 20], row 1 the special values.
   const float inf = std::numeric_limits<float>::infinity();
