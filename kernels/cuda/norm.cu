@@ -440,18 +440,32 @@ __global__ void __launch_bounds__(kThreads) ln_forward(const T* x, const T* weig
 // same per-lane column order and butterfly as those kernels.
 constexpr int kRegisterChunks = 8;
 
-template <typename T>
-__device__ __forceinline__ int64_t chunk_column(int k, int lane) {
-  return (int64_t{k} * 32 + lane) * Vector16<T>::kSize;
+// f(k, j) for each of this lane's chunks k inside the row (j: its first
+// column), in increasing k: the lane's columns in the order for_lane_columns
+// visits them on the vector path.
+template <typename T, typename F>
+__device__ __forceinline__ void for_row_chunks(int64_t cols, int lane, F f) {
+#pragma unroll
+  for (int k = 0; k < kRegisterChunks; ++k) {
+    const int64_t j = (int64_t{k} * 32 + lane) * Vector16<T>::kSize;
+    if (j < cols) f(k, j);
+  }
 }
 
 template <typename T>
 __device__ __forceinline__ void load_row(const T* row, int64_t cols, int lane, Vector16<T> (&chunks)[kRegisterChunks]) {
+  for_row_chunks<T>(cols, lane, [&](int k, int64_t j) { chunks[k] = *reinterpret_cast<const Vector16<T>*>(row + j); });
+}
+
+// row[j + e] = value(k, j, e) for this lane's chunks: one 16-byte store each.
+template <typename T, typename F>
+__device__ __forceinline__ void store_row(T* row, int64_t cols, int lane, F value) {
+  for_row_chunks<T>(cols, lane, [&](int k, int64_t j) {
+    Vector16<T> result;
 #pragma unroll
-  for (int k = 0; k < kRegisterChunks; ++k) {
-    const int64_t j = chunk_column<T>(k, lane);
-    if (j < cols) chunks[k] = *reinterpret_cast<const Vector16<T>*>(row + j);
-  }
+    for (int e = 0; e < Vector16<T>::kSize; ++e) result.v[e] = from_acc<T>(value(k, j, e));
+    *reinterpret_cast<Vector16<T>*>(row + j) = result;
+  });
 }
 
 template <typename T, typename A>
@@ -465,41 +479,29 @@ __global__ void __launch_bounds__(kThreads) ln_forward_registers(const T* x, con
     Vector16<T> chunks[kRegisterChunks];
     load_row(x + r * cols, cols, lane, chunks);
     A sum = A(0);
-#pragma unroll
-    for (int k = 0; k < kRegisterChunks; ++k) {
-      if (chunk_column<T>(k, lane) >= cols) continue;
+    for_row_chunks<T>(cols, lane, [&](int k, int64_t) {
 #pragma unroll
       for (int e = 0; e < kVec; ++e) sum += to_acc(chunks[k].v[e]);
-    }
+    });
     const A mean = warp_sum(sum) / static_cast<A>(cols);
     A squares = A(0);
-#pragma unroll
-    for (int k = 0; k < kRegisterChunks; ++k) {
-      if (chunk_column<T>(k, lane) >= cols) continue;
+    for_row_chunks<T>(cols, lane, [&](int k, int64_t) {
 #pragma unroll
       for (int e = 0; e < kVec; ++e) {
         const A d = to_acc(chunks[k].v[e]) - mean;
         squares += d * d;
       }
-    }
+    });
     const A rstd = reciprocal_sqrt(warp_sum(squares) / static_cast<A>(cols) + static_cast<A>(eps));
     if (lane == 0) {
       save_mean[r] = mean;
       save_rstd[r] = rstd;
     }
-#pragma unroll
-    for (int k = 0; k < kRegisterChunks; ++k) {
-      const int64_t j = chunk_column<T>(k, lane);
-      if (j >= cols) continue;
-      Vector16<T> result;
-#pragma unroll
-      for (int e = 0; e < kVec; ++e) {
-        A out = (to_acc(chunks[k].v[e]) - mean) * rstd * weight_at(weight, j + e);
-        if (bias != nullptr) out += to_acc(bias[j + e]);
-        result.v[e] = from_acc<T>(out);
-      }
-      *reinterpret_cast<Vector16<T>*>(y + r * cols + j) = result;
-    }
+    store_row(y + r * cols, cols, lane, [&](int k, int64_t j, int e) {
+      A out = (to_acc(chunks[k].v[e]) - mean) * rstd * weight_at(weight, j + e);
+      if (bias != nullptr) out += to_acc(bias[j + e]);
+      return out;
+    });
   }
 }
 
@@ -516,32 +518,21 @@ __global__ void __launch_bounds__(kThreads) ln_grad_input_registers(const T* x, 
     load_row(dy + r * cols, cols, lane, dys);
     const A mean = save_mean[r], rstd = save_rstd[r];
     A sum_g = A(0), sum_g_xhat = A(0);
-#pragma unroll
-    for (int k = 0; k < kRegisterChunks; ++k) {
-      const int64_t j = chunk_column<T>(k, lane);
-      if (j >= cols) continue;
+    for_row_chunks<T>(cols, lane, [&](int k, int64_t j) {
 #pragma unroll
       for (int e = 0; e < kVec; ++e) {
         const A g = to_acc(dys[k].v[e]) * weight_at(weight, j + e);
         sum_g += g;
         sum_g_xhat += g * (to_acc(xs[k].v[e]) - mean) * rstd;
       }
-    }
+    });
     const A mean_g = warp_sum(sum_g) / static_cast<A>(cols);
     const A mean_g_xhat = warp_sum(sum_g_xhat) / static_cast<A>(cols);
-#pragma unroll
-    for (int k = 0; k < kRegisterChunks; ++k) {
-      const int64_t j = chunk_column<T>(k, lane);
-      if (j >= cols) continue;
-      Vector16<T> result;
-#pragma unroll
-      for (int e = 0; e < kVec; ++e) {
-        const A g = to_acc(dys[k].v[e]) * weight_at(weight, j + e);
-        const A xhat = (to_acc(xs[k].v[e]) - mean) * rstd;
-        result.v[e] = from_acc<T>(rstd * (g - mean_g - xhat * mean_g_xhat));
-      }
-      *reinterpret_cast<Vector16<T>*>(dx + r * cols + j) = result;
-    }
+    store_row(dx + r * cols, cols, lane, [&](int k, int64_t j, int e) {
+      const A g = to_acc(dys[k].v[e]) * weight_at(weight, j + e);
+      const A xhat = (to_acc(xs[k].v[e]) - mean) * rstd;
+      return rstd * (g - mean_g - xhat * mean_g_xhat);
+    });
   }
 }
 
