@@ -267,25 +267,29 @@ void host_free_pinned(void* pointer) {
   KILN_CUDA_CHECK(cudaFreeHost(pointer));
 }
 
-bool is_pinned(const void* pointer) {
-  if (pointer == nullptr || !pinned_memory_used.load(std::memory_order_relaxed) || device_count() == 0) return false;
+namespace {
+// What CUDA knows of `pointer` (cudaMemoryTypeUnregistered, as CUDA says of
+// ordinary host memory, when it knows nothing); the error, if any, is cleared.
+cudaPointerAttributes pointer_attributes(const void* pointer) {
   adopt_process_device();
   cudaPointerAttributes attributes{};
   if (cudaPointerGetAttributes(&attributes, pointer) != cudaSuccess) {
     (void)cudaGetLastError();
-    return false;
+    attributes = cudaPointerAttributes{};
+    attributes.type = cudaMemoryTypeUnregistered;
   }
-  return attributes.type == cudaMemoryTypeHost;
+  return attributes;
+}
+}  // namespace
+
+bool is_pinned(const void* pointer) {
+  if (pointer == nullptr || !pinned_memory_used.load(std::memory_order_relaxed) || device_count() == 0) return false;
+  return pointer_attributes(pointer).type == cudaMemoryTypeHost;
 }
 
 int pointer_device(const void* pointer) {
   if (pointer == nullptr || device_count() == 0) return -1;
-  adopt_process_device();
-  cudaPointerAttributes attributes{};
-  if (cudaPointerGetAttributes(&attributes, pointer) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return -1;
-  }
+  const cudaPointerAttributes attributes = pointer_attributes(pointer);
   const bool on_device = attributes.type == cudaMemoryTypeDevice || attributes.type == cudaMemoryTypeManaged;
   return on_device ? attributes.device : -1;
 }
