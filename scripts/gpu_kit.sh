@@ -239,8 +239,6 @@ step_preflight() {
     echo "== LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
     echo "== ldd kiln_tests"; ldd "$bins/kiln_tests"
   } >>"$log" 2>&1
-  device_line="$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | head -n 1 || true)"
-  [ -n "$device_line" ] || device_line="no GPU seen (nvidia-smi: $(command -v nvidia-smi || echo 'not found'))"
   if ldd "$bins/kiln_tests" 2>&1 | grep -q 'not found'; then
     verdict preflight FAILED "libraries not found: $(ldd "$bins/kiln_tests" 2>&1 | grep 'not found' | tr -s ' \t' ' ' | tr '\n' ';')"
     preflight_failed=1
@@ -604,7 +602,7 @@ cmd_run() {
   not_run=()
   # (every step's header names the GPU, with or without the preflight step)
   device_line="$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | head -n 1 || true)"
-  [ -n "$device_line" ] || device_line="no GPU seen"
+  [ -n "$device_line" ] || device_line="no GPU seen (nvidia-smi: $(command -v nvidia-smi || echo 'not found'))"
   commit="$(sed -n 's/^commit: //p' "$kit/COMMIT" 2>/dev/null || echo unknown)"
 
   trap finish_run EXIT
