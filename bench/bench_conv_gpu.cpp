@@ -21,11 +21,16 @@
 // bench/compare_conv.py runs `bench_conv_gpu --json` and times
 // torch.nn.functional.conv2d on the same rows the same way.
 //
-//   bench_conv_gpu [--json] [--repeats N]      (repeats 20 by default; estimated
-//   5-10 s on an H100, most of it the float32 rows and cuDNN's searches)
+//   bench_conv_gpu [--json] [--repeats N] [--cudnn-api legacy|graph|both]
+//   (repeats 20 by default; estimated 10-20 s on an H100 with both APIs, most
+//   of it the float32 rows and cuDNN's searches). Each row runs once per cuDNN
+//   API (set_cudnn_graph_api): legacy (cudnnFind) and graph (engine
+//   configurations, timed), both by default, so one run compares them.
 // --json: one JSON object per row on stdout: what, n, c_in, c_out, h, w,
 // kernel, stride, padding, dtype, layout ("nchw" | "nhwc", the tensors'),
-// cudnn_layout (the layout of kiln's output: what cuDNN ran), tf32,
+// cudnn_layout (the layout of kiln's output: what cuDNN ran), cudnn_api
+// ("legacy" | "graph"), graph_fallbacks (graph rows: of the three directions,
+// how many the graph API could not run, so the legacy API ran them), tf32,
 // device, repeats, forward_ms, forward_backward_ms, forward_tflops,
 // forward_backward_tflops, check_error, check_tolerance, and "error" on a
 // failed row; without a GPU one {"skipped": true, "reason": ...} object.
@@ -199,10 +204,12 @@ double tolerance(DType dtype, bool tf32) {
 
 // ---------------------------------------------------------------- rows
 
-nlohmann::json run_row(const ConvShape& s, const Variant& v, int repeats, GpuTimer& timer,
+nlohmann::json run_row(const ConvShape& s, const Variant& v, bool graph_api, int repeats, GpuTimer& timer,
                        const cuda::DeviceProperties& properties) {
   const bool tf32 = v.dtype == DType::f32 && allow_tf32();
+  set_cudnn_graph_api(graph_api);
   nlohmann::json row = {{"what", s.what},
+                        {"cudnn_api", graph_api ? "graph" : "legacy"},
                         {"n", s.n},
                         {"c_in", s.c_in},
                         {"c_out", s.c_out},
@@ -228,8 +235,11 @@ nlohmann::json run_row(const ConvShape& s, const Variant& v, int repeats, GpuTim
     };
     auto forward_backward = [&] { (void)autograd::grad({conv2d(x, w, Tensor(), kStride, kPadding)}, {x, w}, {dy}); };
     // Untimed first calls: cuDNN's benchmark search (it synchronizes) for the three directions.
+    const uint64_t fallbacks = cudnn_benchmark_stats().graph_fallbacks;
     forward();
     forward_backward();
+    // Directions the graph API could not run went to the legacy API: the row says how many.
+    if (graph_api) row["graph_fallbacks"] = cudnn_benchmark_stats().graph_fallbacks - fallbacks;
     const uint64_t searches = cudnn_benchmark_stats().misses;
     const Measurement forward_time = timer.time(forward, repeats);
     const Measurement both_time = timer.time(forward_backward, repeats);
@@ -263,19 +273,22 @@ void print_text_row(const nlohmann::json& row) {
                             std::to_string(row["c_out"].get<int64_t>()) + " " +
                             std::to_string(row["h"].get<int64_t>()) + "x" + std::to_string(row["w"].get<int64_t>()) +
                             " n" + std::to_string(row["n"].get<int64_t>());
-  std::printf("%-20s %-20s %-9s %-6s ", row["what"].get<std::string>().c_str(), shape.c_str(),
-              row["dtype"].get<std::string>().c_str(), row["layout"].get<std::string>().c_str());
+  std::printf("%-20s %-20s %-9s %-6s %-6s ", row["what"].get<std::string>().c_str(), shape.c_str(),
+              row["dtype"].get<std::string>().c_str(), row["layout"].get<std::string>().c_str(),
+              row["cudnn_api"].get<std::string>().c_str());
   if (row.contains("error")) {
     std::printf("FAILED: %s\n", row["error"].get<std::string>().c_str());
     return;
   }
-  std::printf("%9.3f %9.1f %11.3f %11.1f %9.1e%s\n", row["forward_ms"].get<double>(),
+  const int64_t fallbacks = row.value("graph_fallbacks", int64_t{0});
+  std::printf("%9.3f %9.1f %11.3f %11.1f %9.1e%s%s\n", row["forward_ms"].get<double>(),
               row["forward_tflops"].get<double>(), row["forward_backward_ms"].get<double>(),
               row["forward_backward_tflops"].get<double>(), row["check_error"].get<double>(),
-              row["cudnn_layout"] != row["layout"] ? "  (kiln ran nchw)" : "");
+              row["cudnn_layout"] != row["layout"] ? "  (kiln ran nchw)" : "",
+              fallbacks > 0 ? ("  (" + std::to_string(fallbacks) + " of 3 directions ran legacy)").c_str() : "");
 }
 
-int run(bool json, int repeats) {
+int run(bool json, int repeats, const std::vector<bool>& apis) {
   if (!cuda::is_available()) {
     const std::string reason = "no CUDA device (" + cuda::availability().problem + ")";
     if (json) {
@@ -294,20 +307,22 @@ int run(bool json, int repeats) {
                 "median of %d repeats after warm-up, L2 flushed; fwd+bwd = forward + dx + dweight (3x the FLOPs); "
                 "float32 with TF32 %s\n\n",
                 properties.name, properties.multiprocessor_count, repeats, allow_tf32() ? "allowed" : "off");
-    std::printf("%-20s %-20s %-9s %-6s %9s %9s %11s %11s %9s\n", "what", "shape", "dtype", "layout", "fwd ms",
-                "TFLOP/s", "fwd+bwd ms", "TFLOP/s", "check");
+    std::printf("%-20s %-20s %-9s %-6s %-6s %9s %9s %11s %11s %9s\n", "what", "shape", "dtype", "layout", "cuDNN",
+                "fwd ms", "TFLOP/s", "fwd+bwd ms", "TFLOP/s", "check");
   }
   bool failed = false;
   for (const Variant& v : kVariants) {
     for (const ConvShape& s : kShapes) {
-      const nlohmann::json row = run_row(s, v, repeats, timer, properties);
-      failed = failed || row.contains("error");
-      if (json) {
-        std::printf("%s\n", row.dump().c_str());
-      } else {
-        print_text_row(row);
+      for (bool graph_api : apis) {
+        const nlohmann::json row = run_row(s, v, graph_api, repeats, timer, properties);
+        failed = failed || row.contains("error");
+        if (json) {
+          std::printf("%s\n", row.dump().c_str());
+        } else {
+          print_text_row(row);
+        }
+        std::fflush(stdout);
       }
-      std::fflush(stdout);
     }
   }
   return failed ? 1 : 0;
@@ -319,18 +334,24 @@ int run(bool json, int repeats) {
 int main(int argc, char** argv) {
   bool json = false;
   int repeats = 20;
+  std::vector<bool> apis = {false, true};  // legacy, graph
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--json") == 0) {
       json = true;
     } else if (std::strcmp(argv[i], "--repeats") == 0 && i + 1 < argc && std::atoi(argv[i + 1]) > 0) {
       repeats = std::atoi(argv[++i]);
+    } else if (std::strcmp(argv[i], "--cudnn-api") == 0 && i + 1 < argc &&
+               (std::strcmp(argv[i + 1], "legacy") == 0 || std::strcmp(argv[i + 1], "graph") == 0 ||
+                std::strcmp(argv[i + 1], "both") == 0)) {
+      const std::string api = argv[++i];
+      apis = api == "both" ? std::vector<bool>{false, true} : std::vector<bool>{api == "graph"};
     } else {
-      std::fprintf(stderr, "usage: %s [--json] [--repeats N]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--json] [--repeats N] [--cudnn-api legacy|graph|both]\n", argv[0]);
       return 2;
     }
   }
   try {
-    return kiln::bench::run(json, repeats);
+    return kiln::bench::run(json, repeats, apis);
   } catch (const std::exception& error) {
     std::fprintf(stderr, "bench_conv_gpu: %s\n", error.what());
     return 1;

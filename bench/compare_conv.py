@@ -3,7 +3,8 @@
 
 Runs build/bin/bench_conv_gpu --json (kiln::conv2d through cuDNN: ResNet-9's
 convolutions at batch 512 and FashionCNN's at batch 64, 3x3 stride 1 pad 1, no
-bias; bfloat16 NCHW and channels-last, float32 NCHW), then times
+bias; bfloat16 NCHW and channels-last, float32 NCHW; each through cuDNN's
+legacy API and its graph API, one row each), then times
 torch.nn.functional.conv2d on exactly those rows the same way: cuDNN benchmark
 mode on, torch.backends.cudnn.allow_tf32 as in kiln's row (kiln's default is
 off), channels_last tensors (input, weight and output gradient) for the nhwc
@@ -198,13 +199,17 @@ def main():
     if args.device == "cuda" and kiln_devices and kiln_devices != [device_name]:
         print(f"compare_conv: warning: kiln ran on {', '.join(kiln_devices)}, torch on {device_name}", file=sys.stderr)
 
-    torch_rows = []
+    # kiln gives one row per cuDNN API (legacy, graph) for each problem: torch times each problem once.
+    torch_rows, torch_by_problem = [], {}
     for row in rows:
         repeats = args.repeats or row.get("repeats", 20)
-        try:
-            torch_rows.append(time_torch(row, args.device, timer, repeats))
-        except RuntimeError as error:  # e.g. a dtype the CPU lacks in the smoke test
-            torch_rows.append({"error": str(error).splitlines()[0]})
+        problem = tuple(row.get(k) for k in ("what", "n", "c_in", "c_out", "h", "w", "dtype", "layout", "tf32"))
+        if problem not in torch_by_problem:
+            try:
+                torch_by_problem[problem] = time_torch(row, args.device, timer, repeats)
+            except RuntimeError as error:  # e.g. a dtype the CPU lacks in the smoke test
+                torch_by_problem[problem] = {"error": str(error).splitlines()[0]}
+        torch_rows.append(torch_by_problem[problem])
 
     tf32 = sorted({bool(row.get("tf32", False)) for row in rows if row["dtype"] == "float32"})
     tf32_text = {(): "no float32 rows", (False,): "off", (True,): "on"}.get(tuple(tf32), "mixed")
@@ -214,8 +219,9 @@ def main():
               if args.device == "cuda" else f"torch on the CPU, median of {repeats_text} (kiln's rows as given)")
     print(f"kiln::conv2d vs torch.nn.functional.conv2d, {method}; fwd+bwd = forward + dx + dweight (3x the forward "
           f"FLOPs); float32 TF32 {tf32_text} in both; TFLOP/s, ratio = kiln / torch (above 1: kiln faster)\n")
-    print("| shape | dtype | layout | kiln fwd TFLOP/s | torch fwd | ratio | kiln fwd+bwd | torch fwd+bwd | ratio |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| shape | dtype | layout | kiln's cuDNN API | kiln fwd TFLOP/s | torch fwd | ratio | kiln fwd+bwd | "
+          "torch fwd+bwd | ratio |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     kiln_failed = False
     ratios = {}  # (dtype, layout) -> [(fwd ratio, fwd+bwd ratio)]
 
@@ -227,6 +233,8 @@ def main():
         layout = row["layout"]
         if row.get("cudnn_layout", layout) != layout:
             layout += f" (kiln ran {row['cudnn_layout']})"
+        api = row.get("cudnn_api", "legacy")
+        api_text = api + (f" ({row['graph_fallbacks']} of 3 ran legacy)" if row.get("graph_fallbacks") else "")
         if "error" in row:
             kiln_failed = True
             kiln_fwd, kiln_both = f"kiln failed: {row['error'].replace('|', '/')[:120]}", "failed"
@@ -241,17 +249,17 @@ def main():
         else:
             fwd = row["forward_tflops"] / peer["forward_tflops"]
             both = row["forward_backward_tflops"] / peer["forward_backward_tflops"]
-            ratios.setdefault((row["dtype"], row["layout"]), []).append((fwd, both))
+            ratios.setdefault((row["dtype"], row["layout"], api), []).append((fwd, both))
             ratio_fwd, ratio_both = f"{fwd:.2f}", f"{both:.2f}"
-        print(f"| {shape} | {row['dtype']} | {layout} | {kiln_fwd} | {torch_fwd} | {ratio_fwd} | {kiln_both} | "
+        print(f"| {shape} | {row['dtype']} | {layout} | {api_text} | {kiln_fwd} | {torch_fwd} | {ratio_fwd} | {kiln_both} | "
               f"{torch_both} | {ratio_both} |")
 
     def geomean(values):
         return math.exp(sum(math.log(v) for v in values) / len(values))
 
     print()
-    for (dtype, layout), pairs in ratios.items():
-        print(f"{dtype} {layout}: geometric mean of kiln / torch over {len(pairs)} shape(s): forward "
+    for (dtype, layout, api), pairs in ratios.items():
+        print(f"{dtype} {layout}, kiln's cuDNN {api} API: geometric mean of kiln / torch over {len(pairs)} shape(s): forward "
               f"{geomean([p[0] for p in pairs]):.2f}, forward+backward {geomean([p[1] for p in pairs]):.2f}")
     if kiln_failed:
         fail("kiln rows failed (see the table)")

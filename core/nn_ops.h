@@ -41,9 +41,17 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor
 // torch.backends.cudnn.benchmark. Off by default.
 void set_cudnn_benchmark(bool enabled);
 bool cudnn_benchmark();
+// cuDNN's graph (backend) API for convolutions instead of its legacy API:
+// engine configurations from heuristics, timed in benchmark mode, as torch
+// reaches cuDNN. Off by default (not yet measured on a GPU); the environment
+// variable KILN_CUDNN_GRAPH_API=1 turns it on at start-up.
+void set_cudnn_graph_api(bool enabled);
+bool cudnn_graph_api();
 // Benchmark-mode cache counters (zero without CUDA); for tests and logs.
 struct CudnnBenchmarkStats {
   uint64_t hits = 0, misses = 0, entries = 0;
+  uint64_t graph_entries = 0;    // of `entries`, the graph API's plans
+  uint64_t graph_fallbacks = 0;  // graph-API calls no engine could run (the legacy API ran them)
 };
 CudnnBenchmarkStats cudnn_benchmark_stats();
 void cudnn_benchmark_cache_clear();

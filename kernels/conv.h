@@ -13,6 +13,8 @@
 // channels-last (NHWC) tensors, float32/float16/bfloat16/float64. Algorithms
 // come from cudnnGet*_v7 heuristics, or in benchmark mode from
 // cudnnFind*AlgorithmEx once per (shape, dtype, layout, flags) key, cached.
+// With ConvCudaConfig::graph_api, cuDNN's graph API instead
+// (kernels/cuda/conv_graph.cpp: engine configurations in place of algorithms).
 // Workspace memory comes from the caller through `WorkspaceAllocator`.
 // Every call is asynchronous on the stream given, except that a benchmark-mode
 // cache miss synchronizes (cuDNN's Find times the candidates).
@@ -20,6 +22,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <string>
 
 #include "kernels/cuda/runtime.h"
 #include "kernels/dtype.h"
@@ -63,6 +66,11 @@ struct ConvCudaConfig {
   bool deterministic = false;  // only algorithms cuDNN reports deterministic
   bool allow_tf32 = false;     // float32 may use TF32 tensor cores
   bool benchmark = false;      // cudnnFind once per key instead of heuristics
+  // cuDNN's graph (backend) API instead of the legacy one: engine
+  // configurations from heuristics mode A and the fallback list, timed in
+  // benchmark mode (kernels/cuda/conv_graph.cpp). A call it cannot run goes
+  // to the legacy API (counted in CudnnConvCacheStats::graph_fallbacks).
+  bool graph_api = false;
   int device = 0;
   cuda::Stream stream = nullptr;
 };
@@ -91,6 +99,8 @@ struct CudnnConvCacheStats {
   uint64_t hits = 0;    // a benchmark-mode call found its key cached
   uint64_t misses = 0;  // a benchmark-mode call ran cudnnFind*AlgorithmEx
   uint64_t entries = 0;
+  uint64_t graph_entries = 0;    // of `entries`, plans cached by the graph API
+  uint64_t graph_fallbacks = 0;  // graph-API calls no engine could run (the legacy API ran them)
 };
 CudnnConvCacheStats cudnn_conv_cache_stats();
 // Forgets every cached algorithm and zeroes the counters.
@@ -104,5 +114,11 @@ void cudnn_conv_cache_clear();
 // number for the same key, or -1 when none is cached.
 int cudnn_conv_cache_put_refused_forward_for_testing(const Conv2dParams& p, const ConvCudaConfig& config);
 int cudnn_conv_cached_forward_algo_for_testing(const Conv2dParams& p, const ConvCudaConfig& config);
+// Builds and finalizes the graph API's tensor, convolution and operation
+// descriptors of one call (direction 0 forward, 1 backward data, 2 backward
+// filter; operands aligned to `alignment` bytes) without a handle: "" when
+// cuDNN accepts them, else what it refused. Needs the cuDNN library, no GPU.
+std::string cudnn_graph_descriptors_check_for_testing(const Conv2dParams& p, const ConvCudaConfig& config,
+                                                      int direction, int alignment);
 
 }  // namespace kiln::kernels

@@ -23,10 +23,12 @@ struct ConvCase {
 
 // Restores the global convolution flags a case changes, whatever happens in it.
 struct ConvFlags {
-  bool deterministic = deterministic_algorithms_enabled(), benchmark = cudnn_benchmark();
+  bool deterministic = deterministic_algorithms_enabled(), benchmark = cudnn_benchmark(),
+       graph_api = cudnn_graph_api();
   ~ConvFlags() {
     set_deterministic_algorithms(deterministic);
     set_cudnn_benchmark(benchmark);
+    set_cudnn_graph_api(graph_api);
   }
 };
 
@@ -133,6 +135,112 @@ TEST_CASE("conv2d on CUDA: an algorithm cuDNN refuses at the call is replaced by
   CHECK(cached >= 0);
   kernels::cudnn_conv_cache_clear();
 }
+
+// cuDNN's graph API against its legacy API on the same calls: every case of
+// the layout test above plus two of ResNet-9's shapes, in both layouts, three
+// dtypes and the three modes; and float32 against the CPU in float64. The
+// graph API must have run them (no fallback to the legacy API) for float32
+// and 16-bit, so that bench_conv_gpu's graph rows time what they name.
+TEST_CASE("conv2d on CUDA: cuDNN's graph API equals its legacy API, forward and both backward products [gpu]") {
+  KILN_REQUIRE_GPU();
+  const ConvCase cases[] = {
+      {"one input channel 28x28", 1, 8, 1, 28, 28, 1, 1},
+      {"groups 2", 8, 16, 2, 9, 7, 1, 1},
+      {"depthwise stride 2", 16, 16, 16, 10, 10, 2, 1},
+      {"strided, no padding", 6, 12, 1, 5, 5, 2, 0},
+      {"ResNet-9 residual 128 at 14x14", 128, 128, 1, 14, 14, 1, 1},
+      {"ResNet-9 residual 512 at 3x3", 512, 512, 1, 3, 3, 1, 1},
+  };
+  const char* modes[] = {"heuristics", "deterministic", "benchmark"};
+  ConvFlags restore;
+  uint64_t seed = 300;
+  for (const ConvCase& c : cases) {
+    const Shape x_shape{4, c.in_channels, c.height, c.width};
+    const Shape w_shape{c.out_channels, c.in_channels / c.groups, 3, 3};
+    const Tensor x64 = tensor<double>(random_values(shape_numel(x_shape), ++seed), x_shape);
+    const Tensor w64 = tensor<double>(random_values(shape_numel(w_shape), ++seed), w_shape);
+    const int64_t out_h = (c.height + 2 * c.padding - 3) / c.stride + 1;
+    const int64_t out_w = (c.width + 2 * c.padding - 3) / c.stride + 1;
+    const Shape y_shape{4, c.out_channels, out_h, out_w};
+    const Tensor dy64 = tensor<double>(random_values(shape_numel(y_shape), ++seed), y_shape);
+    for (DType dtype : {DType::f32, DType::bf16, DType::f16}) {
+      for (int mode = 0; mode < 3; ++mode) {
+        for (bool channels_last : {false, true}) {
+          const std::string label = std::string(c.name) + ", " + std::string(dtype_name(dtype)) + ", " + modes[mode] +
+                                    (channels_last ? ", channels-last" : ", NCHW");
+          CAPTURE(label);
+          set_deterministic_algorithms(mode == 1);
+          set_cudnn_benchmark(mode == 2);
+          try {
+            Tensor x = x64.to(Device::cuda(), dtype);
+            if (channels_last) x = x.contiguous(MemoryFormat::channels_last);
+            const Tensor w = w64.to(Device::cuda(), dtype), dy = dy64.to(Device::cuda(), dtype);
+            set_cudnn_graph_api(false);
+            const ConvResult legacy = conv_with_grads(x, w, dy, c);
+            set_cudnn_graph_api(true);
+            const uint64_t fallbacks_before = cudnn_benchmark_stats().graph_fallbacks;
+            const ConvResult graph = conv_with_grads(x, w, dy, c);
+            CHECK(cudnn_benchmark_stats().graph_fallbacks == fallbacks_before);
+            CHECK(is_channels_last(graph.y) == channels_last);
+            const Tolerance tol = layout_tolerance(dtype);
+            KILN_CHECK_CLOSE(graph.y.cpu(), legacy.y.cpu(), tol.rtol, tol.atol);
+            KILN_CHECK_CLOSE(graph.dx.cpu(), legacy.dx.cpu(), tol.rtol, tol.atol);
+            KILN_CHECK_CLOSE(graph.dw.cpu(), legacy.dw.cpu(), tol.rtol, tol.atol * 10);
+            if (dtype == DType::f32) {
+              const ConvResult cpu = conv_with_grads(x64, w64, dy64, c);
+              KILN_CHECK_CLOSE(graph.y.cpu().to(DType::f64), cpu.y, 1e-4, 1e-4);
+              KILN_CHECK_CLOSE(graph.dx.cpu().to(DType::f64), cpu.dx, 1e-4, 1e-4);
+              KILN_CHECK_CLOSE(graph.dw.cpu().to(DType::f64), cpu.dw, 1e-4, 1e-3);
+            }
+          } catch (const Error& error) {
+            FAIL_CHECK(label << ": " << error.message());
+          }
+        }
+      }
+    }
+  }
+  CHECK(cudnn_benchmark_stats().graph_entries > 0);
+  cudnn_benchmark_cache_clear();
+}
+
+#if KILN_WITH_CUDA
+// The graph API's descriptors need cuDNN but no GPU: built here for each
+// direction, layout and dtype of kiln's convolutions; and cuDNN must refuse an
+// operation whose output shape does not follow from its input, which shows
+// that the operation carries the tensors and geometry kiln set.
+TEST_CASE("conv2d on CUDA: cuDNN accepts the graph API's descriptors, and refuses an inconsistent output shape") {
+  kernels::Conv2dParams p;
+  p.batch = 4;
+  p.in_channels = 8;
+  p.in_h = p.in_w = 12;
+  p.out_channels = 16;
+  p.kernel_h = p.kernel_w = 3;
+  p.out_h = p.out_w = 6;
+  p.stride_h = p.stride_w = 2;
+  p.pad_h = p.pad_w = 1;
+  for (DType dtype : {DType::f32, DType::f64, DType::bf16, DType::f16}) {
+    for (bool channels_last : {false, true}) {
+      for (int groups : {1, 2, 8}) {
+        for (int direction = 0; direction < 3; ++direction) {
+          kernels::Conv2dParams q = p;
+          q.groups = groups;
+          kernels::ConvCudaConfig config;
+          config.dtype = dtype;
+          config.channels_last = channels_last;
+          CAPTURE(dtype_name(dtype));
+          CAPTURE(channels_last);
+          CAPTURE(groups);
+          CAPTURE(direction);
+          CHECK(kernels::cudnn_graph_descriptors_check_for_testing(q, config, direction, 16) == "");
+          q.out_h = 7;  // (12 + 2 - 3) / 2 + 1 = 6
+          const std::string refused = kernels::cudnn_graph_descriptors_check_for_testing(q, config, direction, 16);
+          CHECK(refused.find("operation refused") != std::string::npos);
+        }
+      }
+    }
+  }
+}
+#endif
 
 }  // namespace
 }  // namespace kiln::testing

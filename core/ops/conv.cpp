@@ -5,6 +5,8 @@
 // float32 (casts recorded by autograd). On CUDA a channels-last x (or weight)
 // runs cuDNN's NHWC kernels and gives a channels-last output and gradients.
 #include <atomic>
+#include <cstdlib>
+#include <string_view>
 #include <memory>
 #include <vector>
 
@@ -21,6 +23,14 @@ namespace kiln {
 namespace {
 
 std::atomic<bool> benchmark_mode{false};
+
+// Until set_cudnn_graph_api is called: KILN_CUDNN_GRAPH_API=1 turns it on
+// (for benchmarks that compare the two APIs without a flag of their own).
+bool graph_api_from_environment() {
+  const char* value = std::getenv("KILN_CUDNN_GRAPH_API");
+  return value != nullptr && (std::string_view(value) == "1" || std::string_view(value) == "true");
+}
+std::atomic<bool> graph_api_mode{graph_api_from_environment()};
 
 Tensor empty_conv_output(const Shape& shape, const Tensor& like, bool channels_last) {
   const TensorOptions options{.dtype = like.dtype(), .device = like.device()};
@@ -48,6 +58,7 @@ kernels::ConvCudaConfig cuda_config(const Tensor& x, bool channels_last) {
   config.deterministic = deterministic_algorithms_enabled();
   config.allow_tf32 = x.dtype() == DType::f32 && allow_tf32();
   config.benchmark = benchmark_mode.load();
+  config.graph_api = graph_api_mode.load();
   config.device = x.device().index;
   config.stream = cuda::current_stream(x.device().index);  // cuDNN calls make the device current themselves
   return config;
@@ -108,9 +119,11 @@ void check_conv_args(const Tensor& x, const Tensor& weight, const Tensor& bias, 
 
 void set_cudnn_benchmark(bool enabled) { benchmark_mode.store(enabled); }
 bool cudnn_benchmark() { return benchmark_mode.load(); }
+void set_cudnn_graph_api(bool enabled) { graph_api_mode.store(enabled); }
+bool cudnn_graph_api() { return graph_api_mode.load(); }
 CudnnBenchmarkStats cudnn_benchmark_stats() {
   const kernels::CudnnConvCacheStats stats = kernels::cudnn_conv_cache_stats();
-  return {stats.hits, stats.misses, stats.entries};
+  return {stats.hits, stats.misses, stats.entries, stats.graph_entries, stats.graph_fallbacks};
 }
 void cudnn_benchmark_cache_clear() { kernels::cudnn_conv_cache_clear(); }
 

@@ -33,10 +33,11 @@
 
 #include "kernels/conv.h"
 #include "kernels/cuda/check.h"
+#include "kernels/cuda/conv_cudnn.h"
 
 namespace kiln::kernels {
 
-namespace {
+namespace cudnn_conv {
 
 cudnnDataType_t data_type(DType dtype) {
   switch (dtype) {
@@ -48,6 +49,27 @@ cudnnDataType_t data_type(DType dtype) {
   }
   KILN_THROW("conv2d (cuda): expected float32, float64, float16 or bfloat16, got ", dtype_name(dtype));
 }
+
+const char* direction_name(Direction direction) {
+  switch (direction) {
+    case Direction::forward: return "conv2d forward (cuDNN)";
+    case Direction::backward_data: return "conv2d backward data (cuDNN)";
+    case Direction::backward_filter: return "conv2d backward filter (cuDNN)";
+  }
+  return "conv2d (cuDNN)";
+}
+
+}  // namespace cudnn_conv
+
+namespace {
+
+using cudnn_conv::Direction;
+using cudnn_conv::Key;
+using cudnn_conv::Operands;
+using cudnn_conv::alignment_of;
+using cudnn_conv::data_type;
+using cudnn_conv::direction_name;
+using cudnn_conv::make_key;
 
 // ---------------------------------------------------------------- handles
 
@@ -156,8 +178,6 @@ bool math_allowed(cudnnMathType_t math, const ConvCudaConfig& config) {
 
 // ---------------------------------------------------------------- algorithm choice
 
-enum class Direction { forward, backward_data, backward_filter };
-
 struct Choice {
   int algo = 0;
   cudnnMathType_t math = CUDNN_DEFAULT_MATH;
@@ -171,50 +191,9 @@ struct Candidate {
   cudnnMathType_t math;
 };
 
-struct AlgoKey {
-  int direction;
-  std::array<int64_t, 16> shape;
-  int dtype;
-  bool channels_last, deterministic, allow_tf32, benchmark;
-  int alignment;
-  int device;
-  auto operator<=>(const AlgoKey&) const = default;
-};
-
-// Device pointers of one call: a = x or dy, b = w or dy, c = the output.
-struct Operands {
-  const void* x;
-  const void* w;
-  const void* dy;
-  void* out;
-};
-
-// The largest power of two up to 16 dividing every operand's address: a view
-// at an odd offset may not take the vectorized kernel chosen for aligned ones.
-int alignment_of(const Operands& ops) {
-  uintptr_t bits = 16;
-  for (const void* pointer : {ops.x, ops.w, ops.dy, static_cast<const void*>(ops.out)}) {
-    if (pointer != nullptr) bits |= reinterpret_cast<uintptr_t>(pointer);
-  }
-  return static_cast<int>(bits & (~bits + 1));
-}
-
-AlgoKey make_key(Direction direction, const Conv2dParams& p, const ConvCudaConfig& config, const Operands& ops) {
-  return {static_cast<int>(direction),
-          {p.batch, p.in_channels, p.in_h, p.in_w, p.out_channels, p.kernel_h, p.kernel_w, p.out_h, p.out_w,
-           p.stride_h, p.stride_w, p.pad_h, p.pad_w, p.dilation_h, p.dilation_w, p.groups},
-          static_cast<int>(config.dtype),
-          config.channels_last,
-          config.deterministic,
-          config.allow_tf32,
-          config.benchmark,
-          alignment_of(ops),
-          config.device};
-}
-
 struct AlgoCache {
   std::mutex mutex;
-  std::map<AlgoKey, Choice> choices;
+  std::map<Key, Choice> choices;
   CudnnConvCacheStats stats;
 };
 AlgoCache& algo_cache() {
@@ -222,7 +201,7 @@ AlgoCache& algo_cache() {
   return *cache;
 }
 
-void remember(const AlgoKey& key, const Choice& choice) {
+void remember(const Key& key, const Choice& choice) {
   AlgoCache& cache = algo_cache();
   std::lock_guard<std::mutex> lock(cache.mutex);
   cache.choices[key] = choice;
@@ -322,15 +301,6 @@ std::vector<Candidate> find_candidates(Direction direction, cudnnHandle_t handle
 // more are skipped), as a bound on memory taken from training.
 constexpr size_t kMaxFindWorkspace = size_t{1} << 30;
 
-const char* direction_name(Direction direction) {
-  switch (direction) {
-    case Direction::forward: return "conv2d forward (cuDNN)";
-    case Direction::backward_data: return "conv2d backward data (cuDNN)";
-    case Direction::backward_filter: return "conv2d backward filter (cuDNN)";
-  }
-  return "conv2d (cuDNN)";
-}
-
 // Every acceptable algorithm of `ranked`, in preference order: first those
 // whose math type keeps the precision, then the rest run with the requested
 // math type (cuDNN ranked them under that setting). Each workspace size is
@@ -359,7 +329,7 @@ std::vector<Choice> acceptable_choices(Direction direction, cudnnHandle_t handle
 
 Choice choose(Direction direction, cudnnHandle_t handle, const Descriptors& d, const Conv2dParams& p,
               const ConvCudaConfig& config, const Operands& ops, const WorkspaceAllocator& allocate) {
-  const AlgoKey key = make_key(direction, p, config, ops);
+  const Key key = make_key(direction, p, config, ops);
   AlgoCache& cache = algo_cache();
   {
     std::lock_guard<std::mutex> lock(cache.mutex);
@@ -488,6 +458,9 @@ void run_another(Direction direction, cudnnHandle_t handle, const Descriptors& d
 void run(Direction direction, const Conv2dParams& p, const ConvCudaConfig& config, const Operands& ops,
          const WorkspaceAllocator& allocate) {
   cudnnHandle_t handle = handle_for(config.device, config.stream);
+  // The graph API, when chosen, runs the call unless no engine can (then the
+  // legacy API does, and graph_cache_stats counts the fallback).
+  if (config.graph_api && cudnn_conv::run_graph(direction, p, config, ops, handle, allocate).empty()) return;
   Descriptors d(p, config);
   Choice choice = choose(direction, handle, d, p, config, ops, allocate);
   void* workspace = nullptr;
@@ -524,16 +497,31 @@ void conv2d_backward_weight_cuda(const Conv2dParams& p, const ConvCudaConfig& co
 }
 
 CudnnConvCacheStats cudnn_conv_cache_stats() {
+  const cudnn_conv::GraphCacheStats graph = cudnn_conv::graph_cache_stats();
   AlgoCache& cache = algo_cache();
   std::lock_guard<std::mutex> lock(cache.mutex);
-  return cache.stats;
+  CudnnConvCacheStats stats = cache.stats;
+  stats.hits += graph.hits;
+  stats.misses += graph.misses;
+  stats.entries += graph.entries;
+  stats.graph_entries = graph.entries;
+  stats.graph_fallbacks = graph.fallbacks;
+  return stats;
 }
 
 void cudnn_conv_cache_clear() {
+  cudnn_conv::graph_cache_clear();
   AlgoCache& cache = algo_cache();
   std::lock_guard<std::mutex> lock(cache.mutex);
   cache.choices.clear();
   cache.stats = {};
+}
+
+std::string cudnn_graph_descriptors_check_for_testing(const Conv2dParams& p, const ConvCudaConfig& config,
+                                                      int direction, int alignment) {
+  KILN_CHECK(direction >= 0 && direction <= 2, "cudnn_graph_descriptors_check_for_testing: direction ", direction,
+             " is not 0 (forward), 1 (backward data) or 2 (backward filter)");
+  return cudnn_conv::check_graph_descriptors(static_cast<Direction>(direction), p, config, alignment);
 }
 
 int cudnn_conv_cache_put_refused_forward_for_testing(const Conv2dParams& p, const ConvCudaConfig& config) {

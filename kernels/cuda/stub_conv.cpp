@@ -32,4 +32,8 @@ int cudnn_conv_cached_forward_algo_for_testing(const Conv2dParams&, const ConvCu
   no_cuda("cudnn_conv_cached_forward_algo_for_testing");
 }
 
+std::string cudnn_graph_descriptors_check_for_testing(const Conv2dParams&, const ConvCudaConfig&, int, int) {
+  no_cuda("cudnn_graph_descriptors_check_for_testing");
+}
+
 }  // namespace kiln::kernels
