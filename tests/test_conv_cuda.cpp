@@ -2,10 +2,13 @@
 // (NHWC) with groups (2 and depthwise), with one input channel (Fashion-MNIST's
 // first layer), in 16-bit, under deterministic algorithms and in benchmark
 // mode, each against the same convolution in NCHW, forward and both backward
-// products; and the run-time fallback when cuDNN refuses the cached algorithm.
+// products; the run-time fallback when cuDNN refuses the cached algorithm;
+// and cuDNN's graph API against its legacy API (its descriptors without a GPU).
 #include <doctest/doctest.h>
 
+#include <iterator>
 #include <string>
+#include <vector>
 
 #include "core/autograd.h"
 #include "core/nn_ops.h"
@@ -43,6 +46,43 @@ ConvResult conv_with_grads(const Tensor& x, const Tensor& w, const Tensor& dy, c
   return {y, grads[0], grads[1]};
 }
 
+// The paths a first GPU run has not seen: one input channel, groups, depthwise, strides.
+const ConvCase kCases[] = {
+    {"one input channel 28x28", 1, 8, 1, 28, 28, 1, 1},
+    {"groups 2", 8, 16, 2, 9, 7, 1, 1},
+    {"depthwise stride 2", 16, 16, 16, 10, 10, 2, 1},
+    {"strided, no padding", 6, 12, 1, 5, 5, 2, 0},
+};
+
+// Float64 CPU x, w and dy of a case at batch `batch`, from seeds seed + 1 .. seed + 3.
+struct ConvInputs {
+  Tensor x, w, dy;
+};
+ConvInputs conv_inputs(const ConvCase& c, int64_t batch, uint64_t seed) {
+  const Shape x_shape{batch, c.in_channels, c.height, c.width};
+  const Shape w_shape{c.out_channels, c.in_channels / c.groups, 3, 3};
+  const int64_t out_h = (c.height + 2 * c.padding - 3) / c.stride + 1;
+  const int64_t out_w = (c.width + 2 * c.padding - 3) / c.stride + 1;
+  const Shape y_shape{batch, c.out_channels, out_h, out_w};
+  return {tensor<double>(random_values(shape_numel(x_shape), seed + 1), x_shape),
+          tensor<double>(random_values(shape_numel(w_shape), seed + 2), w_shape),
+          tensor<double>(random_values(shape_numel(y_shape), seed + 3), y_shape)};
+}
+
+// The geometry of conv2d on (batch, 8, 12, 12) with a (16, 8, 3, 3) weight, stride 2, padding 1.
+kernels::Conv2dParams strided_params(int64_t batch) {
+  kernels::Conv2dParams p;
+  p.batch = batch;
+  p.in_channels = 8;
+  p.in_h = p.in_w = 12;
+  p.out_channels = 16;
+  p.kernel_h = p.kernel_w = 3;
+  p.out_h = p.out_w = 6;
+  p.stride_h = p.stride_w = 2;
+  p.pad_h = p.pad_w = 1;
+  return p;
+}
+
 // Different algorithms in each layout: float32 sums in another order, 16-bit
 // outputs a rounding apart.
 Tolerance layout_tolerance(DType dtype) {
@@ -55,24 +95,11 @@ Tolerance layout_tolerance(DType dtype) {
 
 TEST_CASE("conv2d on CUDA: channels-last equals NCHW for groups, one channel, 16-bit, deterministic, benchmark [gpu]") {
   KILN_REQUIRE_GPU();
-  const ConvCase cases[] = {
-      {"one input channel 28x28", 1, 8, 1, 28, 28, 1, 1},
-      {"groups 2", 8, 16, 2, 9, 7, 1, 1},
-      {"depthwise stride 2", 16, 16, 16, 10, 10, 2, 1},
-      {"strided, no padding", 6, 12, 1, 5, 5, 2, 0},
-  };
   const char* modes[] = {"heuristics", "deterministic", "benchmark"};
   ConvFlags restore;
   uint64_t seed = 100;
-  for (const ConvCase& c : cases) {
-    const Shape x_shape{2, c.in_channels, c.height, c.width};
-    const Shape w_shape{c.out_channels, c.in_channels / c.groups, 3, 3};
-    const Tensor x64 = tensor<double>(random_values(shape_numel(x_shape), ++seed), x_shape);
-    const Tensor w64 = tensor<double>(random_values(shape_numel(w_shape), ++seed), w_shape);
-    const int64_t out_h = (c.height + 2 * c.padding - 3) / c.stride + 1;
-    const int64_t out_w = (c.width + 2 * c.padding - 3) / c.stride + 1;
-    const Shape y_shape{2, c.out_channels, out_h, out_w};
-    const Tensor dy64 = tensor<double>(random_values(shape_numel(y_shape), ++seed), y_shape);
+  for (const ConvCase& c : kCases) {
+    const auto [x64, w64, dy64] = conv_inputs(c, 2, seed += 3);
     for (DType dtype : {DType::f32, DType::bf16, DType::f16}) {
       for (int mode = 0; mode < 3; ++mode) {
         const std::string label = std::string(c.name) + ", " + std::string(dtype_name(dtype)) + ", " + modes[mode];
@@ -112,15 +139,7 @@ TEST_CASE("conv2d on CUDA: an algorithm cuDNN refuses at the call is replaced by
   const Tensor x64 = tensor<double>(random_values(2 * 8 * 12 * 12, 7), {2, 8, 12, 12});
   const Tensor w64 = tensor<double>(random_values(16 * 8 * 3 * 3, 8), {16, 8, 3, 3});
   // The key conv2d's forward will look up: float32 NCHW, stride 2, padding 1.
-  kernels::Conv2dParams p;
-  p.batch = 2;
-  p.in_channels = 8;
-  p.in_h = p.in_w = 12;
-  p.out_channels = 16;
-  p.kernel_h = p.kernel_w = 3;
-  p.out_h = p.out_w = 6;
-  p.stride_h = p.stride_w = 2;
-  p.pad_h = p.pad_w = 1;
+  const kernels::Conv2dParams p = strided_params(2);
   kernels::ConvCudaConfig config;
   config.dtype = DType::f32;
   config.allow_tf32 = allow_tf32();
@@ -143,26 +162,14 @@ TEST_CASE("conv2d on CUDA: an algorithm cuDNN refuses at the call is replaced by
 // and 16-bit, so that bench_conv_gpu's graph rows time what they name.
 TEST_CASE("conv2d on CUDA: cuDNN's graph API equals its legacy API, forward and both backward products [gpu]") {
   KILN_REQUIRE_GPU();
-  const ConvCase cases[] = {
-      {"one input channel 28x28", 1, 8, 1, 28, 28, 1, 1},
-      {"groups 2", 8, 16, 2, 9, 7, 1, 1},
-      {"depthwise stride 2", 16, 16, 16, 10, 10, 2, 1},
-      {"strided, no padding", 6, 12, 1, 5, 5, 2, 0},
-      {"ResNet-9 residual 128 at 14x14", 128, 128, 1, 14, 14, 1, 1},
-      {"ResNet-9 residual 512 at 3x3", 512, 512, 1, 3, 3, 1, 1},
-  };
   const char* modes[] = {"heuristics", "deterministic", "benchmark"};
   ConvFlags restore;
+  std::vector<ConvCase> cases(std::begin(kCases), std::end(kCases));
+  cases.push_back({"ResNet-9 residual 128 at 14x14", 128, 128, 1, 14, 14, 1, 1});
+  cases.push_back({"ResNet-9 residual 512 at 3x3", 512, 512, 1, 3, 3, 1, 1});
   uint64_t seed = 300;
   for (const ConvCase& c : cases) {
-    const Shape x_shape{4, c.in_channels, c.height, c.width};
-    const Shape w_shape{c.out_channels, c.in_channels / c.groups, 3, 3};
-    const Tensor x64 = tensor<double>(random_values(shape_numel(x_shape), ++seed), x_shape);
-    const Tensor w64 = tensor<double>(random_values(shape_numel(w_shape), ++seed), w_shape);
-    const int64_t out_h = (c.height + 2 * c.padding - 3) / c.stride + 1;
-    const int64_t out_w = (c.width + 2 * c.padding - 3) / c.stride + 1;
-    const Shape y_shape{4, c.out_channels, out_h, out_w};
-    const Tensor dy64 = tensor<double>(random_values(shape_numel(y_shape), ++seed), y_shape);
+    const auto [x64, w64, dy64] = conv_inputs(c, 4, seed += 3);
     for (DType dtype : {DType::f32, DType::bf16, DType::f16}) {
       for (int mode = 0; mode < 3; ++mode) {
         for (bool channels_last : {false, true}) {
@@ -209,15 +216,7 @@ TEST_CASE("conv2d on CUDA: cuDNN's graph API equals its legacy API, forward and 
 // operation whose output shape does not follow from its input, which shows
 // that the operation carries the tensors and geometry kiln set.
 TEST_CASE("conv2d on CUDA: cuDNN accepts the graph API's descriptors, and refuses an inconsistent output shape") {
-  kernels::Conv2dParams p;
-  p.batch = 4;
-  p.in_channels = 8;
-  p.in_h = p.in_w = 12;
-  p.out_channels = 16;
-  p.kernel_h = p.kernel_w = 3;
-  p.out_h = p.out_w = 6;
-  p.stride_h = p.stride_w = 2;
-  p.pad_h = p.pad_w = 1;
+  const kernels::Conv2dParams p = strided_params(4);
   for (DType dtype : {DType::f32, DType::f64, DType::bf16, DType::f16}) {
     for (bool channels_last : {false, true}) {
       for (int groups : {1, 2, 8}) {

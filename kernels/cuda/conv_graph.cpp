@@ -94,6 +94,42 @@ std::unique_ptr<Descriptor> tensor(int64_t uid, std::array<int64_t, 4> dims, boo
   return t;
 }
 
+// The backend's descriptor type and attribute names of one direction's operation.
+struct OperationAttributes {
+  cudnnBackendDescriptorType_t type;
+  cudnnBackendAttributeName_t x, w, y, conv, alpha, beta;
+};
+
+OperationAttributes operation_attributes(Direction direction) {
+  switch (direction) {
+    case Direction::forward:
+      return {CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR,
+              CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_X,
+              CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_W,
+              CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_Y,
+              CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_CONV_DESC,
+              CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_ALPHA,
+              CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_BETA};
+    case Direction::backward_data:
+      return {CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_DATA_DESCRIPTOR,
+              CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DX,
+              CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_W,
+              CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DY,
+              CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_CONV_DESC,
+              CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_ALPHA,
+              CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_BETA};
+    case Direction::backward_filter:
+      break;
+  }
+  return {CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_FILTER_DESCRIPTOR,
+          CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_X,
+          CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DW,
+          CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DY,
+          CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_CONV_DESC,
+          CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_ALPHA,
+          CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_BETA};
+}
+
 // The descriptors of one convolution node, up to the operation; the graph,
 // engine configuration and plan that were built from them keep them alive.
 struct Node {
@@ -135,36 +171,16 @@ Node build_node(Direction direction, const Conv2dParams& p, const ConvCudaConfig
   const cudnnBackendAttributeType_t scalar = is_double ? CUDNN_TYPE_DOUBLE : CUDNN_TYPE_FLOAT;
   const void* one = is_double ? static_cast<const void*>(&d_one) : &f_one;
   const void* zero = is_double ? static_cast<const void*>(&d_zero) : &f_zero;
-  switch (direction) {
-    case Direction::forward:
-      node.op = std::make_unique<Descriptor>(CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR);
-      node.op->set_descriptor("forward x", CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_X, *node.x);
-      node.op->set_descriptor("forward w", CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_W, *node.w);
-      node.op->set_descriptor("forward y", CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_Y, *node.y);
-      node.op->set_descriptor("forward conv", CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_CONV_DESC, *node.conv);
-      node.op->set("forward alpha", CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_ALPHA, scalar, 1, one);
-      node.op->set("forward beta", CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_BETA, scalar, 1, zero);
-      break;
-    case Direction::backward_data:
-      node.op = std::make_unique<Descriptor>(CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_DATA_DESCRIPTOR);
-      node.op->set_descriptor("backward data dx", CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DX, *node.x);
-      node.op->set_descriptor("backward data w", CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_W, *node.w);
-      node.op->set_descriptor("backward data dy", CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DY, *node.y);
-      node.op->set_descriptor("backward data conv", CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_CONV_DESC, *node.conv);
-      node.op->set("backward data alpha", CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_ALPHA, scalar, 1, one);
-      node.op->set("backward data beta", CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_BETA, scalar, 1, zero);
-      break;
-    case Direction::backward_filter:
-      node.op = std::make_unique<Descriptor>(CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_FILTER_DESCRIPTOR);
-      node.op->set_descriptor("backward filter x", CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_X, *node.x);
-      node.op->set_descriptor("backward filter dw", CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DW, *node.w);
-      node.op->set_descriptor("backward filter dy", CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DY, *node.y);
-      node.op->set_descriptor("backward filter conv", CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_CONV_DESC,
-                              *node.conv);
-      node.op->set("backward filter alpha", CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_ALPHA, scalar, 1, one);
-      node.op->set("backward filter beta", CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_BETA, scalar, 1, zero);
-      break;
-  }
+  // The graph's x, w and y are the operation's x, w, y (forward), dx, w, dy
+  // (backward data) or x, dw, dy (backward filter).
+  const OperationAttributes names = operation_attributes(direction);
+  node.op = std::make_unique<Descriptor>(names.type);
+  node.op->set_descriptor("operation x", names.x, *node.x);
+  node.op->set_descriptor("operation w", names.w, *node.w);
+  node.op->set_descriptor("operation y", names.y, *node.y);
+  node.op->set_descriptor("operation convolution", names.conv, *node.conv);
+  node.op->set("operation alpha", names.alpha, scalar, 1, one);
+  node.op->set("operation beta", names.beta, scalar, 1, zero);
   if (const cudnnStatus_t status = node.op->finalize(); status != CUDNN_STATUS_SUCCESS) {
     node.error = detail::concat(direction_name(direction), " operation refused: ", cudnnGetErrorString(status));
   }
