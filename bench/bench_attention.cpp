@@ -8,7 +8,9 @@
 // B H L S scores, which the table's bytes column shows. On the GPU the fused
 // rows run the default kernels (16-bit: the tensor-core kernels of
 // kernels/cuda/attention_tc*.cu) and again the reference kernels of
-// attention.cu (set_attention_cuda_kernels), labelled so, in the same run (bf16 only).
+// attention.cu (set_attention_cuda_kernels), labelled so, in the same run (bf16 only),
+// and the tensor-core forward's candidate CTA shapes at head dim 64
+// (set_attention_forward_shape), checked against the default shape's output.
 //
 //   bench_attention                 GPU (when present) and CPU tables
 //   bench_attention --cpu-only | --gpu-only | --quick | --repeats N
@@ -116,6 +118,51 @@ void run_cases(Table& table, Device device, DType dtype, const std::vector<Case>
   }
 }
 
+// The tensor-core forward's candidate CTA shapes (kernels/attention.h
+// set_attention_forward_shape) on GPT-2's head dim 64 in bf16, one row each
+// per case, so one run shows which to keep. Each shape's output is checked
+// against the default shape's (another key-block size sums in another
+// order: equal to bf16 rounding); a row that differs more says so.
+void run_forward_shapes(Device device, const std::vector<Case>& cases, const std::function<Measurement(
+                                                                          const std::function<void()>&)>& time_fn) {
+  Table table("GPU attention forward, tensor-core CTA shapes (head dim 64, bfloat16; shape 0 is the default)");
+  struct Restore {
+    int saved = kernels::attention_forward_shape();
+    ~Restore() { kernels::set_attention_forward_shape(saved); }
+  } restore;
+  for (const Case& c : cases) {
+    if (c.D != 64) continue;
+    const std::string shape = "B" + std::to_string(c.B) + " H" + std::to_string(c.H) + " T" + std::to_string(c.T) +
+                              (c.causal ? " causal" : "");
+    const double forward_flops = 4.0 * c.B * c.H * c.T * c.T * c.D * (c.causal ? 0.5 : 1.0);
+    const double io_bytes = 4.0 * c.B * c.H * c.T * c.D * 2;
+    try {
+      NoGradGuard no_grad;
+      const Tensor q = random_tensor({c.B, c.H, c.T, c.D}, DType::bf16, device, 1);
+      const Tensor k = random_tensor({c.B, c.H, c.T, c.D}, DType::bf16, device, 2);
+      const Tensor v = random_tensor({c.B, c.H, c.T, c.D}, DType::bf16, device, 3);
+      kernels::set_attention_forward_shape(0);
+      const Tensor expected = scaled_dot_product_attention(q, k, v, Tensor(), 0.0, c.causal).to(DType::f32);
+      for (int index = 0; *kernels::attention_forward_shape_name(index) != '\0'; ++index) {
+        kernels::set_attention_forward_shape(index);
+        const std::string op = "forward, shape " + std::to_string(index);
+        const Tensor out = scaled_dot_product_attention(q, k, v, Tensor(), 0.0, c.causal).to(DType::f32);
+        const double error = max(abs(sub(out, expected))).item<double>();
+        const double scale = max(abs(expected)).item<double>();
+        const std::string note = error <= 2e-2 * scale ? "" : "WRONG: max |out - shape 0's| = " + std::to_string(error);
+        const Measurement time = time_fn([&] { (void)scaled_dot_product_attention(q, k, v, Tensor(), 0.0, c.causal); });
+        table.add({op, shape, "bfloat16", time, io_bytes, forward_flops, note});
+      }
+    } catch (const Error& error) {
+      table.add_failure("forward shapes", shape, "bfloat16", error.what());
+    }
+  }
+  table.print(0);
+  for (int index = 0; *kernels::attention_forward_shape_name(index) != '\0'; ++index) {
+    std::printf("shape %d: %s\n", index, kernels::attention_forward_shape_name(index));
+  }
+}
+
 void run_gpu(const Options& options) {
   if (!cuda::is_available()) {
     std::printf("GPU benchmarks skipped: no CUDA device (%s)\n", cuda::availability().problem.c_str());
@@ -144,6 +191,7 @@ void run_gpu(const Options& options) {
     Table table(std::string("GPU attention, ") + std::string(dtype_name(dtype)));
     run_cases(table, Device::cuda(0), dtype, cases, /*with_reference=*/dtype == DType::bf16, time_fn);
     table.print(0);
+    if (dtype == DType::bf16) run_forward_shapes(Device::cuda(0), cases, time_fn);
   }
 }
 

@@ -129,10 +129,24 @@ enum class AttentionCudaKernels { tensor_core, reference };
 void set_attention_cuda_kernels(AttentionCudaKernels kernels);
 AttentionCudaKernels attention_cuda_kernels();
 
+// A tuning knob of the tensor-core forward, for bench_attention: the CTA
+// shape it runs for head dim 64 without dropout or an additive mask (GPT-2's
+// attention). 0 is the default; attention_forward_shape_name(i) describes
+// shape i ("" past the last); set_attention_forward_shape throws for an index
+// out of range. Process-wide, read at each launch; the environment variable
+// KILN_ATTENTION_FORWARD_SHAPE sets it at start-up. Without CUDA only 0 exists.
+void set_attention_forward_shape(int index);
+int attention_forward_shape();
+const char* attention_forward_shape_name(int index);
+
 // The tensor-core kernels themselves (kernels/cuda/attention_tc.cu, CUDA
 // builds only); callers go through attention_*_cuda, which route here.
 namespace attention_tc {
 bool supports(DType dtype, int64_t head_dim);  // float16/bfloat16, D in {32, 64, 96, 128}
+// The largest row stride (elements) of q, k, v and dout these kernels take:
+// their tile loads index a tile's rows in 32 bits (up to 128 rows). Problems
+// with a larger stride run attention.cu's kernels.
+constexpr int64_t kMaxRowStride = 16'000'000;
 void forward(const AttentionArgs& args, void* out, void* lse, cuda::Stream stream);
 // dq, dk, dv given delta (B * H * Tq floats, dout . out per row; the caller computes it).
 void backward(const AttentionGradArgs& args, const float* delta, cuda::Stream stream);

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <string>
 
 #include "core/allocator.h"
 #include "core/autograd.h"
@@ -391,6 +392,86 @@ TEST_CASE("attention: the CUDA kernels match the CPU, forward and backward, in e
   manual_seed(5);
   const Tensor gpu_drop = scaled_dot_product_attention(q.cuda(), k.cuda(), v.cuda(), Tensor(), 0.2, true);
   KILN_CHECK_CLOSE(gpu_drop.cpu(), cpu_drop, 1e-5, 1e-5);
+}
+
+// The tensor-core forward's candidate CTA shapes (bench_attention times them):
+// each gives the default shape's out and lse on head dim 64, causal and not,
+// with partial blocks of rows and keys, aligned and not; and the knob refuses
+// an index out of range.
+TEST_CASE("attention: every candidate CTA shape of the tensor-core forward gives the default's output [gpu]") {
+  KILN_REQUIRE_GPU();
+  struct Restore {
+    int saved = kernels::attention_forward_shape();
+    ~Restore() { kernels::set_attention_forward_shape(saved); }
+  } restore;
+  struct Case {
+    int64_t B, H, L, S;
+    bool causal;
+  };
+  const Case cases[] = {{2, 3, 5, 7, false}, {1, 2, 130, 70, false}, {2, 2, 257, 257, true}, {1, 1, 70, 200, true},
+                        {1, 2, 300, 384, false}, {1, 2, 1024, 1024, true}};
+  int shapes = 0;
+  while (*kernels::attention_forward_shape_name(shapes) != '\0') ++shapes;
+  CHECK(shapes >= 2);
+  for (DType dtype : {DType::f16, DType::bf16}) {
+    for (const Case& c : cases) {
+      const Tensor q = random_tensor({c.B, c.H, c.L, 64}, 50, dtype).cuda();
+      const Tensor k = random_tensor({c.B, c.H, c.S, 64}, 51, dtype).cuda();
+      const Tensor v = random_tensor({c.B, c.H, c.S, 64}, 52, dtype).cuda();
+      kernels::set_attention_forward_shape(0);
+      const Tensor expected = scaled_dot_product_attention(q, k, v, Tensor(), 0.0, c.causal).cpu().to(DType::f32);
+      // The CPU in float32 on the same inputs: the default shape is right to begin with.
+      const Tensor cpu = scaled_dot_product_attention(q.cpu().to(DType::f32), k.cpu().to(DType::f32),
+                                                      v.cpu().to(DType::f32), Tensor(), 0.0, c.causal);
+      const Tolerance tol = parity_tolerance(dtype);
+      KILN_CHECK_CLOSE(expected, cpu, 2 * tol.rtol, dtype == DType::f16 ? 1e-3 : 5e-3);
+      for (int index = 1; index < shapes; ++index) {
+        INFO(dtype_name(dtype) << " B " << c.B << " H " << c.H << " L " << c.L << " S " << c.S
+                               << (c.causal ? " causal" : "") << ", shape " << index << ": "
+                               << kernels::attention_forward_shape_name(index));
+        kernels::set_attention_forward_shape(index);
+        const Tensor out = scaled_dot_product_attention(q, k, v, Tensor(), 0.0, c.causal).cpu().to(DType::f32);
+        KILN_CHECK_CLOSE(out, expected, 2 * tol.rtol, dtype == DType::f16 ? 1e-3 : 5e-3);
+      }
+    }
+  }
+}
+
+// The tensor-core kernels index a tile's rows in 32 bits: a q whose row
+// stride exceeds attention_tc::kMaxRowStride goes to the reference kernels,
+// and gives what its dense copy gives, forward and backward.
+TEST_CASE("attention: a row stride beyond the tensor-core kernels' 32-bit tile indexing is still right [gpu]") {
+  KILN_REQUIRE_GPU();
+  const int64_t stride = kernels::attention_tc::kMaxRowStride + 64;
+  for (DType dtype : {DType::bf16, DType::f16}) {
+    INFO(dtype_name(dtype));
+    const Tensor base = random_tensor({2, stride}, 60, dtype).cuda();  // (2, stride): 2 rows far apart
+    const Tensor q = base.narrow(1, 0, 64).unsqueeze(0).unsqueeze(0).detach().requires_grad_();  // (1, 1, 2, 64)
+    REQUIRE(q.stride(2) == stride);
+    const Tensor k = random_tensor({1, 1, 3, 64}, 61, dtype).cuda().requires_grad_();
+    const Tensor v = random_tensor({1, 1, 3, 64}, 62, dtype).cuda().requires_grad_();
+    const Tensor dout = random_tensor({1, 1, 2, 64}, 63, dtype).cuda();
+    const Tensor dense = q.detach().contiguous().requires_grad_();
+    const Tensor out = scaled_dot_product_attention(q, k, v);
+    const autograd::TensorList grads = autograd::grad({out}, {q, k, v}, {dout});
+    const Tensor dense_out = scaled_dot_product_attention(dense, k, v);
+    const autograd::TensorList dense_grads = autograd::grad({dense_out}, {dense, k, v}, {dout});
+    KILN_CHECK_CLOSE(out.cpu().to(DType::f32), dense_out.cpu().to(DType::f32), 2e-2, 1e-2);
+    for (int i = 0; i < 3; ++i) {
+      KILN_CHECK_CLOSE(grads[i].cpu().to(DType::f32), dense_grads[i].cpu().to(DType::f32), 2e-2, 1e-2);
+    }
+  }
+}
+
+TEST_CASE("attention: the tensor-core forward's shape knob refuses an index out of range and names its shapes") {
+  const int saved = kernels::attention_forward_shape();
+  CHECK(std::string(kernels::attention_forward_shape_name(0)).size() > 0);
+  int shapes = 0;
+  while (*kernels::attention_forward_shape_name(shapes) != '\0') ++shapes;
+  CHECK_THROWS_WITH_AS(kernels::set_attention_forward_shape(shapes), doctest::Contains("is not a shape index"),
+                       Error);
+  CHECK_THROWS_WITH_AS(kernels::set_attention_forward_shape(-1), doctest::Contains("is not a shape index"), Error);
+  CHECK(kernels::attention_forward_shape() == saved);
 }
 
 TEST_CASE("attention: CUDA reads heads in place from a fused projection and writes out for merging [gpu]") {

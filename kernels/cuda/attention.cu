@@ -623,10 +623,16 @@ void check_sizes(const AttentionArgs& a, const char* op) {
 namespace {
 std::atomic<AttentionCudaKernels> cuda_kernels{AttentionCudaKernels::tensor_core};
 
-// 16-bit problems of the head dims attention_tc.cu has go there unless the reference is forced.
-bool use_tensor_core_kernels(const AttentionArgs& a) {
+// 16-bit problems of the head dims attention_tc.cu has go there unless the
+// reference is forced, or a row stride of the tiles it reads (q, k, v, and
+// dout when given) exceeds its 32-bit tile indexing.
+bool use_tensor_core_kernels(const AttentionArgs& a, const AttentionLayout* dout_layout = nullptr) {
+  const auto fits = [&](const AttentionLayout& layout, int64_t len) {
+    return resolved(layout, a.heads, len, a.head_dim).row <= attention_tc::kMaxRowStride;
+  };
   return cuda_kernels.load(std::memory_order_relaxed) == AttentionCudaKernels::tensor_core &&
-         attention_tc::supports(a.dtype, a.head_dim);
+         attention_tc::supports(a.dtype, a.head_dim) && fits(a.q_layout, a.q_len) && fits(a.k_layout, a.kv_len) &&
+         fits(a.v_layout, a.kv_len) && (dout_layout == nullptr || fits(*dout_layout, a.q_len));
 }
 }  // namespace
 
@@ -681,7 +687,7 @@ void attention_backward_cuda(const AttentionGradArgs& args, void* workspace, cud
           static_cast<float*>(workspace), a.heads, a.q_len, rows, D);
       cuda::check_last_launch("scaled_dot_product_attention backward (delta)");
     }
-    if (use_tensor_core_kernels(a)) {
+    if (use_tensor_core_kernels(a, &args.dout_layout)) {
       attention_tc::backward(args, static_cast<const float*>(workspace), stream);
       return;
     }

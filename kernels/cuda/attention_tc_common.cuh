@@ -69,12 +69,15 @@ constexpr int kPad = 8;  // elements: 16 bytes per row
 // ---------------------------------------------------------------- shapes and shared memory layouts
 // Offsets in elements of the 16-bit type; every tile has row stride kLd = D + kPad.
 
-template <int D>
+// The forward's default: 8 warps, 64-key blocks. The other warp counts, key
+// blocks and occupancy targets are bench_attention's tuning candidates
+// (forward_shapes in attention_tc_forward.cu).
+template <int D, int kWarpsPerCta = 8, int kKeysPerBlock = 64, int kMinCtas = (D <= 64 ? 2 : 1)>
 struct ForwardShape {
-  static constexpr int kWarps = 8, kThreads = kWarps * 32;
-  static constexpr int kRows = kWarps * 16;  // queries per CTA
-  static constexpr int kCols = 64;           // keys per block
-  static constexpr int kMinBlocks = D <= 64 ? 2 : 1;
+  static constexpr int kWarps = kWarpsPerCta, kThreads = kWarps * 32;
+  static constexpr int kRows = kWarps * 16;       // queries per CTA
+  static constexpr int kCols = kKeysPerBlock;     // keys per block
+  static constexpr int kMinBlocks = kMinCtas;
   static constexpr int kLd = D + kPad;
   static constexpr int q = 0;                           // (kRows, D)
   static constexpr int kv = q + kRows * kLd;            // stage s: K (kCols, D) at kv + s * kStage, V after it
@@ -128,19 +131,26 @@ template <int kRows, int D, int kThreads, typename T>
 __device__ __forceinline__ void load_tile(T* tile, const T* src, int64_t ld, int64_t row0, int64_t rows, bool async) {
   constexpr int kChunks = D / 8;  // 16-byte chunks per row
   static_assert(kRows * kChunks % kThreads == 0, "every thread copies the same number of chunks");
+  // Offsets within the tile's rows in 32 bits (r * ld + col < 2^31: the host
+  // sends row strides above attention_tc::kMaxRowStride to attention.cu's
+  // kernels): 64-bit offsets cost the D = 64 forward, at its 128-register
+  // budget, 36 bytes of spills (8 with these).
+  const T* first = src + row0 * ld;
+  const int ld32 = static_cast<int>(ld);
 #pragma unroll
   for (int it = 0; it < kRows * kChunks / kThreads; ++it) {
     const int c = it * kThreads + static_cast<int>(threadIdx.x);
     const int r = c / kChunks, col = c % kChunks * 8;
     T* to = tile + r * (D + kPad) + col;
     const int64_t row = row0 + r;
+    const T* from = first + r * ld32 + col;
     if (row >= rows) {
       *reinterpret_cast<uint4*>(to) = make_uint4(0, 0, 0, 0);
     } else if (async) {
-      cp_async_16(to, src + row * ld + col);
+      cp_async_16(to, from);
     } else {
 #pragma unroll
-      for (int e = 0; e < 8; ++e) to[e] = src[row * ld + col + e];
+      for (int e = 0; e < 8; ++e) to[e] = from[e];
     }
   }
 }

@@ -2,6 +2,9 @@
 // lse of 128 queries per CTA, 8 warps of 16 query rows each, K/V blocks of 64
 // keys double-buffered with cp.async. Writes out (=) and lse (=) of every
 // query row; reads nothing it writes.
+#include <atomic>
+#include <cstdlib>
+
 #include "kernels/cuda/attention_tc_common.cuh"
 
 namespace kiln::kernels::attention_tc {
@@ -13,10 +16,9 @@ namespace {
 // One CTA per (128 queries, b * H + h); warp w owns rows q0 + 16 w .. + 15.
 // kDropout = p.dropout, kMask = (p.mask != null): kernels of their own keep
 // the Philox code and the mask loads out of the common kernel's registers.
-template <typename T, int D, bool kDropout, bool kMask>
-__global__ void __launch_bounds__(ForwardShape<D>::kThreads, kDropout || kMask ? 1 : ForwardShape<D>::kMinBlocks)
+template <typename T, int D, typename S, bool kDropout, bool kMask>
+__global__ void __launch_bounds__(S::kThreads, kDropout || kMask ? 1 : S::kMinBlocks)
     attention_tc_forward_kernel(Params p) {
-  using S = ForwardShape<D>;
   constexpr int M = S::kRows, N = S::kCols, NT = N / 8, DT = D / 8, KD = D / 16, KN = N / 16, LD = S::kLd;
   extern __shared__ __align__(16) unsigned char attention_tc_smem[];
   T* smem = reinterpret_cast<T*>(attention_tc_smem);
@@ -127,18 +129,86 @@ __global__ void __launch_bounds__(ForwardShape<D>::kThreads, kDropout || kMask ?
   }
 }
 
+constexpr const char* kForwardWhat = "scaled_dot_product_attention forward (tensor cores)";
+
+// ---------------------------------------------------------------- tuning candidates
+
+// The forward's CTA shapes that bench_attention times for head dim 64 without
+// dropout or a mask (GPT-2's attention), index 0 the default. What each
+// trades, per CTA: more warps share one K/V tile (less L2 traffic) but wait
+// at the same barriers; 128-key blocks halve the barriers and the online
+// softmax's rescaling per key but double the score registers (so fewer CTAs
+// fit). Until a GPU has timed them, 0 is used unless set_attention_forward_shape
+// (or KILN_ATTENTION_FORWARD_SHAPE, read at start-up: the CPU emulator's way
+// in) picks another. Once timed, the winner becomes ForwardShape's default
+// and the others go.
+// ptxas (CUDA 13.0, sm_90): the default D = 64 kernel is held to 128
+// registers by its 2 CTAs per SM and spills 52 bytes; shape 4 is the same
+// kernel with 255 allowed (no spill, one CTA per SM).
+using ForwardShape64Warps8Keys128 = ForwardShape<64, 8, 128, 1>;
+using ForwardShape64Warps4Keys128 = ForwardShape<64, 4, 128, 2>;
+using ForwardShape64Warps4Keys64 = ForwardShape<64, 4, 64, 3>;
+using ForwardShape64Warps8Keys64OneCta = ForwardShape<64, 8, 64, 1>;
+constexpr const char* kForwardShapeNames[] = {
+    "8 warps, 64-key blocks, 2 CTAs/SM (default)", "8 warps, 128-key blocks, 1 CTA/SM",
+    "4 warps, 128-key blocks, 2 CTAs/SM", "4 warps, 64-key blocks, 3 CTAs/SM",
+    "8 warps, 64-key blocks, 1 CTA/SM"};
+constexpr int kForwardShapes = sizeof(kForwardShapeNames) / sizeof(kForwardShapeNames[0]);
+
+int forward_shape_from_environment() {
+  const char* value = std::getenv("KILN_ATTENTION_FORWARD_SHAPE");
+  const int index = value != nullptr ? std::atoi(value) : 0;
+  return index >= 0 && index < kForwardShapes ? index : 0;
+}
+std::atomic<int> forward_shape{forward_shape_from_environment()};
+
+template <typename T, int D, typename S>
+void launch_forward_shaped(const Params& p, int64_t heads, cuda::Stream stream) {
+  const auto kernels = []<bool kDropout, bool kMask>(std::bool_constant<kDropout>, std::bool_constant<kMask>) {
+    return attention_tc_forward_kernel<T, D, S, kDropout, kMask>;
+  };
+  launch(pick(p, kernels), heads * ceil_div(p.q_len, S::kRows), S::kThreads, S::kBytes, stream, p, kForwardWhat);
+}
+
+// A candidate shape: only its plain kernel (no dropout, no mask) is instantiated.
+template <typename T, int D, typename S>
+void launch_forward_candidate(const Params& p, int64_t heads, cuda::Stream stream) {
+  launch(attention_tc_forward_kernel<T, D, S, false, false>, heads * ceil_div(p.q_len, S::kRows), S::kThreads,
+         S::kBytes, stream, p, kForwardWhat);
+}
+
 }  // namespace
 
 template <typename T, int D>
 void launch_forward(const Params& p, int64_t heads, cuda::Stream stream) {
-  using S = ForwardShape<D>;
-  const auto kernels = []<bool kDropout, bool kMask>(std::bool_constant<kDropout>, std::bool_constant<kMask>) {
-    return attention_tc_forward_kernel<T, D, kDropout, kMask>;
-  };
-  launch(pick(p, kernels), heads * ceil_div(p.q_len, S::kRows), S::kThreads, S::kBytes, stream, p,
-         "scaled_dot_product_attention forward (tensor cores)");
+  if constexpr (D == 64) {
+    if (!p.dropout && p.mask == nullptr) {
+      switch (forward_shape.load(std::memory_order_relaxed)) {
+        case 1: return launch_forward_candidate<T, D, ForwardShape64Warps8Keys128>(p, heads, stream);
+        case 2: return launch_forward_candidate<T, D, ForwardShape64Warps4Keys128>(p, heads, stream);
+        case 3: return launch_forward_candidate<T, D, ForwardShape64Warps4Keys64>(p, heads, stream);
+        case 4: return launch_forward_candidate<T, D, ForwardShape64Warps8Keys64OneCta>(p, heads, stream);
+        default: break;
+      }
+    }
+  }
+  launch_forward_shaped<T, D, ForwardShape<D>>(p, heads, stream);
 }
 
 KILN_ATTENTION_TC_INSTANTIATE(launch_forward)
 
 }  // namespace kiln::kernels::attention_tc
+
+namespace kiln::kernels {
+
+void set_attention_forward_shape(int index) {
+  KILN_CHECK(index >= 0 && index < attention_tc::kForwardShapes, "set_attention_forward_shape: ", index,
+             " is not a shape index (0 to ", attention_tc::kForwardShapes - 1, ")");
+  attention_tc::forward_shape.store(index, std::memory_order_relaxed);
+}
+int attention_forward_shape() { return attention_tc::forward_shape.load(std::memory_order_relaxed); }
+const char* attention_forward_shape_name(int index) {
+  return index >= 0 && index < attention_tc::kForwardShapes ? attention_tc::kForwardShapeNames[index] : "";
+}
+
+}  // namespace kiln::kernels

@@ -25,5 +25,10 @@ AttentionCudaKernels cuda_kernels = AttentionCudaKernels::tensor_core;  // kept,
 }  // namespace
 void set_attention_cuda_kernels(AttentionCudaKernels kernels) { cuda_kernels = kernels; }
 AttentionCudaKernels attention_cuda_kernels() { return cuda_kernels; }
+void set_attention_forward_shape(int index) {
+  KILN_CHECK(index == 0, "set_attention_forward_shape: ", index, " is not a shape index (without CUDA only 0)");
+}
+int attention_forward_shape() { return 0; }
+const char* attention_forward_shape_name(int index) { return index == 0 ? "the default (no CUDA)" : ""; }
 
 }  // namespace kiln::kernels

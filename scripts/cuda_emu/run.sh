@@ -8,6 +8,9 @@
 # masking, synchronization and pipelining, not the hardware's layouts.
 #   bash scripts/cuda_emu/run.sh            # every head dim, both dtypes (tens of minutes: hundreds of threads)
 #   bash scripts/cuda_emu/run.sh 64         # one head dim; extra arguments go to the test program
+#   KILN_ATTENTION_FORWARD_SHAPE=2 bash scripts/cuda_emu/run.sh 64
+#                                           # the forward's candidate CTA shape 2 (attention_tc_forward.cu)
+#                                           # on the problems without dropout or a mask
 # Kernel files without inline PTX (norm.cu, indexing.cu, softmax.cu, ...) and attention.cu: run_kernels.sh.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
