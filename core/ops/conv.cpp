@@ -6,8 +6,8 @@
 // runs cuDNN's NHWC kernels and gives a channels-last output and gradients.
 #include <atomic>
 #include <cstdlib>
-#include <string_view>
 #include <memory>
+#include <string_view>
 #include <vector>
 
 #include "core/allocator.h"

@@ -66,6 +66,8 @@ namespace {
 using cudnn_conv::Direction;
 using cudnn_conv::Key;
 using cudnn_conv::Operands;
+using cudnn_conv::Scalars;
+using cudnn_conv::kMaxWorkspaceBytes;
 using cudnn_conv::alignment_of;
 using cudnn_conv::data_type;
 using cudnn_conv::direction_name;
@@ -297,10 +299,6 @@ std::vector<Candidate> find_candidates(Direction direction, cudnnHandle_t handle
   return out;
 }
 
-// Largest workspace benchmark mode lets cudnnFind try (algorithms needing
-// more are skipped), as a bound on memory taken from training.
-constexpr size_t kMaxFindWorkspace = size_t{1} << 30;
-
 // Every acceptable algorithm of `ranked`, in preference order: first those
 // whose math type keeps the precision, then the rest run with the requested
 // math type (cuDNN ranked them under that setting). Each workspace size is
@@ -345,7 +343,7 @@ Choice choose(Direction direction, cudnnHandle_t handle, const Descriptors& d, c
     size_t find_bytes = 0;
     for (const Candidate& c : heuristics) {
       const size_t bytes = workspace_size(direction, handle, d, c.algo);
-      if (bytes != SIZE_MAX && bytes <= kMaxFindWorkspace) find_bytes = std::max(find_bytes, bytes);
+      if (bytes != SIZE_MAX && bytes <= kMaxWorkspaceBytes) find_bytes = std::max(find_bytes, bytes);
     }
     void* scratch = nullptr;
     try {
@@ -391,16 +389,6 @@ std::optional<Choice> fall_back_for_workspace(Direction direction, cudnnHandle_t
   }
   return std::nullopt;
 }
-
-// alpha = 1, beta = 0 in the type cuDNN expects (double for double data).
-struct Scalars {
-  double d_one = 1.0, d_zero = 0.0;
-  float f_one = 1.0f, f_zero = 0.0f;
-  bool is_double;
-  explicit Scalars(DType dtype) : is_double(dtype == DType::f64) {}
-  const void* one() const { return is_double ? static_cast<const void*>(&d_one) : &f_one; }
-  const void* zero() const { return is_double ? static_cast<const void*>(&d_zero) : &f_zero; }
-};
 
 // One cuDNN call with `choice`; its status, not thrown.
 cudnnStatus_t launch(Direction direction, cudnnHandle_t handle, const Descriptors& d, const ConvCudaConfig& config,

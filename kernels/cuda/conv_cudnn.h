@@ -1,7 +1,7 @@
 // What kernels/cuda/conv.cpp (cuDNN's legacy convolution API) and
 // kernels/cuda/conv_graph.cpp (its graph, or backend, API) share: the three
 // directions of a convolution, the operands of one call, the cache key, the
-// cuDNN data type and the benchmark-mode cache counters. Internal to kernels/cuda.
+// workspace bound, alpha and beta, the cuDNN data type. Internal to kernels/cuda.
 #pragma once
 
 #include <cudnn.h>
@@ -59,6 +59,21 @@ inline Key make_key(Direction direction, const Conv2dParams& p, const ConvCudaCo
           alignment_of(ops),
           config.device};
 }
+
+// Largest workspace a benchmark-mode search lets a candidate take (those
+// needing more are skipped), as a bound on memory taken from training; the
+// graph API also skips such plans without benchmark mode.
+constexpr size_t kMaxWorkspaceBytes = size_t{1} << 30;
+
+// alpha = 1, beta = 0 in the type cuDNN expects (double for double data).
+struct Scalars {
+  double d_one = 1.0, d_zero = 0.0;
+  float f_one = 1.0f, f_zero = 0.0f;
+  bool is_double;
+  explicit Scalars(DType dtype) : is_double(dtype == DType::f64) {}
+  const void* one() const { return is_double ? static_cast<const void*>(&d_one) : &f_one; }
+  const void* zero() const { return is_double ? static_cast<const void*>(&d_zero) : &f_zero; }
+};
 
 cudnnDataType_t data_type(DType dtype);
 const char* direction_name(Direction direction);

@@ -21,7 +21,8 @@
 //    each such plan is timed (CUDA events, synchronizing) and the fastest is
 //    cached, as cudnnFind does for the legacy path. A call the graph API
 //    cannot run launches nothing and says why; conv.cpp then runs the legacy
-//    API and counts a fallback.
+//    API and counts a fallback. A key for which no plan builds is remembered,
+//    so its later calls skip the search.
 //  - A plan holds its handle: the cache key includes it (kiln's handles are
 //    per thread and device, so a plan is used by one thread at a time).
 #include <cuda_runtime_api.h>
@@ -52,7 +53,6 @@ class Descriptor {
   Descriptor& operator=(const Descriptor&) = delete;
 
   cudnnBackendDescriptor_t get() const { return d_; }
-  cudnnBackendDescriptor_t* address() { return &d_; }
   // Setting an attribute fails only for a kiln bug (a wrong type or count).
   void set(const char* what, cudnnBackendAttributeName_t name, cudnnBackendAttributeType_t type, int64_t count,
            const void* values) {
@@ -166,11 +166,8 @@ Node build_node(Direction direction, const Conv2dParams& p, const ConvCudaConfig
   if (!node.error.empty()) return node;
 
   // alpha = 1, beta = 0: the output is written, not accumulated.
-  const double d_one = 1.0, d_zero = 0.0;
-  const float f_one = 1.0f, f_zero = 0.0f;
-  const cudnnBackendAttributeType_t scalar = is_double ? CUDNN_TYPE_DOUBLE : CUDNN_TYPE_FLOAT;
-  const void* one = is_double ? static_cast<const void*>(&d_one) : &f_one;
-  const void* zero = is_double ? static_cast<const void*>(&d_zero) : &f_zero;
+  const Scalars scalars(config.dtype);
+  const cudnnBackendAttributeType_t scalar = scalars.is_double ? CUDNN_TYPE_DOUBLE : CUDNN_TYPE_FLOAT;
   // The graph's x, w and y are the operation's x, w, y (forward), dx, w, dy
   // (backward data) or x, dw, dy (backward filter).
   const OperationAttributes names = operation_attributes(direction);
@@ -179,8 +176,8 @@ Node build_node(Direction direction, const Conv2dParams& p, const ConvCudaConfig
   node.op->set_descriptor("operation w", names.w, *node.w);
   node.op->set_descriptor("operation y", names.y, *node.y);
   node.op->set_descriptor("operation convolution", names.conv, *node.conv);
-  node.op->set("operation alpha", names.alpha, scalar, 1, one);
-  node.op->set("operation beta", names.beta, scalar, 1, zero);
+  node.op->set("operation alpha", names.alpha, scalar, 1, scalars.one());
+  node.op->set("operation beta", names.beta, scalar, 1, scalars.zero());
   if (const cudnnStatus_t status = node.op->finalize(); status != CUDNN_STATUS_SUCCESS) {
     node.error = detail::concat(direction_name(direction), " operation refused: ", cudnnGetErrorString(status));
   }
@@ -289,9 +286,6 @@ cudnnStatus_t execute(cudnnHandle_t handle, const Plan& plan, const Operands& op
   return cudnnBackendExecute(handle, plan.plan->get(), pack.get());
 }
 
-// Largest workspace a plan may take (as conv.cpp's kMaxFindWorkspace).
-constexpr int64_t kMaxWorkspace = int64_t{1} << 30;
-
 std::unique_ptr<Search> search(Direction direction, const Conv2dParams& p, const ConvCudaConfig& config,
                                int64_t alignment, cudnnHandle_t handle) {
   auto s = std::make_unique<Search>();
@@ -322,7 +316,7 @@ std::unique_ptr<Search> search(Direction direction, const Conv2dParams& p, const
       int64_t count = 0;
       if (cudnnBackendGetAttribute(plan->plan->get(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1,
                                    &count, &plan->workspace) != CUDNN_STATUS_SUCCESS ||
-          plan->workspace < 0 || plan->workspace > kMaxWorkspace) {
+          plan->workspace < 0 || static_cast<size_t>(plan->workspace) > kMaxWorkspaceBytes) {
         continue;
       }
       plan->config = std::move(engine_config);
@@ -352,6 +346,11 @@ struct Choice {
 struct Cache {
   std::mutex mutex;
   std::map<CacheKey, Choice> chosen;
+  // Keys for which no plan could even be built (cuDNN refused the graph, or
+  // every engine configuration): why, so that later calls go straight to the
+  // legacy API instead of searching again. A search whose plans were built
+  // but did not run (a workspace out of memory, say) is not remembered.
+  std::map<CacheKey, std::string> unsupported;
   GraphCacheStats stats;
 };
 Cache& cache() {
@@ -449,6 +448,9 @@ std::string run_graph(Direction direction, const Conv2dParams& p, const ConvCuda
     if (const auto it = c.chosen.find(key); it != c.chosen.end()) {
       plan = it->second.plan;
       if (config.benchmark) ++c.stats.hits;
+    } else if (const auto refused = c.unsupported.find(key); refused != c.unsupported.end()) {
+      ++c.stats.fallbacks;
+      return refused->second;
     }
   }
   if (plan != nullptr) {
@@ -466,6 +468,7 @@ std::string run_graph(Direction direction, const Conv2dParams& p, const ConvCuda
   std::lock_guard<std::mutex> lock(c.mutex);
   if (chosen == nullptr) {
     ++c.stats.fallbacks;
+    if (s->plans.empty()) c.unsupported[key] = s->why_none;
     return s->why_none.empty() ? detail::concat(s->plans.size(), " plans built, none ran") : s->why_none;
   }
   if (config.benchmark) ++c.stats.misses;
@@ -484,6 +487,7 @@ void graph_cache_clear() {
   Cache& c = cache();
   std::lock_guard<std::mutex> lock(c.mutex);
   c.chosen.clear();
+  c.unsupported.clear();
   c.stats = {};
 }
 
