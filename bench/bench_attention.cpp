@@ -143,7 +143,7 @@ void run_forward_shapes(Device device, const std::vector<Case>& cases, const std
       const Tensor v = random_tensor({c.B, c.H, c.T, c.D}, DType::bf16, device, 3);
       kernels::set_attention_forward_shape(0);
       const Tensor expected = scaled_dot_product_attention(q, k, v, Tensor(), 0.0, c.causal).to(DType::f32);
-      for (int index = 0; *kernels::attention_forward_shape_name(index) != '\0'; ++index) {
+      for (int index = 0; index < kernels::attention_forward_shape_count(); ++index) {
         kernels::set_attention_forward_shape(index);
         const std::string op = "forward, shape " + std::to_string(index);
         const Tensor out = scaled_dot_product_attention(q, k, v, Tensor(), 0.0, c.causal).to(DType::f32);
@@ -158,7 +158,7 @@ void run_forward_shapes(Device device, const std::vector<Case>& cases, const std
     }
   }
   table.print(0);
-  for (int index = 0; *kernels::attention_forward_shape_name(index) != '\0'; ++index) {
+  for (int index = 0; index < kernels::attention_forward_shape_count(); ++index) {
     std::printf("shape %d: %s\n", index, kernels::attention_forward_shape_name(index));
   }
 }

@@ -131,12 +131,13 @@ AttentionCudaKernels attention_cuda_kernels();
 
 // A tuning knob of the tensor-core forward, for bench_attention: the CTA
 // shape it runs for head dim 64 without dropout or an additive mask (GPT-2's
-// attention). 0 is the default; attention_forward_shape_name(i) describes
-// shape i ("" past the last); set_attention_forward_shape throws for an index
-// out of range. Process-wide, read at each launch; the environment variable
+// attention). 0 is the default, shapes 0 .. attention_forward_shape_count() - 1
+// exist; attention_forward_shape_name(i) describes shape i ("" for any other
+// index); set_attention_forward_shape throws for an index out of range. Process-wide, read at each launch; the environment variable
 // KILN_ATTENTION_FORWARD_SHAPE sets it at start-up. Without CUDA only 0 exists.
 void set_attention_forward_shape(int index);
 int attention_forward_shape();
+int attention_forward_shape_count();
 const char* attention_forward_shape_name(int index);
 
 // The tensor-core kernels themselves (kernels/cuda/attention_tc.cu, CUDA

@@ -410,8 +410,7 @@ TEST_CASE("attention: every candidate CTA shape of the tensor-core forward gives
   };
   const Case cases[] = {{2, 3, 5, 7, false}, {1, 2, 130, 70, false}, {2, 2, 257, 257, true}, {1, 1, 70, 200, true},
                         {1, 2, 300, 384, false}, {1, 2, 1024, 1024, true}};
-  int shapes = 0;
-  while (*kernels::attention_forward_shape_name(shapes) != '\0') ++shapes;
+  const int shapes = kernels::attention_forward_shape_count();
   CHECK(shapes >= 2);
   for (DType dtype : {DType::f16, DType::bf16}) {
     for (const Case& c : cases) {
@@ -465,9 +464,9 @@ TEST_CASE("attention: a row stride beyond the tensor-core kernels' 32-bit tile i
 
 TEST_CASE("attention: the tensor-core forward's shape knob refuses an index out of range and names its shapes") {
   const int saved = kernels::attention_forward_shape();
-  CHECK(std::string(kernels::attention_forward_shape_name(0)).size() > 0);
-  int shapes = 0;
-  while (*kernels::attention_forward_shape_name(shapes) != '\0') ++shapes;
+  const int shapes = kernels::attention_forward_shape_count();
+  for (int index = 0; index < shapes; ++index) CHECK(std::string(kernels::attention_forward_shape_name(index)).size() > 0);
+  CHECK(std::string(kernels::attention_forward_shape_name(shapes)).empty());
   CHECK_THROWS_WITH_AS(kernels::set_attention_forward_shape(shapes), doctest::Contains("is not a shape index"),
                        Error);
   CHECK_THROWS_WITH_AS(kernels::set_attention_forward_shape(-1), doctest::Contains("is not a shape index"), Error);

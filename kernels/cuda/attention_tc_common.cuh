@@ -71,7 +71,7 @@ constexpr int kPad = 8;  // elements: 16 bytes per row
 
 // The forward's default: 8 warps, 64-key blocks. The other warp counts, key
 // blocks and occupancy targets are bench_attention's tuning candidates
-// (forward_shapes in attention_tc_forward.cu).
+// ("tuning candidates" in attention_tc_forward.cu).
 template <int D, int kWarpsPerCta = 8, int kKeysPerBlock = 64, int kMinCtas = (D <= 64 ? 2 : 1)>
 struct ForwardShape {
   static constexpr int kWarps = kWarpsPerCta, kThreads = kWarps * 32;

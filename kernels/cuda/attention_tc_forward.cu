@@ -13,7 +13,7 @@ namespace {
 
 // ---------------------------------------------------------------- forward
 
-// One CTA per (128 queries, b * H + h); warp w owns rows q0 + 16 w .. + 15.
+// One CTA per (S::kRows queries, b * H + h); warp w owns rows q0 + 16 w .. + 15.
 // kDropout = p.dropout, kMask = (p.mask != null): kernels of their own keep
 // the Philox code and the mask loads out of the common kernel's registers.
 template <typename T, int D, typename S, bool kDropout, bool kMask>
@@ -143,8 +143,8 @@ constexpr const char* kForwardWhat = "scaled_dot_product_attention forward (tens
 // in) picks another. Once timed, the winner becomes ForwardShape's default
 // and the others go.
 // ptxas (CUDA 13.0, sm_90): the default D = 64 kernel is held to 128
-// registers by its 2 CTAs per SM and spills 52 bytes; shape 4 is the same
-// kernel with 255 allowed (no spill, one CTA per SM).
+// registers by its 2 CTAs per SM and spills 8 bytes; shape 4 is the same
+// kernel with 255 allowed (161 used, no spill, one CTA per SM).
 using ForwardShape64Warps8Keys128 = ForwardShape<64, 8, 128, 1>;
 using ForwardShape64Warps4Keys128 = ForwardShape<64, 4, 128, 2>;
 using ForwardShape64Warps4Keys64 = ForwardShape<64, 4, 64, 3>;
@@ -162,19 +162,16 @@ int forward_shape_from_environment() {
 }
 std::atomic<int> forward_shape{forward_shape_from_environment()};
 
-template <typename T, int D, typename S>
-void launch_forward_shaped(const Params& p, int64_t heads, cuda::Stream stream) {
-  const auto kernels = []<bool kDropout, bool kMask>(std::bool_constant<kDropout>, std::bool_constant<kMask>) {
-    return attention_tc_forward_kernel<T, D, S, kDropout, kMask>;
-  };
-  launch(pick(p, kernels), heads * ceil_div(p.q_len, S::kRows), S::kThreads, S::kBytes, stream, p, kForwardWhat);
+// `kernel` (an instantiation for shape S) over every query block of every head.
+template <typename S, typename Kernel>
+void launch_shape(Kernel kernel, const Params& p, int64_t heads, cuda::Stream stream) {
+  launch(kernel, heads * ceil_div(p.q_len, S::kRows), S::kThreads, S::kBytes, stream, p, kForwardWhat);
 }
 
 // A candidate shape: only its plain kernel (no dropout, no mask) is instantiated.
 template <typename T, int D, typename S>
 void launch_forward_candidate(const Params& p, int64_t heads, cuda::Stream stream) {
-  launch(attention_tc_forward_kernel<T, D, S, false, false>, heads * ceil_div(p.q_len, S::kRows), S::kThreads,
-         S::kBytes, stream, p, kForwardWhat);
+  launch_shape<S>(attention_tc_forward_kernel<T, D, S, false, false>, p, heads, stream);
 }
 
 }  // namespace
@@ -192,7 +189,11 @@ void launch_forward(const Params& p, int64_t heads, cuda::Stream stream) {
       }
     }
   }
-  launch_forward_shaped<T, D, ForwardShape<D>>(p, heads, stream);
+  using S = ForwardShape<D>;
+  const auto kernels = []<bool kDropout, bool kMask>(std::bool_constant<kDropout>, std::bool_constant<kMask>) {
+    return attention_tc_forward_kernel<T, D, S, kDropout, kMask>;
+  };
+  launch_shape<S>(pick(p, kernels), p, heads, stream);
 }
 
 KILN_ATTENTION_TC_INSTANTIATE(launch_forward)
@@ -207,6 +208,7 @@ void set_attention_forward_shape(int index) {
   attention_tc::forward_shape.store(index, std::memory_order_relaxed);
 }
 int attention_forward_shape() { return attention_tc::forward_shape.load(std::memory_order_relaxed); }
+int attention_forward_shape_count() { return attention_tc::kForwardShapes; }
 const char* attention_forward_shape_name(int index) {
   return index >= 0 && index < attention_tc::kForwardShapes ? attention_tc::kForwardShapeNames[index] : "";
 }

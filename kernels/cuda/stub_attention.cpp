@@ -29,6 +29,7 @@ void set_attention_forward_shape(int index) {
   KILN_CHECK(index == 0, "set_attention_forward_shape: ", index, " is not a shape index (without CUDA only 0)");
 }
 int attention_forward_shape() { return 0; }
+int attention_forward_shape_count() { return 1; }
 const char* attention_forward_shape_name(int index) { return index == 0 ? "the default (no CUDA)" : ""; }
 
 }  // namespace kiln::kernels
