@@ -222,12 +222,16 @@ verdict() {
   return 0
 }
 
-# run_bounded LOG CAP COMMAND...: the command's exit status (124/137: out of time); output in LOG.
+# run_bounded LOG CAP COMMAND...: the command's exit status (124/137: out of time); output in LOG,
+# line-buffered (stdbuf) so that a C++ program cut short still leaves the rows it printed (the
+# H200 run at b59d5ed lost bench_attention's last table in a full 4 KiB stdout buffer); not
+# under compute-sanitizer, which preloads its own library into the program (KILN_KIT_UNBUFFERED=0).
 run_bounded() {
   local log="$1" cap="$2"
   shift 2
-  local rc=0
-  timeout --kill-after=5 "$(bounded "$cap")" "$@" >>"$log" 2>&1 || rc=$?
+  local rc=0 line_buffered=(stdbuf -oL -eL)
+  [ "${KILN_KIT_UNBUFFERED:-1}" = 0 ] && line_buffered=()
+  timeout --kill-after=5 "$(bounded "$cap")" "${line_buffered[@]}" "$@" >>"$log" 2>&1 || rc=$?
   return "$rc"
 }
 
@@ -519,7 +523,7 @@ step_sanitizer() {
     # need the caching allocator's pools, so a file with graph cases keeps it on.
     local no_caching=1
     grep "^$name	" "$kit/gpu_cases.tsv" | grep -qi 'graph' && no_caching=0
-    KILN_NO_CUDA_MEMORY_CACHING=$no_caching run_bounded "$log" 240 "$sanitizer" --tool "$tool" --error-exitcode 86 \
+    KILN_KIT_UNBUFFERED=0 KILN_NO_CUDA_MEMORY_CACHING=$no_caching run_bounded "$log" 240 "$sanitizer" --tool "$tool" --error-exitcode 86 \
       --target-processes application-only --report-api-errors no --print-limit 50 "$bins/kiln_tests" "--source-file=*/$name.cpp" \
       '--test-case=*[gpu]*' '--test-case-exclude=*[alone]*' --no-version || rc=$?
     file_errors="$(grep -m 1 -oE '(ERROR|RACECHECK) SUMMARY: [0-9]+' "$log" | grep -oE '[0-9]+$' || echo '?')"
