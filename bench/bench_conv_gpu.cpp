@@ -24,7 +24,7 @@
 //   bench_conv_gpu [--json] [--repeats N] [--cudnn-api legacy|graph|both]
 //   (repeats 20 by default; estimated 10-20 s on an H100 with both APIs, most
 //   of it the float32 rows and cuDNN's searches). Each row runs once per cuDNN
-//   API (set_cudnn_graph_api): legacy (cudnnFind) and graph (engine
+//   API (set_cudnn_api): legacy (cudnnFind) and graph (engine
 //   configurations, timed), both by default, so one run compares them.
 // --json: one JSON object per row on stdout: what, n, c_in, c_out, h, w,
 // kernel, stride, padding, dtype, layout ("nchw" | "nhwc", the tensors'),
@@ -207,7 +207,7 @@ double tolerance(DType dtype, bool tf32) {
 nlohmann::json run_row(const ConvShape& s, const Variant& v, bool graph_api, int repeats, GpuTimer& timer,
                        const cuda::DeviceProperties& properties) {
   const bool tf32 = v.dtype == DType::f32 && allow_tf32();
-  set_cudnn_graph_api(graph_api);
+  set_cudnn_api(graph_api ? CudnnApi::graph : CudnnApi::legacy);
   nlohmann::json row = {{"what", s.what},
                         {"cudnn_api", graph_api ? "graph" : "legacy"},
                         {"n", s.n},

@@ -41,12 +41,19 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor
 // torch.backends.cudnn.benchmark. Off by default.
 void set_cudnn_benchmark(bool enabled);
 bool cudnn_benchmark();
-// cuDNN's graph (backend) API for convolutions instead of its legacy API:
-// engine configurations from heuristics, timed in benchmark mode, as torch
-// reaches cuDNN. Off by default (not yet measured on a GPU); the environment
-// variable KILN_CUDNN_GRAPH_API=1 turns it on at start-up.
-void set_cudnn_graph_api(bool enabled);
-bool cudnn_graph_api();
+// Which cuDNN API runs convolutions on CUDA: the legacy API (cudnnConvolution*,
+// cudnnFind*AlgorithmEx in benchmark mode) or the graph (backend) API (engine
+// configurations from heuristics, timed in benchmark mode, as torch reaches
+// cuDNN). automatic, the default: the graph API for float16 and bfloat16, the
+// legacy API for float32 and float64. On the H200 (bench_conv_gpu, benchmark
+// mode, 8 shapes of ResNet-9 and FashionCNN) the graph API ran bfloat16
+// forward + backward at 1.37x torch against the legacy API's 0.83x (NCHW) and
+// 1.85x against 0.90x (channels-last); in float32 the legacy API's search
+// finds faster algorithms (1.39x against 1.20x). The environment variable
+// KILN_CUDNN_API=legacy|graph|automatic sets it at start-up.
+enum class CudnnApi { automatic, legacy, graph };
+void set_cudnn_api(CudnnApi api);
+CudnnApi cudnn_api();
 // Benchmark-mode cache counters (zero without CUDA); for tests and logs.
 struct CudnnBenchmarkStats {
   uint64_t hits = 0, misses = 0, entries = 0;

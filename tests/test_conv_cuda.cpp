@@ -27,12 +27,12 @@ struct ConvCase {
 
 // Restores the global convolution flags a case changes, whatever happens in it.
 struct ConvFlags {
-  bool deterministic = deterministic_algorithms_enabled(), benchmark = cudnn_benchmark(),
-       graph_api = cudnn_graph_api();
+  bool deterministic = deterministic_algorithms_enabled(), benchmark = cudnn_benchmark();
+  CudnnApi api = cudnn_api();
   ~ConvFlags() {
     set_deterministic_algorithms(deterministic);
     set_cudnn_benchmark(benchmark);
-    set_cudnn_graph_api(graph_api);
+    set_cudnn_api(api);
   }
 };
 
@@ -189,9 +189,9 @@ TEST_CASE("conv2d on CUDA: cuDNN's graph API equals its legacy API, forward and 
             Tensor x = x64.to(Device::cuda(), dtype);
             if (channels_last) x = x.contiguous(MemoryFormat::channels_last);
             const Tensor w = w64.to(Device::cuda(), dtype), dy = dy64.to(Device::cuda(), dtype);
-            set_cudnn_graph_api(false);
+            set_cudnn_api(CudnnApi::legacy);
             const ConvResult legacy = conv_with_grads(x, w, dy, c);
-            set_cudnn_graph_api(true);
+            set_cudnn_api(CudnnApi::graph);
             const uint64_t fallbacks_before = cudnn_benchmark_stats().graph_fallbacks;
             const ConvResult graph = conv_with_grads(x, w, dy, c);
             CHECK(cudnn_benchmark_stats().graph_fallbacks == fallbacks_before);
@@ -215,6 +215,42 @@ TEST_CASE("conv2d on CUDA: cuDNN's graph API equals its legacy API, forward and 
   }
   CHECK(cudnn_benchmark_stats().graph_entries > 0);
   cudnn_benchmark_cache_clear();
+}
+
+// The default API choice: automatic sends 16-bit convolutions to the graph
+// API and float32 to the legacy API (core/nn_ops.h says why); the benchmark
+// cache's graph-entry count shows which API cached the plan.
+TEST_CASE("conv2d on CUDA: the automatic cuDNN API is the graph API for 16-bit, the legacy API for float32 [gpu]") {
+  KILN_REQUIRE_GPU();
+  ConvFlags restore;
+  set_deterministic_algorithms(false);
+  set_cudnn_benchmark(true);
+  set_cudnn_api(CudnnApi::automatic);
+  CHECK(cudnn_api() == CudnnApi::automatic);
+  const ConvCase c = kCases[1];
+  const auto [x64, w64, dy64] = conv_inputs(c, 2, 900);
+  for (DType dtype : {DType::f32, DType::bf16, DType::f16}) {
+    CAPTURE(dtype_name(dtype));
+    cudnn_benchmark_cache_clear();
+    const ConvResult result = conv_with_grads(x64.to(Device::cuda(), dtype), w64.to(Device::cuda(), dtype),
+                                              dy64.to(Device::cuda(), dtype), c);
+    const CudnnBenchmarkStats stats = cudnn_benchmark_stats();
+    CHECK(stats.entries == 3);  // forward, dx, dw
+    CHECK(stats.graph_entries == (dtype == DType::f32 ? 0u : 3u));
+    const ConvResult cpu = conv_with_grads(x64, w64, dy64, c);
+    const Tolerance tol = layout_tolerance(dtype);
+    KILN_CHECK_CLOSE(result.y.cpu().to(DType::f64), cpu.y, tol.rtol, tol.atol);
+  }
+  cudnn_benchmark_cache_clear();
+}
+
+// Which API a caller set is the one cudnn_api() reports, without a GPU.
+TEST_CASE("conv2d: set_cudnn_api sets what cudnn_api reports") {
+  ConvFlags restore;
+  for (CudnnApi api : {CudnnApi::legacy, CudnnApi::graph, CudnnApi::automatic}) {
+    set_cudnn_api(api);
+    CHECK(cudnn_api() == api);
+  }
 }
 
 #if KILN_WITH_CUDA

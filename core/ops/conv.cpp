@@ -24,13 +24,28 @@ namespace {
 
 std::atomic<bool> benchmark_mode{false};
 
-// Until set_cudnn_graph_api is called: KILN_CUDNN_GRAPH_API=1 turns it on
-// (for benchmarks that compare the two APIs without a flag of their own).
-bool graph_api_from_environment() {
-  const char* value = std::getenv("KILN_CUDNN_GRAPH_API");
-  return value != nullptr && (std::string_view(value) == "1" || std::string_view(value) == "true");
+// Until set_cudnn_api is called: KILN_CUDNN_API (for benchmarks that compare
+// the two APIs without a flag of their own). A value it does not name is an
+// error at the first convolution, not a silent default.
+CudnnApi cudnn_api_from_environment() {
+  const char* value = std::getenv("KILN_CUDNN_API");
+  if (value == nullptr || *value == '\0' || std::string_view(value) == "automatic") return CudnnApi::automatic;
+  if (std::string_view(value) == "legacy") return CudnnApi::legacy;
+  if (std::string_view(value) == "graph") return CudnnApi::graph;
+  throw Error(detail::concat("KILN_CUDNN_API: expected legacy, graph or automatic, got '", value, "'"), __FILE__,
+              __LINE__);
 }
-std::atomic<bool> graph_api_mode{graph_api_from_environment()};
+CudnnApi initial_cudnn_api() {
+  static const CudnnApi api = cudnn_api_from_environment();
+  return api;
+}
+// Unset until set_cudnn_api; then the environment decides (at the first use).
+std::atomic<int> cudnn_api_choice{-1};
+
+CudnnApi current_cudnn_api() {
+  const int choice = cudnn_api_choice.load();
+  return choice < 0 ? initial_cudnn_api() : static_cast<CudnnApi>(choice);
+}
 
 Tensor empty_conv_output(const Shape& shape, const Tensor& like, bool channels_last) {
   const TensorOptions options{.dtype = like.dtype(), .device = like.device()};
@@ -58,7 +73,9 @@ kernels::ConvCudaConfig cuda_config(const Tensor& x, bool channels_last) {
   config.deterministic = deterministic_algorithms_enabled();
   config.allow_tf32 = x.dtype() == DType::f32 && allow_tf32();
   config.benchmark = benchmark_mode.load();
-  config.graph_api = graph_api_mode.load();
+  const CudnnApi api = current_cudnn_api();
+  config.graph_api = api == CudnnApi::graph ||
+                     (api == CudnnApi::automatic && (x.dtype() == DType::f16 || x.dtype() == DType::bf16));
   config.device = x.device().index;
   config.stream = cuda::current_stream(x.device().index);  // cuDNN calls make the device current themselves
   return config;
@@ -119,8 +136,8 @@ void check_conv_args(const Tensor& x, const Tensor& weight, const Tensor& bias, 
 
 void set_cudnn_benchmark(bool enabled) { benchmark_mode.store(enabled); }
 bool cudnn_benchmark() { return benchmark_mode.load(); }
-void set_cudnn_graph_api(bool enabled) { graph_api_mode.store(enabled); }
-bool cudnn_graph_api() { return graph_api_mode.load(); }
+void set_cudnn_api(CudnnApi api) { cudnn_api_choice.store(static_cast<int>(api)); }
+CudnnApi cudnn_api() { return current_cudnn_api(); }
 CudnnBenchmarkStats cudnn_benchmark_stats() {
   const kernels::CudnnConvCacheStats stats = kernels::cudnn_conv_cache_stats();
   return {stats.hits, stats.misses, stats.entries, stats.graph_entries, stats.graph_fallbacks};
