@@ -165,10 +165,23 @@ inline void add_fit_flags(CLI::App& app, TrainerFlags& flags) {
       ->check(kNonNegative);
   app.add_flag("--deterministic", flags.trainer.deterministic, "Deterministic algorithms only");
   app.add_flag("--benchmark", flags.trainer.benchmark, "cuDNN autotuning");
-  app.add_option("--cuda-graph", flags.trainer.cuda_graph,
-                 "true: each optimizer step is one CUDA graph replay after 3 eager steps (GPU only)")
-      ->capture_default_str()
-      ->check(kTrueOrFalse);
+  // auto (unset): on for a GPU fit; true on the CPU is refused by the Trainer.
+  std::optional<bool>& cuda_graph = flags.trainer.cuda_graph;
+  app.add_option_function<std::string>(
+         "--cuda-graph",
+         [&cuda_graph](const std::string& text) {
+           bool value = false;
+           if (text == "auto") {
+             cuda_graph.reset();
+           } else if (CLI::detail::lexical_cast(text, value)) {
+             cuda_graph = value;
+           }
+         },
+         "true: each optimizer step is one CUDA graph replay after 3 eager steps (GPU only); false: eager "
+         "steps; auto: true on a GPU, false on the CPU")
+      ->type_name("true|false|auto")
+      ->default_str(cuda_graph ? (*cuda_graph ? "true" : "false") : "auto")
+      ->check(kTrueOrFalse | CLI::IsMember({"auto"}));
 }
 
 // Adds --batch-size, --num-workers and --data-dir (empty: FashionMNIST's

@@ -54,6 +54,7 @@ TEST_CASE("train_fashion refuses bad flags with a one-line reason and touches no
   check_refused("--find-batch-size --accelerator cpu", "needs a GPU");
   check_refused("--cuda-graph true --accelerator cpu", "cuda_graph=true needs a GPU");
   check_refused("--cuda-graph maybe", "--cuda-graph");
+  check_refused("--cuda-graph", "--cuda-graph");
   check_refused("--model vgg", "unknown model");
   check_refused("--val-check-interval 2.5", "[0.0, 1.0] or an int");
   check_refused("--limit-train-batches quarter", "fraction of an epoch");

@@ -10,6 +10,7 @@
 #include <limits>
 #include <map>
 #include <memory>
+#include <filesystem>
 #include <optional>
 #include <set>
 #include <string>
@@ -43,6 +44,8 @@ TEST_CASE("Trainer: cuda_graph is refused on the CPU, saying how to fix it") {
   CHECK(error.find("cuda_graph=true needs a GPU") != std::string::npos);
   CHECK(error.find("--cuda-graph false") != std::string::npos);
   options.cuda_graph = false;
+  CHECK_NOTHROW(Trainer{options});
+  options.cuda_graph.reset();  // the default: on for a GPU fit, and no refusal on the CPU
   CHECK_NOTHROW(Trainer{options});
 }
 
@@ -455,7 +458,7 @@ struct InjectInf : Callback {
 };
 
 struct GraphFit {
-  bool cuda_graph = false;
+  std::optional<bool> cuda_graph = false;  // unset: the Trainer's default
   std::string precision = "32-true";
   int64_t samples = 16 * 50;
   bool drop_last = true;
@@ -468,6 +471,8 @@ struct GraphFit {
   std::optional<int64_t> swa_epoch_start;  // StochasticWeightAveraging from this (1-based) epoch
   bool read_scale_before_step = false;     // ReadScaleBeforeStep
   std::optional<int64_t> late_from;        // GraphNet's late layer
+  std::string checkpoint_dir;              // non-empty: ModelCheckpoint "epoch=<e>.safetensors" there, every epoch
+  std::string ckpt_path;                   // non-empty: the fit resumes from it
 };
 
 GraphRun fit_graph(const GraphFit& fit) {
@@ -496,11 +501,18 @@ GraphRun fit_graph(const GraphFit& fit) {
     swa.annealing_epochs = 1;
     options.callbacks.push_back(std::make_shared<StochasticWeightAveraging>(swa));
   }
+  if (!fit.checkpoint_dir.empty()) {
+    ModelCheckpointOptions checkpointing;
+    checkpointing.dirpath = fit.checkpoint_dir;
+    checkpointing.filename = "{epoch}";
+    checkpointing.save_top_k = -1;
+    options.callbacks.push_back(std::make_shared<ModelCheckpoint>(checkpointing));
+  }
   DataLoaderOptions loader_options = testing::seeded_loader_options(16);
   loader_options.drop_last = fit.drop_last;
   DataLoader loader(graph_data(fit.samples), loader_options);
   Trainer trainer(options);
-  trainer.fit(module, loader);
+  trainer.fit(module, loader, nullptr, fit.ckpt_path);
   GraphRun run;
   for (const Tensor& p : module.model().parameters()) {
     run.parameters.push_back(p.detach().cpu());
@@ -606,6 +618,52 @@ TEST_CASE("Trainer cuda_graph: 50 graphed steps equal 50 eager ones bit for bit,
   // The logged values are each step's, not the captured step's over again.
   CHECK(graphed.metrics.at("train_loss_step") == eager.metrics.at("train_loss_step"));
   CHECK(graphed.metrics.at("train_loss_epoch") == eager.metrics.at("train_loss_epoch"));
+}
+
+TEST_CASE("Trainer cuda_graph: left unset, a GPU fit replays its steps, bit for bit as cuda_graph=true [gpu]") {
+  KILN_REQUIRE_GPU();
+  GraphFit fit;
+  fit.samples = 16 * 20;
+  fit.max_steps = 20;
+  fit.cuda_graph = std::nullopt;
+  const GraphRun automatic = fit_graph(fit);
+  fit.cuda_graph = true;
+  const GraphRun graphed = fit_graph(fit);
+  CHECK(automatic.pool_bytes.back() > automatic.pool_bytes_before);  // replayed, not eager
+  REQUIRE(automatic.parameters.size() == graphed.parameters.size());
+  for (size_t i = 0; i < graphed.parameters.size(); ++i) {
+    CAPTURE(i);
+    KILN_CHECK_CLOSE(automatic.parameters[i], graphed.parameters[i], 0, 0);
+  }
+}
+
+TEST_CASE("Trainer cuda_graph: a graphed fit resumed from its epoch checkpoint equals the uninterrupted one [gpu]") {
+  KILN_REQUIRE_GPU();
+  const std::filesystem::path root = testing::fresh_folder("cuda_graph", "resume");
+  for (const char* precision : {"32-true", "16-mixed"}) {
+    CAPTURE(precision);
+    GraphFit fit;
+    fit.cuda_graph = true;
+    fit.precision = precision;
+    fit.samples = 16 * 10;
+    fit.max_epochs = 3;
+    fit.checkpoint_dir = (root / precision / "full").string();
+    const GraphRun full = fit_graph(fit);
+    const std::filesystem::path checkpoint = root / precision / "full" / "epoch=0.safetensors";
+    REQUIRE(std::filesystem::exists(checkpoint));
+    // The resumed fit warms up again (3 eager steps) and captures anew in epoch 1.
+    fit.checkpoint_dir = (root / precision / "resumed").string();
+    fit.ckpt_path = checkpoint.string();
+    const GraphRun resumed = fit_graph(fit);
+    CHECK(resumed.pool_bytes.back() > resumed.pool_bytes_before);  // replayed, not eager
+    REQUIRE(resumed.parameters.size() == full.parameters.size());
+    for (size_t i = 0; i < full.parameters.size(); ++i) {
+      CAPTURE(i);
+      KILN_CHECK_CLOSE(resumed.parameters[i], full.parameters[i], 0, 0);
+    }
+    CHECK(resumed.scale == full.scale);
+  }
+  std::filesystem::remove_all(root);
 }
 
 TEST_CASE("Trainer cuda_graph: in 16-mixed the replayed steps equal eager ones, skipped steps included [gpu]") {

@@ -14,7 +14,8 @@ namespace kiln {
 
 void Trainer::prepare_cuda_graph() {
   graph_step_.reset();
-  if (!options_.cuda_graph) return;
+  // Unset: on for a GPU fit (an explicit false keeps the steps eager).
+  if (!options_.cuda_graph.value_or(device_.is_cuda())) return;
   CudaGraphConditions conditions;
   conditions.on_gpu = device_.is_cuda();
   conditions.manual_optimization = manual_;
