@@ -471,18 +471,28 @@ __device__ __forceinline__ void store_row(T* row, int64_t cols, int lane, F valu
   });
 }
 
+// to_acc for the register kernels. bfloat16 widens by a 16-bit shift of its
+// bits (exact, as cvt.f32.bf16): with cuda_bf16.h's conversion ptxas kept
+// every widened value live across the kernels' passes, 98 registers for the
+// forward and 167 for dx against float16's 64 and 100, so 2 and 1 blocks of
+// 256 fit an SM and half the bytes were in flight (the H200 ran the bf16
+// forward at 39% of the copy rate, float32's at 77%, in the same 31.5 us at
+// 16 x 1024 x 768). With the shift: 64 and 100, as float16. (Not in to_acc
+// itself: there it costs the bfloat16 reductions and softmax 4-14 registers.)
+template <typename T>
+__device__ __forceinline__ typename Acc<T>::type widen(T value) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    return __uint_as_float(static_cast<unsigned>(__bfloat16_as_ushort(value)) << 16);
+  } else {
+    return to_acc(value);
+  }
+}
+
 // The weight (or bias) at columns j .. j + kSize - 1 in one 16-byte load,
 // widened; `absent` for each column when there is none. The register kernels
 // run only where every row pointer is 16-byte aligned and cols a multiple of
 // the vector (row_vectors), weight and bias included; a scalar load per
 // column cost as many load instructions as the row itself.
-// The H200 ran the bfloat16 forward in the same time as float32's (31.5
-// against 31.9 us at 16 x 1024 x 768: 39% against 77% of the copy rate).
-// ptxas says why: the bfloat16 kernels take 98 (forward) and 167 (dx)
-// registers, against 64 and 100 for float16, so 2 and 1 blocks of 256 fit an
-// SM, and half as many bytes are in flight as float32's at 4 and 2 blocks.
-// __launch_bounds__(kThreads, 4) spills 90 bytes there; two rows per warp,
-// or bfloat16 kept packed until used, are the next things to time.
 template <typename T>
 __device__ __forceinline__ void load_columns(const T* param, int64_t j, typename Acc<T>::type absent,
                                              typename Acc<T>::type (&out)[Vector16<T>::kSize]) {
@@ -493,7 +503,7 @@ __device__ __forceinline__ void load_columns(const T* param, int64_t j, typename
   }
   const Vector16<T> v = *reinterpret_cast<const Vector16<T>*>(param + j);
 #pragma unroll
-  for (int e = 0; e < Vector16<T>::kSize; ++e) out[e] = to_acc(v.v[e]);
+  for (int e = 0; e < Vector16<T>::kSize; ++e) out[e] = widen(v.v[e]);
 }
 
 template <typename T, typename A>
@@ -509,14 +519,14 @@ __global__ void __launch_bounds__(kThreads) ln_forward_registers(const T* x, con
     A sum = A(0);
     for_row_chunks<T>(cols, lane, [&](int k, int64_t) {
 #pragma unroll
-      for (int e = 0; e < kVec; ++e) sum += to_acc(chunks[k].v[e]);
+      for (int e = 0; e < kVec; ++e) sum += widen(chunks[k].v[e]);
     });
     const A mean = warp_sum(sum) / static_cast<A>(cols);
     A squares = A(0);
     for_row_chunks<T>(cols, lane, [&](int k, int64_t) {
 #pragma unroll
       for (int e = 0; e < kVec; ++e) {
-        const A d = to_acc(chunks[k].v[e]) - mean;
+        const A d = widen(chunks[k].v[e]) - mean;
         squares += d * d;
       }
     });
@@ -531,7 +541,7 @@ __global__ void __launch_bounds__(kThreads) ln_forward_registers(const T* x, con
       load_columns(bias, j, A(0), b);
 #pragma unroll
       for (int e = 0; e < kVec; ++e) {
-        out[e] = (to_acc(chunks[k].v[e]) - mean) * rstd * w[e];
+        out[e] = (widen(chunks[k].v[e]) - mean) * rstd * w[e];
         if (bias != nullptr) out[e] += b[e];
       }
     });
@@ -556,9 +566,9 @@ __global__ void __launch_bounds__(kThreads) ln_grad_input_registers(const T* x, 
       load_columns(weight, j, A(1), w);
 #pragma unroll
       for (int e = 0; e < kVec; ++e) {
-        const A g = to_acc(dys[k].v[e]) * w[e];
+        const A g = widen(dys[k].v[e]) * w[e];
         sum_g += g;
-        sum_g_xhat += g * (to_acc(xs[k].v[e]) - mean) * rstd;
+        sum_g_xhat += g * (widen(xs[k].v[e]) - mean) * rstd;
       }
     });
     const A mean_g = warp_sum(sum_g) / static_cast<A>(cols);
@@ -568,8 +578,8 @@ __global__ void __launch_bounds__(kThreads) ln_grad_input_registers(const T* x, 
       load_columns(weight, j, A(1), w);
 #pragma unroll
       for (int e = 0; e < kVec; ++e) {
-        const A g = to_acc(dys[k].v[e]) * w[e];
-        const A xhat = (to_acc(xs[k].v[e]) - mean) * rstd;
+        const A g = widen(dys[k].v[e]) * w[e];
+        const A xhat = (widen(xs[k].v[e]) - mean) * rstd;
         out[e] = rstd * (g - mean_g - xhat * mean_g_xhat);
       }
     });
