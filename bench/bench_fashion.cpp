@@ -28,6 +28,7 @@
 #include "core/autograd.h"
 #include "core/cuda_graph.h"
 #include "core/generator.h"
+#include "core/nn_ops.h"
 #include "core/ops.h"
 #include "data/dataloader.h"
 #include "data/fashion_mnist.h"
@@ -49,11 +50,14 @@ int main(int argc, char** argv) {
   double lr = 3e-3, weight_decay = 5e-4;
   int num_workers = 2;
   uint64_t seed = 42;
-  bool augment = true, cuda_graph = false, channels_last = false, profile_step = false;
+  bool augment = true, cuda_graph = false, channels_last = false, profile_step = false, cudnn_benchmark = false;
   app.add_flag("--cuda-graph", cuda_graph, "GPU: replay the captured training step as one CUDA graph");
   app.add_flag("--channels-last", channels_last,
                "Images in channels-last (NHWC) memory, as torch's memory_format=torch.channels_last: on a GPU "
                "the convolutions run cuDNN's NHWC kernels and the layout carries through the network");
+  app.add_flag("--cudnn-benchmark", cudnn_benchmark,
+               "GPU: cuDNN autotuning (set_cudnn_benchmark, torch.backends.cudnn.benchmark): each convolution's "
+               "first call times cuDNN's candidates, the warm-up steps included");
   app.add_flag("--profile-step", profile_step,
                "GPU: the first iteration after the warm-up between cudaProfilerStart and cudaProfilerStop "
                "(for ncu --profile-from-start off: bench/profile_step.py)");
@@ -79,6 +83,8 @@ int main(int argc, char** argv) {
     const Device device = accelerator == "gpu" ? Device::cuda(0) : Device::cpu();
     KILN_CHECK(!cuda_graph || device.is_cuda(), "--cuda-graph needs --accelerator gpu");
     KILN_CHECK(!profile_step || device.is_cuda(), "--profile-step: brackets GPU work; give --accelerator gpu");
+    KILN_CHECK(!cudnn_benchmark || device.is_cuda(), "--cudnn-benchmark tunes cuDNN; give --accelerator gpu");
+    set_cudnn_benchmark(cudnn_benchmark);
     manual_seed(seed);
     MnistOptions data_options;
     data_options.root = data_dir;
@@ -238,7 +244,8 @@ int main(int argc, char** argv) {
                              {"device", device.str()},
                              {"precision", precision},
                              {"augment", augment},
-                             {"cuda_graph", cuda_graph}};
+                             {"cuda_graph", cuda_graph},
+                             {"cudnn_benchmark", cudnn_benchmark}};
     std::printf("%s\n", result.dump().c_str());
   } catch (const Error& error) {
     std::cerr << "bench_fashion: " << error.message() << "\n";

@@ -56,6 +56,9 @@ def main():
     parser.add_argument("--channels-last", action="store_true",
                         help="both sides in channels-last (NHWC) memory: torch.channels_last model and images, "
                              "kiln channels-last images (its convolutions then run NHWC on a GPU)")
+    parser.add_argument("--cudnn-benchmark", action="store_true",
+                        help="GPU: cuDNN autotuning on both sides (kiln set_cudnn_benchmark, "
+                             "torch.backends.cudnn.benchmark = True)")
     parser.add_argument("--augment", action=argparse.BooleanOptionalAction, default=True,
                         help="random crop + flip on both sides (--no-augment: normalization only)")
     parser.add_argument("--kiln", default=os.path.join(ROOT, "build", "bin", "bench_fashion"))
@@ -65,7 +68,8 @@ def main():
     common = ["--model", args.model, "--epochs", str(args.epochs), "--batch-size", str(args.batch_size),
               "--limit-train-batches", str(args.limit_train_batches), "--accelerator", args.accelerator,
               "--precision", args.precision] + ([] if args.augment else ["--no-augment"]) + (
-                  ["--channels-last"] if args.channels_last else [])
+                  ["--channels-last"] if args.channels_last else []) + (
+                  ["--cudnn-benchmark"] if args.cudnn_benchmark else [])
     env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="2")
     # PyTorch eager, and with --torch-compile the same under torch.compile.
     compile_name = "torch.compile" + ("" if args.torch_compile_mode == "default" else f"({args.torch_compile_mode})")
@@ -98,7 +102,8 @@ def main():
     print(f"model {args.model}, batch {args.batch_size}, {args.epochs} epoch(s), "
           f"{kiln_runs[0]['steps']} steps, {args.accelerator}, {args.precision}"
           f"{', ' + compile_name if args.torch_compile else ''}{'' if args.augment else ', no augmentation'}, "
-          f"{', channels-last' if args.channels_last else ''}, {args.rounds} round(s)\n")
+          f"{', channels-last' if args.channels_last else ''}"
+          f"{', cuDNN benchmark mode' if args.cudnn_benchmark else ''}, {args.rounds} round(s)\n")
     # Model FLOPs per training sample (torch_fashion.py counts the same network's
     # convolution and linear multiply-adds, x2 x3), for TFLOP/s and MFU on a GPU.
     flops = next(iter(peer_runs.values()))[0].get("train_flops_per_sample", 0)

@@ -171,6 +171,8 @@ def main():
     parser.add_argument("--compile", action="store_true", help="torch.compile the model")
     parser.add_argument("--channels-last", action="store_true",
                         help="model and images in torch.channels_last memory format")
+    parser.add_argument("--cudnn-benchmark", action="store_true",
+                        help="torch.backends.cudnn.benchmark = True (cuDNN autotuning)")
     parser.add_argument("--compile-mode", default="default",
                         choices=["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"],
                         help="torch.compile's mode (reduce-overhead: CUDA graphs of the compiled forward and backward)")
@@ -189,6 +191,7 @@ def main():
     device = torch.device("cuda" if args.accelerator == "gpu" else "cpu")
     amp_dtype = {"16-mixed": torch.float16, "bf16-mixed": torch.bfloat16}.get(args.precision)
 
+    torch.backends.cudnn.benchmark = args.cudnn_benchmark
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     generator = torch.Generator().manual_seed(args.seed)
@@ -270,6 +273,7 @@ def main():
         "threads": torch.get_num_threads(), "openblas_threads": os.environ.get("OPENBLAS_NUM_THREADS", ""),
         "blas": blas_backend(),
         "device": str(device), "precision": args.precision, "compile": args.compile, "channels_last": args.channels_last,
+        "cudnn_benchmark": args.cudnn_benchmark,
         "compile_mode": args.compile_mode if args.compile else None, "augment": args.augment,
         "train_flops_per_sample": flops_per_sample,
         "label_smoothing": args.label_smoothing, "pct_start": args.pct_start, "tta": args.tta}))

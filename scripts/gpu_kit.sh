@@ -404,8 +404,10 @@ step_compare() {
   run_bounded "$out" "$compiled_cap" env KILN_COMMIT="$commit" "$torch_python" "$kit/bench/compare_fashion.py" \
     --model cnn --batch-size 64 --precision 16-mixed --limit-train-batches 600 --cuda-graph "${common[@]}" \
     "${cnn_compile[@]}" || rc5=$?
+  # Both ResNet-9 runs tune cuDNN on both sides (--cudnn-benchmark: kiln's set_cudnn_benchmark, torch's
+  # cudnn.benchmark), as speed runs do; the H200 at b59d5ed ran them without it.
   run_bounded "$out" "$cap" env KILN_COMMIT="$commit" "$torch_python" "$kit/bench/compare_fashion.py" \
-    --model resnet9 --batch-size 512 --precision bf16-mixed --limit-train-batches 60 --cudnn-api legacy \
+    --model resnet9 --batch-size 512 --precision bf16-mixed --limit-train-batches 60 --cudnn-benchmark --cudnn-api legacy \
     "${common[@]}" || rc2=$?
   # Issue 22's recipe: ResNet-9 with the model and images channels-last on both sides. Both ResNet-9 runs
   # also time kiln with cuDNN's legacy API (a row each; bf16 takes the graph API by default), as
@@ -413,7 +415,7 @@ step_compare() {
   local rc6=0
   run_bounded "$out" "$cap" env KILN_COMMIT="$commit" "$torch_python" "$kit/bench/compare_fashion.py" \
     --model resnet9 --batch-size 512 --precision bf16-mixed --limit-train-batches 60 --channels-last \
-    --cudnn-api legacy "${common[@]}" || rc6=$?
+    --cudnn-benchmark --cudnn-api legacy "${common[@]}" || rc6=$?
   # GPT-2 124M's training step, batch 16 x 1024 in bf16-mixed, and attention against torch's SDPA.
   run_bounded "$out" "$compiled_cap" env KILN_COMMIT="$commit" "$torch_python" "$kit/bench/compare_transformers.py" \
     --model gpt2-124m --batch-size 16 --steps 10 --rounds 1 --accelerator gpu --precision bf16-mixed \
