@@ -224,14 +224,12 @@ verdict() {
 
 # run_bounded LOG CAP COMMAND...: the command's exit status (124/137: out of time); output in LOG,
 # line-buffered (stdbuf) so that a C++ program cut short still leaves the rows it printed (the
-# H200 run at b59d5ed lost bench_attention's last table in a full 4 KiB stdout buffer); not
-# under compute-sanitizer, which preloads its own library into the program (KILN_KIT_UNBUFFERED=0).
+# H200 run at b59d5ed lost bench_attention's last table in a full 4 KiB stdout buffer).
 run_bounded() {
   local log="$1" cap="$2"
   shift 2
-  local rc=0 line_buffered=(stdbuf -oL -eL)
-  [ "${KILN_KIT_UNBUFFERED:-1}" = 0 ] && line_buffered=()
-  timeout --kill-after=5 "$(bounded "$cap")" "${line_buffered[@]}" "$@" >>"$log" 2>&1 || rc=$?
+  local rc=0
+  timeout --kill-after=5 "$(bounded "$cap")" stdbuf -oL -eL "$@" >>"$log" 2>&1 || rc=$?
   return "$rc"
 }
 
@@ -499,11 +497,31 @@ step_train() {
   fi
 }
 
-# step_sanitizer TOOL: compute-sanitizer over the GPU cases, file by file, the files whose GPU
-# cases were quickest first (from the tests step: the most files checked before the deadline),
+# The parallel worker of step_sanitizer: compute-sanitizer TOOL over one file's GPU cases, ending by
+# the epoch second END; its exit status in <tool>_<name>.rc ("not started" when too little time is left).
+run_sanitizer_file() {
+  local name="$1" tool="$2" end="$3" rc=0 cap no_caching=1
+  local log="$logs/${tool}_$name.log"
+  cap=$((end - $(date +%s)))
+  [ "$cap" -ge 20 ] || { echo "not started" >"$logs/${tool}_$name.rc"; return 0; }
+  # Caching off so that the sanitizer sees the end of each tensor; CUDA graphs
+  # need the caching allocator's pools, so a file with graph cases keeps it on.
+  grep "^$name	" "$kit/gpu_cases.tsv" | grep -qi 'graph' && no_caching=0
+  # (not line-buffered: compute-sanitizer preloads its own library into the program)
+  KILN_NO_CUDA_MEMORY_CACHING=$no_caching timeout --kill-after=5 "$cap" "$sanitizer" --tool "$tool" \
+    --error-exitcode 86 --target-processes application-only --report-api-errors no --print-limit 50 \
+    "$bins/kiln_tests" "--source-file=*/$name.cpp" '--test-case=*[gpu]*' '--test-case-exclude=*[alone]*' \
+    --no-version >"$log" 2>&1 || rc=$?
+  echo "$rc" >"$logs/${tool}_$name.rc"
+}
+export -f run_sanitizer_file
+
+# step_sanitizer TOOL: compute-sanitizer over the GPU cases, one process per file, sanitizer_jobs
+# files at a time (the H200 run at b59d5ed checked 5 files in 230 s one at a time), the files whose
+# GPU cases were quickest first (from the tests step: the most files checked before the deadline),
 # with the caching allocator off, child processes (the CLI tests' train_fashion runs) unchecked.
 step_sanitizer() {
-  local tool="$1" sanitizer
+  local tool="$1"
   sanitizer="$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || true)"
   [ -n "$sanitizer" ] || { verdict "$tool" FAILED "compute-sanitizer not found"; return 0; }
   local files=() name
@@ -517,18 +535,15 @@ step_sanitizer() {
       seconds="$({ grep -F '[gpu' "$logs/test_$name.log" 2>/dev/null || true; } | awk '$2 == "s:" {sum += $1} END {printf "%.3f", sum + 0}')"
       echo "$seconds $name"
     done | sort -n | cut -d' ' -f2)
+  local end=$(($(now) + $(left)))
+  export bins logs kit sanitizer
+  rm -f "$logs/${tool}"_*.rc
+  [ ${#files[@]} -eq 0 ] || printf '%s\n' "${files[@]}" | xargs -P "$sanitizer_jobs" -I{} bash -c "run_sanitizer_file {} $tool $end"
   local ran=() errors=0 file_errors rc log
   for name in "${files[@]}"; do
-    if [ "$(left)" -lt 20 ]; then not_run+=("$tool: $name"); continue; fi
     log="$logs/${tool}_$name.log"
-    rc=0
-    # Caching off so that the sanitizer sees the end of each tensor; CUDA graphs
-    # need the caching allocator's pools, so a file with graph cases keeps it on.
-    local no_caching=1
-    grep "^$name	" "$kit/gpu_cases.tsv" | grep -qi 'graph' && no_caching=0
-    KILN_KIT_UNBUFFERED=0 KILN_NO_CUDA_MEMORY_CACHING=$no_caching run_bounded "$log" 240 "$sanitizer" --tool "$tool" --error-exitcode 86 \
-      --target-processes application-only --report-api-errors no --print-limit 50 "$bins/kiln_tests" "--source-file=*/$name.cpp" \
-      '--test-case=*[gpu]*' '--test-case-exclude=*[alone]*' --no-version || rc=$?
+    rc="$(cat "$logs/${tool}_$name.rc" 2>/dev/null || echo 'not started')"
+    if [ "$rc" = "not started" ]; then not_run+=("$tool: $name"); continue; fi
     file_errors="$(grep -m 1 -oE '(ERROR|RACECHECK) SUMMARY: [0-9]+' "$log" | grep -oE '[0-9]+$' || echo '?')"
     # A file whose GPU cases made no CUDA call (test_gpu_support's marker checks): nothing to check.
     if [ "$rc" -ne 0 ] && grep -q 'terminated before first instrumented API call' "$log" &&
@@ -644,6 +659,8 @@ cmd_run() {
   # (nproc obeys OMP_NUM_THREADS, set to 2 above: ask for every core, or the files run one at a time)
   test_jobs=$(($(nproc --all) / 2))
   [ "$test_jobs" -ge 1 ] || test_jobs=1
+  # compute-sanitizer runs on the host as much as on the GPU: 4 files at a time on 16 cores.
+  sanitizer_jobs="${KILN_KIT_SANITIZER_JOBS:-4}"
   # Fashion-MNIST where kiln and torch_fashion.py look by default.
   local data=/usr/share/datasets/fashion-mnist
   if [ ! -f "$data/train-images-idx3-ubyte.gz" ]; then
