@@ -7,10 +7,10 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <filesystem>
 #include <limits>
 #include <map>
 #include <memory>
-#include <filesystem>
 #include <optional>
 #include <set>
 #include <string>
@@ -630,11 +630,7 @@ TEST_CASE("Trainer cuda_graph: left unset, a GPU fit replays its steps, bit for 
   fit.cuda_graph = true;
   const GraphRun graphed = fit_graph(fit);
   CHECK(automatic.pool_bytes.back() > automatic.pool_bytes_before);  // replayed, not eager
-  REQUIRE(automatic.parameters.size() == graphed.parameters.size());
-  for (size_t i = 0; i < graphed.parameters.size(); ++i) {
-    CAPTURE(i);
-    KILN_CHECK_CLOSE(automatic.parameters[i], graphed.parameters[i], 0, 0);
-  }
+  check_same_bits(automatic, graphed);
 }
 
 TEST_CASE("Trainer cuda_graph: a graphed fit resumed from its epoch checkpoint equals the uninterrupted one [gpu]") {
@@ -656,11 +652,7 @@ TEST_CASE("Trainer cuda_graph: a graphed fit resumed from its epoch checkpoint e
     fit.ckpt_path = checkpoint.string();
     const GraphRun resumed = fit_graph(fit);
     CHECK(resumed.pool_bytes.back() > resumed.pool_bytes_before);  // replayed, not eager
-    REQUIRE(resumed.parameters.size() == full.parameters.size());
-    for (size_t i = 0; i < full.parameters.size(); ++i) {
-      CAPTURE(i);
-      KILN_CHECK_CLOSE(resumed.parameters[i], full.parameters[i], 0, 0);
-    }
+    check_same_bits(resumed, full);
     CHECK(resumed.scale == full.scale);
   }
   std::filesystem::remove_all(root);

@@ -140,9 +140,9 @@ Trainer::Trainer(TrainerOptions options)
                "' (expected 32-true, 64-true, bf16-true, bf16-true-fp32-master, 16-mixed or bf16-mixed)");
   }
   if (!o.max_time.empty()) max_time_ = parse_max_time(o.max_time);
-  KILN_CHECK(!o.cuda_graph.value_or(false) || device_.is_cuda(), "Trainer: cuda_graph=true needs a GPU, and this fit runs on the "
-             "CPU (accelerator \"", o.accelerator, "\"): CUDA graphs record GPU work. Set cuda_graph=false "
-             "(--cuda-graph false) or train on a GPU");
+  KILN_CHECK(!o.cuda_graph.value_or(false) || device_.is_cuda(),
+             "Trainer: cuda_graph=true needs a GPU, and this fit runs on the CPU (accelerator \"", o.accelerator,
+             "\"): CUDA graphs record GPU work. Set cuda_graph=false (--cuda-graph false) or train on a GPU");
   profiler_ = o.profiler_instance ? o.profiler_instance : make_profiler(o.profiler, device_);
   if (auto* op_level = dynamic_cast<PyTorchProfiler*>(profiler_.get())) op_level->set_device(device_);
 }
