@@ -35,6 +35,15 @@ using Options = DeviceBenchOptions;
 struct Case {
   int64_t B, H, T, D;
   bool causal;
+
+  std::string label() const {
+    return "B" + std::to_string(B) + " H" + std::to_string(H) + " T" + std::to_string(T) + " D" + std::to_string(D) +
+           (causal ? " causal" : "");
+  }
+  // Of the forward: q k^T and p v (a causal mask halves them).
+  double forward_flops() const { return 4.0 * B * H * T * T * D * (causal ? 0.5 : 1.0); }
+  // q, k, v read, out written.
+  double io_bytes(DType dtype) const { return 4.0 * B * H * T * D * static_cast<double>(dtype_size(dtype)); }
 };
 
 Tensor random_tensor(const Shape& shape, DType dtype, Device device, uint64_t seed) {
@@ -69,12 +78,11 @@ void run_cases(Table& table, Device device, DType dtype, const std::vector<Case>
                TimeFn&& time_fn) {
   constexpr auto kReference = kernels::AttentionCudaKernels::reference;
   for (const Case& c : cases) {
-    const std::string shape = "B" + std::to_string(c.B) + " H" + std::to_string(c.H) + " T" + std::to_string(c.T) +
-                              " D" + std::to_string(c.D) + (c.causal ? " causal" : "");
+    const std::string shape = c.label();
     const std::string dtype_text(dtype_name(dtype));
-    const double forward_flops = 4.0 * c.B * c.H * c.T * c.T * c.D * (c.causal ? 0.5 : 1.0);
+    const double forward_flops = c.forward_flops();
     const double element = static_cast<double>(dtype_size(dtype));
-    const double io_bytes = 4.0 * c.B * c.H * c.T * c.D * element;  // q, k, v read, out written
+    const double io_bytes = c.io_bytes(dtype);
     const double scores_bytes = 2.0 * c.B * c.H * c.T * c.T * element;
     try {
       Tensor q = random_tensor({c.B, c.H, c.T, c.D}, dtype, device, 1).requires_grad_();
@@ -132,10 +140,9 @@ void run_forward_shapes(Device device, const std::vector<Case>& cases, const std
   } restore;
   for (const Case& c : cases) {
     if (c.D != 64) continue;
-    const std::string shape = "B" + std::to_string(c.B) + " H" + std::to_string(c.H) + " T" + std::to_string(c.T) +
-                              (c.causal ? " causal" : "");
-    const double forward_flops = 4.0 * c.B * c.H * c.T * c.T * c.D * (c.causal ? 0.5 : 1.0);
-    const double io_bytes = 4.0 * c.B * c.H * c.T * c.D * 2;
+    const std::string shape = c.label();
+    const double forward_flops = c.forward_flops();
+    const double io_bytes = c.io_bytes(DType::bf16);
     try {
       NoGradGuard no_grad;
       const Tensor q = random_tensor({c.B, c.H, c.T, c.D}, DType::bf16, device, 1);
