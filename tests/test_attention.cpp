@@ -392,6 +392,28 @@ TEST_CASE("attention: the CUDA kernels match the CPU, forward and backward, in e
   manual_seed(5);
   const Tensor gpu_drop = scaled_dot_product_attention(q.cuda(), k.cuda(), v.cuda(), Tensor(), 0.2, true);
   KILN_CHECK_CLOSE(gpu_drop.cpu(), cpu_drop, 1e-5, 1e-5);
+  // A scale that is not positive (the tensor-core forward takes a row's max
+  // before scaling, so these go to the reference kernels): still the CPU's
+  // result, forward and backward, causal with a partial key block.
+  for (const double scale : {-0.3, 0.0}) {
+    INFO("scale " << scale);
+    const Tensor q16 = random_tensor({1, 2, 40, 64}, 39, DType::bf16), k16 = random_tensor({1, 2, 70, 64}, 40, DType::bf16),
+                 v16 = random_tensor({1, 2, 70, 64}, 41, DType::bf16);
+    std::vector<Tensor> cpu = {q16.to(DType::f32).requires_grad_(), k16.to(DType::f32).requires_grad_(),
+                               v16.to(DType::f32).requires_grad_()};
+    std::vector<Tensor> gpu = {q16.cuda().requires_grad_(), k16.cuda().requires_grad_(), v16.cuda().requires_grad_()};
+    const Tensor cpu_out = scaled_dot_product_attention(cpu[0], cpu[1], cpu[2], Tensor(), 0.0, true, scale);
+    const Tensor gpu_out = scaled_dot_product_attention(gpu[0], gpu[1], gpu[2], Tensor(), 0.0, true, scale);
+    const double rtol = 2 * parity_tolerance(DType::bf16).rtol;
+    KILN_CHECK_CLOSE(gpu_out.cpu().to(DType::f32), cpu_out, rtol, 5e-3);
+    const Tensor seed = random_tensor(cpu_out.shape(), 42, DType::f32);
+    cpu_out.backward(seed);
+    gpu_out.backward(seed.to(Device::cuda(), DType::bf16));
+    for (int i = 0; i < 3; ++i) {
+      INFO("gradient of input " << i);
+      KILN_CHECK_CLOSE(gpu[i].grad().cpu().to(DType::f32), cpu[i].grad(), 4 * rtol, 2e-2);
+    }
+  }
 }
 
 // The tensor-core forward's candidate CTA shapes (bench_attention times them):

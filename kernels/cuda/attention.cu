@@ -624,14 +624,15 @@ namespace {
 std::atomic<AttentionCudaKernels> cuda_kernels{AttentionCudaKernels::tensor_core};
 
 // 16-bit problems of the head dims attention_tc.cu has go there unless the
-// reference is forced, or a row stride of the tiles it reads (q, k, v, and
-// dout when given) exceeds its 32-bit tile indexing.
+// reference is forced, a row stride of the tiles it reads (q, k, v, and
+// dout when given) exceeds its 32-bit tile indexing, or the scale is not
+// positive (its forward takes the row max before scaling).
 bool use_tensor_core_kernels(const AttentionArgs& a, const AttentionLayout* dout_layout = nullptr) {
   const auto fits = [&](const AttentionLayout& layout, int64_t len) {
     return resolved(layout, a.heads, len, a.head_dim).row <= attention_tc::kMaxRowStride;
   };
   return cuda_kernels.load(std::memory_order_relaxed) == AttentionCudaKernels::tensor_core &&
-         attention_tc::supports(a.dtype, a.head_dim) && fits(a.q_layout, a.q_len) && fits(a.k_layout, a.kv_len) &&
+         attention_tc::supports(a.dtype, a.head_dim) && a.scale > 0.0 && fits(a.q_layout, a.q_len) && fits(a.k_layout, a.kv_len) &&
          fits(a.v_layout, a.kv_len) && (dout_layout == nullptr || fits(*dout_layout, a.q_len));
 }
 }  // namespace

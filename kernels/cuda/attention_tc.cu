@@ -9,14 +9,12 @@
 // tensor-core kernels match the reference kernels and the CPU ..." of
 // tests/test_attention.cpp is the check; bench_attention times both sets of
 // kernels and the forward's candidate CTA shapes. ptxas (CUDA 13.0, sm_90,
-// session 20): forward 120-128 registers where D <= 64 without mask or
-// dropout (two 256-thread CTAs per SM); there the D = 64 kernel, GPT-2's,
-// spills 8 bytes (it would take 161: the strided layouts of a4608b0 raised
-// its count, and spilled 52 bytes until load_tile's row offsets went to 32
-// bits; bench_attention's shape 4 is the same kernel at one CTA per SM,
-// without a spill); 161-245 otherwise (one CTA), no spills. dK/dV and dQ
-// 214-255, no spills (the D = 128 ones with dropout or a mask spilled 12-32
-// bytes with 64-bit row offsets).
+// session 22): forward 128 registers where D <= 64 without mask or dropout
+// (two 256-thread CTAs per SM), no spill (the D = 64 kernel, GPT-2's,
+// spilled 8 bytes until its masked blocks kept raw scores too); 160-245
+// otherwise (one CTA, or the two-row-group candidates), no spills. dK/dV
+// and dQ 176-255, no spills except dK/dV at D = 128 with dropout (8 bytes;
+// 28 with a mask as well).
 //
 // Same math and rounding points as attention.cu: scores and softmax in float,
 // P and dS rounded to the input type before their products, dropout through
@@ -27,8 +25,10 @@
 //  - P (forward) and P, dS (backward) never touch shared memory: the float
 //    accumulators of two adjacent 8-column score tiles, packed pairwise to
 //    16 bits, are the A fragment of the next product (pack_a).
-//  - exp2f of scores premultiplied by scale * log2(e) (one FFMA per score
-//    in the backward); lse stays in natural-log units.
+//  - exp2 on the SFU without exp2f's subnormal guard (exp2_approx), of
+//    scale * log2(e) * score - max in one FFMA: the forward takes a row's
+//    max over the raw scores (so only positive scales come here); lse stays
+//    in natural-log units.
 //  - Masking is decided per warp and key (or query) block: only blocks that
 //    cross Tq or Tk, touch the causal diagonal, or have an additive mask run
 //    the per-element checks; blocks entirely above the diagonal are skipped.
@@ -43,7 +43,8 @@
 //    block at a time.
 // Shapes (constants in the *Shape structs; the tuning knobs):
 //  - forward: 8 warps, 128 query rows per CTA (16 per warp), 64-key blocks.
-//    128 rows halve the L2 traffic of K and V against 64-row CTAs.
+//    128 rows halve the L2 traffic of K and V against 64-row CTAs. Its
+//    tuning candidates (attention_tc_forward.cu) include 32 rows per warp.
 //  - dK/dV: 4 warps, 64 keys per CTA, query steps of 64 (32 for D >= 96: dK
 //    and dV take D / 2 float registers each per thread).
 //  - dQ: 4 warps, 64 queries per CTA, 64-key steps.
@@ -91,6 +92,7 @@ bool supports(DType dtype, int64_t head_dim) {
 void forward(const AttentionArgs& args, void* out, void* lse, cuda::Stream stream) {
   const int64_t heads = args.batch * args.heads;
   if (heads == 0 || args.q_len == 0) return;
+  KILN_ASSERT(args.scale > 0.0, "scaled_dot_product_attention: the tensor-core forward got scale ", args.scale);
   dispatch(args, "scaled_dot_product_attention", [&]<typename T, int D>() {
     Params p = params_of<Params>(args);
     p.out = out;

@@ -104,7 +104,7 @@ __global__ void __launch_bounds__(DkdvShape<D>::kThreads, kDropout ? 1 : DkdvSha
         const float2 column_lse = *reinterpret_cast<const float2*>(lse_tile + 8 * n + 2 * t);
         const float lse2[2] = {lse_log2(column_lse.x), lse_log2(column_lse.y)};
 #pragma unroll
-        for (int e = 0; e < 4; ++e) pt[n][e] = exp2f(pt[n][e] - lse2[e % 2]);
+        for (int e = 0; e < 4; ++e) pt[n][e] = exp2_approx(pt[n][e] - lse2[e % 2]);
       }
 
       // dV += P_dropped^T dO.
@@ -113,7 +113,7 @@ __global__ void __launch_bounds__(DkdvShape<D>::kThreads, kDropout ? 1 : DkdvSha
 #pragma unroll
         for (int n = 0; n < NT; ++n) {
 #pragma unroll
-          for (int e = 0; e < 4; ++e) pd[n][e] = kept_bit(kept, 4 * n + e) ? pt[n][e] * p.dropout_scale : 0.0f;
+          for (int e = 0; e < 4; ++e) pd[n][e] = through_dropout<kDropout>(pt[n][e], kept, 4 * n + e, p.dropout_scale);
         }
         uint32_t pf[KN][4];
 #pragma unroll
@@ -130,7 +130,7 @@ __global__ void __launch_bounds__(DkdvShape<D>::kThreads, kDropout ? 1 : DkdvSha
         const float deltas[2] = {column_delta.x, column_delta.y};
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          const float dp = kept_bit(kept, 4 * n + e) ? ds[n][e] * p.dropout_scale : 0.0f;
+          const float dp = through_dropout<kDropout>(ds[n][e], kept, 4 * n + e, p.dropout_scale);
           ds[n][e] = pt[n][e] * (dp - deltas[e % 2]);
         }
       }
@@ -211,10 +211,9 @@ __global__ void __launch_bounds__(DqShape<D>::kThreads, kDropout ? 1 : DqShape<D
       for (int n = 0; n < NT; ++n) {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          const bool keep0 = kept_bit(kept, 4 * n + 2 * h), keep1 = kept_bit(kept, 4 * n + 2 * h + 1);
-          const float p0 = exp2f(s[n][2 * h] - lse2[h]), p1 = exp2f(s[n][2 * h + 1] - lse2[h]);
-          const float dp0 = keep0 ? ds[n][2 * h] * p.dropout_scale : 0.0f;
-          const float dp1 = keep1 ? ds[n][2 * h + 1] * p.dropout_scale : 0.0f;
+          const float p0 = exp2_approx(s[n][2 * h] - lse2[h]), p1 = exp2_approx(s[n][2 * h + 1] - lse2[h]);
+          const float dp0 = through_dropout<kDropout>(ds[n][2 * h], kept, 4 * n + 2 * h, p.dropout_scale);
+          const float dp1 = through_dropout<kDropout>(ds[n][2 * h + 1], kept, 4 * n + 2 * h + 1, p.dropout_scale);
           ds[n][2 * h] = p0 * (dp0 - delta[h]);
           ds[n][2 * h + 1] = p1 * (dp1 - delta[h]);
         }

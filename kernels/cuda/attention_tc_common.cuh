@@ -69,13 +69,16 @@ constexpr int kPad = 8;  // elements: 16 bytes per row
 // ---------------------------------------------------------------- shapes and shared memory layouts
 // Offsets in elements of the 16-bit type; every tile has row stride kLd = D + kPad.
 
-// The forward's default: 8 warps, 64-key blocks. The other warp counts, key
-// blocks and occupancy targets are bench_attention's tuning candidates
-// ("tuning candidates" in attention_tc_forward.cu).
-template <int D, int kWarpsPerCta = 8, int kKeysPerBlock = 64, int kMinCtas = (D <= 64 ? 2 : 1)>
+// The forward's default: 8 warps of one 16-row group each, 64-key blocks.
+// The other warp counts, row groups per warp, key blocks and occupancy
+// targets are bench_attention's tuning candidates ("tuning candidates" in
+// attention_tc_forward.cu).
+template <int D, int kWarpsPerCta = 8, int kKeysPerBlock = 64, int kMinCtas = (D <= 64 ? 2 : 1), int kGroups = 1>
 struct ForwardShape {
   static constexpr int kWarps = kWarpsPerCta, kThreads = kWarps * 32;
-  static constexpr int kRows = kWarps * 16;       // queries per CTA
+  static constexpr int kRowGroups = kGroups;      // 16-row groups per warp
+  static constexpr int kWarpRows = 16 * kGroups;  // queries per warp
+  static constexpr int kRows = kWarps * kWarpRows;  // queries per CTA
   static constexpr int kCols = kKeysPerBlock;     // keys per block
   static constexpr int kMinBlocks = kMinCtas;
   static constexpr int kLd = D + kPad;
@@ -121,37 +124,51 @@ static_assert(DkdvShape<128>::kFloats % 16 == 0, "the float region starts 16-byt
 
 // ---------------------------------------------------------------- tile loads
 
-// Rows [row0, row0 + kRows) of a (rows, D) matrix of row stride `ld` (its
-// D elements dense) into a shared tile of row stride D + kPad, by all kThreads threads: cp.async when `async`, else
-// plain loads and stores. Rows past `rows` become zeros with a plain store (a
-// NaN left in shared memory would survive a multiplication by p = 0). Either
-// way the tile is complete for every thread after this thread's
-// cp_async_wait covering it and a __syncthreads().
-template <int kRows, int D, int kThreads, typename T>
-__device__ __forceinline__ void load_tile(T* tile, const T* src, int64_t ld, int64_t row0, int64_t rows, bool async) {
+// A thread's chunks of load_tile: rows r < rows_left of the (kRows, D)
+// source `first` (row stride ld32) copied, the others zeroed.
+template <int kRows, int D, int kThreads, bool kAsync, typename T>
+__device__ __forceinline__ void load_tile_chunks(T* tile, const T* first, int ld32, int rows_left) {
   constexpr int kChunks = D / 8;  // 16-byte chunks per row
   static_assert(kRows * kChunks % kThreads == 0, "every thread copies the same number of chunks");
-  // Offsets within the tile's rows in 32 bits (r * ld + col < 2^31: the host
-  // sends row strides above attention_tc::kMaxRowStride to attention.cu's
-  // kernels): 64-bit offsets cost the D = 64 forward, at its 128-register
-  // budget, 36 bytes of spills (8 with these).
-  const T* first = src + row0 * ld;
-  const int ld32 = static_cast<int>(ld);
 #pragma unroll
   for (int it = 0; it < kRows * kChunks / kThreads; ++it) {
     const int c = it * kThreads + static_cast<int>(threadIdx.x);
     const int r = c / kChunks, col = c % kChunks * 8;
     T* to = tile + r * (D + kPad) + col;
-    const int64_t row = row0 + r;
-    const T* from = first + r * ld32 + col;
-    if (row >= rows) {
+    if (r >= rows_left) {
       *reinterpret_cast<uint4*>(to) = make_uint4(0, 0, 0, 0);
-    } else if (async) {
-      cp_async_16(to, from);
+    } else if constexpr (kAsync) {
+      cp_async_16(to, first + r * ld32 + col);
     } else {
+      const T* from = first + r * ld32 + col;
 #pragma unroll
       for (int e = 0; e < 8; ++e) to[e] = from[e];
     }
+  }
+}
+
+// Rows [row0, row0 + kRows) of a (rows, D) matrix of row stride `ld` (its
+// D elements dense) into a shared tile of row stride D + kPad, by all
+// kThreads threads: cp.async when `async`, else plain loads and stores. Rows
+// past `rows` become zeros with a plain store (a NaN left in shared memory
+// would survive a multiplication by p = 0). Either way the tile is complete
+// for every thread after this thread's cp_async_wait covering it and a
+// __syncthreads().
+template <int kRows, int D, int kThreads, typename T>
+__device__ __forceinline__ void load_tile(T* tile, const T* src, int64_t ld, int64_t row0, int64_t rows, bool async) {
+  // Offsets within the tile's rows in 32 bits (r * ld + col < 2^31: the host
+  // sends row strides above attention_tc::kMaxRowStride to attention.cu's
+  // kernels), rows left in [0, kRows], and one branch on `async` per tile:
+  // ptxas's allocation of the D = 64 forward at its 128-register budget is
+  // fickle, and this form spills nothing where 64-bit offsets spilled 36
+  // bytes, one branch per chunk 60, and first + (r * ld32 + col) 40.
+  const T* first = src + row0 * ld;
+  const int ld32 = static_cast<int>(ld);
+  const int rows_left = rows - row0 <= 0 ? 0 : rows - row0 >= kRows ? kRows : static_cast<int>(rows - row0);
+  if (async) {
+    load_tile_chunks<kRows, D, kThreads, true>(tile, first, ld32, rows_left);
+  } else {
+    load_tile_chunks<kRows, D, kThreads, false>(tile, first, ld32, rows_left);
   }
 }
 
@@ -206,36 +223,43 @@ __device__ __forceinline__ BlockMask block_mask(const Params& p, int64_t mask_ba
   return b;
 }
 
-// Score of (query0 + ql, key0 + kl) in log2 units, for blocks that need
-// masking: -inf where the key is not one of the query's (key >= Tk, query
-// >= Tq, causal key > query), else (scale * dot + mask) * log2(e). The mask
-// is read only in bounds.
+// Score of (query0 + ql, key0 + kl), for blocks that need masking: -inf
+// where the key is not one of the query's (key >= Tk, query >= Tq, causal key
+// > query), else dot * factor, plus the additive mask * log2(e) if any. The
+// mask is read only in bounds.
 template <bool kMask>
-__device__ __forceinline__ float masked_score(const BlockMask& b, float scale_log2, int ql, int kl, float dot) {
+__device__ __forceinline__ float masked_score(const BlockMask& b, float factor, int ql, int kl, float dot) {
   if (ql >= b.queries_left || kl >= b.keys_left || kl - ql > b.diagonal) return kNegInf;
-  float x = dot * scale_log2;
+  float x = dot * factor;
   if constexpr (kMask) x = fmaf(b.mask[ql * b.stride_q + kl * b.stride_k], kLog2e, x);
   return x;
 }
 
-// Masks the (16, 8 NT) scores s of a warp (masked_score), or scales them
-// when the block needs no masking, into log2 units. rows_are_queries: the
+// masked_score over the (16, 8 NT) scores s of a warp. rows_are_queries: the
 // rows are queries (forward, dQ), else keys (dK/dV).
+template <bool kMask, bool kRowsAreQueries, int NT>
+__device__ __forceinline__ void mask_scores(float (&s)[NT][4], float factor, const Params& p, int64_t mask_base,
+                                            int64_t query0, int64_t key0, int lane) {
+  const int g = lane / 4, t = lane % 4;
+  const BlockMask b = block_mask(p, mask_base, query0, key0);
+#pragma unroll
+  for (int n = 0; n < NT; ++n) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int row = g + 8 * (e / 2), col = 8 * n + 2 * t + e % 2;
+      s[n][e] = kRowsAreQueries ? masked_score<kMask>(b, factor, row, col, s[n][e])
+                                : masked_score<kMask>(b, factor, col, row, s[n][e]);
+    }
+  }
+}
+
+// The scores s into log2 units (times scale log2(e)), masked (mask_scores)
+// when the block needs it.
 template <bool kMask, bool kRowsAreQueries, int NT>
 __device__ __forceinline__ void scores_log2(float (&s)[NT][4], bool masked, const Params& p, int64_t mask_base,
                                             int64_t query0, int64_t key0, int lane) {
-  const int g = lane / 4, t = lane % 4;
   if (masked) {
-    const BlockMask b = block_mask(p, mask_base, query0, key0);
-#pragma unroll
-    for (int n = 0; n < NT; ++n) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int row = g + 8 * (e / 2), col = 8 * n + 2 * t + e % 2;
-        s[n][e] = kRowsAreQueries ? masked_score<kMask>(b, p.scale_log2, row, col, s[n][e])
-                                  : masked_score<kMask>(b, p.scale_log2, col, row, s[n][e]);
-      }
-    }
+    mask_scores<kMask, kRowsAreQueries>(s, p.scale_log2, p, mask_base, query0, key0, lane);
   } else {
 #pragma unroll
     for (int n = 0; n < NT; ++n) {
@@ -321,9 +345,18 @@ __device__ __forceinline__ uint32_t keep_bits_key_rows(const DropoutStream& s, u
 
 __device__ __forceinline__ bool kept_bit(uint32_t kept, int bit) { return ((kept >> bit) & 1u) != 0; }
 
+// x through dropout: x * dropout_scale where keep bit `bit` is set, else 0;
+// without dropout x itself (a multiplication by a runtime 1 the compiler
+// could not drop was one FMUL per score).
+template <bool kDropout>
+__device__ __forceinline__ float through_dropout(float x, uint32_t kept, int bit, float dropout_scale) {
+  if constexpr (kDropout) return kept_bit(kept, bit) ? x * dropout_scale : 0.0f;
+  return x;
+}
+
 // ---------------------------------------------------------------- block schedule
 
-// Which key blocks of a warp's 16 query rows (r0..r0+15) need the
+// Which key blocks of a warp's kWarpRows query rows (r0 ..) need the
 // per-element masking, and which it skips, as key block indices (blocks of
 // kCols keys from key 0): computed once, so the loop compares one int.
 struct QueryRowBlocks {
@@ -332,7 +365,7 @@ struct QueryRowBlocks {
   bool all_masked;        // an additive mask, or rows past Tq
 };
 
-template <int kCols, bool kMask>
+template <int kCols, bool kMask, int kWarpRows = 16>
 __device__ __forceinline__ QueryRowBlocks query_row_blocks(const Params& p, int64_t r0) {
   QueryRowBlocks b;
   // k0 + kCols > Tk  <=>  block >= Tk / kCols.
@@ -341,10 +374,10 @@ __device__ __forceinline__ QueryRowBlocks query_row_blocks(const Params& p, int6
   if (p.causal) {
     // Some key after some row: k0 + kCols - 1 > r0  <=>  block >= (r0 + 1) / kCols.
     b.first_masked = (r0 + 1) / kCols < b.first_masked ? (r0 + 1) / kCols : b.first_masked;
-    // Every key after every row: k0 > r0 + 15  <=>  block >= (r0 + 15) / kCols + 1.
-    b.first_skipped = (r0 + 15) / kCols + 1;
+    // Every key after every row: k0 > r0 + kWarpRows - 1  <=>  block >= (r0 + kWarpRows - 1) / kCols + 1.
+    b.first_skipped = (r0 + kWarpRows - 1) / kCols + 1;
   }
-  b.all_masked = kMask || r0 + 16 > p.q_len;
+  b.all_masked = kMask || r0 + kWarpRows > p.q_len;
   return b;
 }
 
@@ -352,8 +385,9 @@ __device__ __forceinline__ QueryRowBlocks query_row_blocks(const Params& p, int6
 
 // The place of a forward or dQ CTA in the grid: one CTA per (kRows queries,
 // head bh = b * H + h), a head's last query block first (under causal
-// masking it has the most keys); warp w owns queries q0 + 16 w .. + 15, and
-// lane l (g = l / 4, t = l % 4) the rows r0 + g and r0 + g + 8.
+// masking it has the most keys); warp w owns queries r0 = q0 + kWarpRows w
+// .. + kWarpRows - 1, and lane l (g = l / 4, t = l % 4) the rows r0 + g and
+// r0 + g + 8 of each 16-row group.
 struct QueryCta {
   int warp, lane, g, t;
   int64_t bh;         // b * H + h
@@ -362,7 +396,7 @@ struct QueryCta {
   int64_t mask_base;  // the additive mask's offset for head bh
 };
 
-template <int kRows>
+template <int kRows, int kWarpRows = 16>
 __device__ __forceinline__ QueryCta query_cta(const Params& p) {
   QueryCta c;
   c.warp = static_cast<int>(threadIdx.x) / 32;
@@ -372,7 +406,7 @@ __device__ __forceinline__ QueryCta query_cta(const Params& p) {
   const int64_t q_blocks = ceil_div(p.q_len, kRows);
   c.bh = blockIdx.x / q_blocks;
   c.q0 = (q_blocks - 1 - blockIdx.x % q_blocks) * kRows;
-  c.r0 = c.q0 + c.warp * 16;
+  c.r0 = c.q0 + c.warp * kWarpRows;
   c.mask_base = c.bh / p.heads * p.mask_stride_b + c.bh % p.heads * p.mask_stride_h;
   return c;
 }

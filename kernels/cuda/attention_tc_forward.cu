@@ -13,16 +13,20 @@ namespace {
 
 // ---------------------------------------------------------------- forward
 
-// One CTA per (S::kRows queries, b * H + h); warp w owns rows q0 + 16 w .. + 15.
+// One CTA per (S::kRows queries, b * H + h); warp w owns G = S::kRowGroups
+// groups of 16 rows, r0 = q0 + 16 G w .. + 16 G - 1. Every K and V fragment
+// a warp loads serves its G groups (more independent work per warp, fewer
+// shared-memory reads per product).
 // kDropout = p.dropout, kMask = (p.mask != null): kernels of their own keep
 // the Philox code and the mask loads out of the common kernel's registers.
 template <typename T, int D, typename S, bool kDropout, bool kMask>
 __global__ void __launch_bounds__(S::kThreads, kDropout || kMask ? 1 : S::kMinBlocks)
     attention_tc_forward_kernel(Params p) {
   constexpr int M = S::kRows, N = S::kCols, NT = N / 8, DT = D / 8, KD = D / 16, KN = N / 16, LD = S::kLd;
+  constexpr int G = S::kRowGroups;
   extern __shared__ __align__(16) unsigned char attention_tc_smem[];
   T* smem = reinterpret_cast<T*>(attention_tc_smem);
-  const QueryCta cta = query_cta<M>(p);
+  const QueryCta cta = query_cta<M, S::kWarpRows>(p);
   const int warp = cta.warp, lane = cta.lane, g = cta.g, t = cta.t;
   const int64_t bh = cta.bh, q0 = cta.q0, r0 = cta.r0, mask_base = cta.mask_base;
   const T* q = static_cast<const T*>(p.q) + head_offset(p.q_layout, bh, p.heads);  // (Tq, D)
@@ -42,14 +46,25 @@ __global__ void __launch_bounds__(S::kThreads, kDropout || kMask ? 1 : S::kMinBl
   cp_async_commit();
   cp_async_wait<1>();  // Q is in
   __syncthreads();
-  uint32_t qf[KD][4];  // (16, D): the warp's rows of Q as A fragments, for the whole loop
+  uint32_t qf[G][KD][4];  // (16, D) per group: the warp's rows of Q as A fragments, for the whole loop
 #pragma unroll
-  for (int kk = 0; kk < KD; ++kk) load_a(qf[kk], smem + S::q + warp * 16 * LD, LD, 16 * kk, lane);
+  for (int r = 0; r < G; ++r) {
+#pragma unroll
+    for (int kk = 0; kk < KD; ++kk) load_a(qf[r][kk], smem + S::q + (warp * G + r) * 16 * LD, LD, 16 * kk, lane);
+  }
 
-  const QueryRowBlocks schedule = query_row_blocks<N, kMask>(p, r0);
-  float m[2] = {kNegInf, kNegInf};  // running max of rows g, g + 8 (log2 units)
-  float l[2] = {0.0f, 0.0f};        // this lane's part of the running sum of exp2(x - m)
-  float acc[DT][4] = {};            // (16, D) unnormalized output
+  // Per warp: blocks are skipped only when above all its rows, and masked
+  // when any of its rows needs it (a group's fully masked block gives p = 0).
+  const QueryRowBlocks schedule = query_row_blocks<N, kMask, S::kWarpRows>(p, r0);
+  // Per group: the running max of rows g, g + 8 (log2 units), and this
+  // lane's part of the running sum of exp2(x - m).
+  float m[G][2], l[G][2];
+#pragma unroll
+  for (int r = 0; r < G; ++r) {
+    m[r][0] = m[r][1] = kNegInf;
+    l[r][0] = l[r][1] = 0.0f;
+  }
+  float acc[G][DT][4] = {};  // (16, D) per group: unnormalized output
   for (int64_t block = 0; block < blocks; ++block) {
     // Block + 1 loads while this one is computed. The stage it overwrites was
     // last read in block - 1, before that iteration's closing __syncthreads().
@@ -58,53 +73,75 @@ __global__ void __launch_bounds__(S::kThreads, kDropout || kMask ? 1 : S::kMinBl
     cp_async_wait<1>();  // all but the newest group: this block's K/V are in (this thread's copies)
     __syncthreads();     // ... and every thread's
 
-    // Warp-uniform: the warp's rows r0..r0+15 against keys k0..k0+N-1.
+    // Warp-uniform: the warp's rows against keys k0..k0+N-1.
     if (block < schedule.first_skipped) {
       const int64_t k0 = block * N;
       const T* k_tile = smem + S::kv + (block % 2) * S::kStage;  // (N, D)
       const T* v_tile = k_tile + N * LD;                         // (N, D)
-      uint32_t kept = 0;  // bit 4 n + e: keep of s[n][e]; first, before s holds registers
+      uint32_t kept[G] = {};  // bit 4 n + e: keep of s[r][n][e]; first, before s holds registers
       if constexpr (kDropout) {
-        const uint64_t row_index[2] = {dropout_index(p, bh, r0 + g, k0 + 2 * t), dropout_index(p, bh, r0 + g + 8, k0 + 2 * t)};
-        kept = keep_bits_query_rows<NT>(dropout, row_index);
+#pragma unroll
+        for (int r = 0; r < G; ++r) {
+          const int64_t row = r0 + 16 * r + g;
+          const uint64_t row_index[2] = {dropout_index(p, bh, row, k0 + 2 * t),
+                                         dropout_index(p, bh, row + 8, k0 + 2 * t)};
+          kept[r] = keep_bits_query_rows<NT>(dropout, row_index);
+        }
       }
-      float s[NT][4] = {};  // (16, N) scores, then probabilities
-      mma_regs_nt<T, NT, KD>(s, qf, k_tile, LD, lane);
-      const bool masked = schedule.all_masked || block >= schedule.first_masked;
-      scores_log2<kMask, true>(s, masked, p, mask_base, r0, k0, lane);
+      float s[G][NT][4] = {};  // (16, N) per group: scores, then probabilities
+      mma_regs_nt<T, G, NT, KD>(s, qf, k_tile, LD, lane);
+      // Without an additive mask the scores stay raw dot products (masked
+      // ones -inf): their max times scale log2(e) is the max in log2 units
+      // (the host sends only positive scales here), and one FFMA per score
+      // then scales and subtracts it. With one, every block is masked and
+      // goes to log2 units first, the mask added in those units.
+      const bool masked = kMask || schedule.all_masked || block >= schedule.first_masked;
+      if (masked) {
+#pragma unroll
+        for (int r = 0; r < G; ++r) {
+          mask_scores<kMask, true>(s[r], kMask ? p.scale_log2 : 1.0f, p, mask_base, r0 + 16 * r, k0, lane);
+        }
+      }
+      const float to_log2 = kMask ? 1.0f : p.scale_log2;  // s * to_log2 is in log2 units
 
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        float block_max = kNegInf;
+      for (int r = 0; r < G; ++r) {
 #pragma unroll
-        for (int n = 0; n < NT; ++n) block_max = fmaxf(block_max, fmaxf(s[n][2 * h], s[n][2 * h + 1]));
-        const float m_new = fmaxf(m[h], quad_max(block_max));
-        // While a row has seen only -inf, subtract 0: exp2(-inf - -inf) would be NaN.
-        const float m_use = m_new == kNegInf ? 0.0f : m_new;
-        const float alpha = exp2f(m[h] - m_use);  // 0 while m[h] = -inf; acc and l are 0 then
-        m[h] = m_new;
-        l[h] *= alpha;
+        for (int h = 0; h < 2; ++h) {
+          float block_max = kNegInf;
 #pragma unroll
-        for (int n = 0; n < DT; ++n) {
-          acc[n][2 * h] *= alpha;
-          acc[n][2 * h + 1] *= alpha;
-        }
+          for (int n = 0; n < NT; ++n) block_max = fmaxf(block_max, fmaxf(s[r][n][2 * h], s[r][n][2 * h + 1]));
+          const float m_new = fmaxf(m[r][h], quad_max(block_max) * to_log2);
+          // While a row has seen only -inf, subtract 0: exp2(-inf - -inf) would be NaN.
+          const float m_use = m_new == kNegInf ? 0.0f : m_new;
+          const float alpha = exp2_approx(m[r][h] - m_use);  // 0 while m = -inf; acc and l are 0 then
+          m[r][h] = m_new;
+          l[r][h] *= alpha;
 #pragma unroll
-        for (int n = 0; n < NT; ++n) {
-          s[n][2 * h] = exp2f(s[n][2 * h] - m_use);
-          s[n][2 * h + 1] = exp2f(s[n][2 * h + 1] - m_use);
-          l[h] += s[n][2 * h] + s[n][2 * h + 1];
-          if constexpr (kDropout) {  // the sum counts every probability; the product only the kept ones
-            if (!kept_bit(kept, 4 * n + 2 * h)) s[n][2 * h] = 0.0f;
-            if (!kept_bit(kept, 4 * n + 2 * h + 1)) s[n][2 * h + 1] = 0.0f;
+          for (int n = 0; n < DT; ++n) {
+            acc[r][n][2 * h] *= alpha;
+            acc[r][n][2 * h + 1] *= alpha;
+          }
+#pragma unroll
+          for (int n = 0; n < NT; ++n) {
+            s[r][n][2 * h] = exp2_approx(fmaf(s[r][n][2 * h], to_log2, -m_use));
+            s[r][n][2 * h + 1] = exp2_approx(fmaf(s[r][n][2 * h + 1], to_log2, -m_use));
+            l[r][h] += s[r][n][2 * h] + s[r][n][2 * h + 1];
+            if constexpr (kDropout) {  // the sum counts every probability; the product only the kept ones
+              if (!kept_bit(kept[r], 4 * n + 2 * h)) s[r][n][2 * h] = 0.0f;
+              if (!kept_bit(kept[r], 4 * n + 2 * h + 1)) s[r][n][2 * h + 1] = 0.0f;
+            }
           }
         }
       }
 
-      uint32_t pf[KN][4];  // (16, N) P as A fragments (pack_a)
+      uint32_t pf[G][KN][4];  // (16, N) per group: P as A fragments (pack_a)
 #pragma unroll
-      for (int kk = 0; kk < KN; ++kk) pack_a<T>(pf[kk], s, kk);
-      mma_regs_nn<T, DT, KN>(acc, pf, v_tile, LD, lane);
+      for (int r = 0; r < G; ++r) {
+#pragma unroll
+        for (int kk = 0; kk < KN; ++kk) pack_a<T>(pf[r][kk], s[r], kk);
+      }
+      mma_regs_nn<T, G, DT, KN>(acc, pf, v_tile, LD, lane);
     }
     __syncthreads();  // every warp is done with this stage before block + 2 loads into it
   }
@@ -112,20 +149,23 @@ __global__ void __launch_bounds__(S::kThreads, kDropout || kMask ? 1 : S::kMinBl
 
   T* out = static_cast<T*>(p.out) + head_offset(p.out_layout, bh, p.heads);  // (Tq, D)
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const float sum = quad_sum(l[h]);
-    const int64_t row = r0 + g + 8 * h;
-    if (row >= p.q_len) continue;
-    const bool empty = m[h] == kNegInf;  // no allowed key: out = 0, lse = -inf
-    const float inv = empty ? 0.0f : p.dropout_scale / sum;
-    T* out_row = out + row * p.out_layout.row;
+  for (int r = 0; r < G; ++r) {
 #pragma unroll
-    for (int n = 0; n < DT; ++n) {
-      out_row[8 * n + 2 * t] = from_acc<T>(acc[n][2 * h] * inv);
-      out_row[8 * n + 2 * t + 1] = from_acc<T>(acc[n][2 * h + 1] * inv);
+    for (int h = 0; h < 2; ++h) {
+      const float sum = quad_sum(l[r][h]);
+      const int64_t row = r0 + 16 * r + g + 8 * h;
+      if (row >= p.q_len) continue;
+      const bool empty = m[r][h] == kNegInf;  // no allowed key: out = 0, lse = -inf
+      const float inv = empty ? 0.0f : p.dropout_scale / sum;
+      T* out_row = out + row * p.out_layout.row;
+#pragma unroll
+      for (int n = 0; n < DT; ++n) {
+        out_row[8 * n + 2 * t] = from_acc<T>(acc[r][n][2 * h] * inv);
+        out_row[8 * n + 2 * t + 1] = from_acc<T>(acc[r][n][2 * h + 1] * inv);
+      }
+      // lse = ln(sum_j exp(s_ij)) = (m + log2(sum)) ln 2, m in log2 units.
+      if (t == 0) p.lse_out[bh * p.q_len + row] = empty ? kNegInf : m[r][h] * kLn2 + logf(sum);
     }
-    // lse = ln(sum_j exp(s_ij)) = (m + log2(sum)) ln 2, m in log2 units.
-    if (t == 0) p.lse_out[bh * p.q_len + row] = empty ? kNegInf : m[h] * kLn2 + logf(sum);
   }
 }
 
@@ -142,17 +182,25 @@ constexpr const char* kForwardWhat = "scaled_dot_product_attention forward (tens
 // (or KILN_ATTENTION_FORWARD_SHAPE, read at start-up: the CPU emulator's way
 // in) picks another. Once timed, the winner becomes ForwardShape's default
 // and the others go.
-// ptxas (CUDA 13.0, sm_90): the default D = 64 kernel is held to 128
-// registers by its 2 CTAs per SM and spills 8 bytes; shape 4 is the same
-// kernel with 255 allowed (161 used, no spill, one CTA per SM).
+// Shapes 5 and 6 give each warp two 16-row groups (FlashAttention-2's
+// 32 rows per warp): each K and V fragment serves both, so per 64 products
+// the loop issues half the ldmatrix and, for shape 6, 347 instructions
+// against the default's 439 (SASS of the aligned, unmasked path; 565 before
+// exp2_approx and the FFMA).
+// ptxas (CUDA 13.0, sm_90), none spills: the default D = 64 kernel uses all
+// 128 registers its 2 CTAs per SM allow; shape 4, the same kernel at one CTA
+// per SM, 160; shapes 5 and 6, 245 and 241.
 using ForwardShape64Warps8Keys128 = ForwardShape<64, 8, 128, 1>;
 using ForwardShape64Warps4Keys128 = ForwardShape<64, 4, 128, 2>;
 using ForwardShape64Warps4Keys64 = ForwardShape<64, 4, 64, 3>;
 using ForwardShape64Warps8Keys64OneCta = ForwardShape<64, 8, 64, 1>;
+using ForwardShape64Warps4Rows32 = ForwardShape<64, 4, 64, 2, 2>;
+using ForwardShape64Warps8Rows32 = ForwardShape<64, 8, 64, 1, 2>;
 constexpr const char* kForwardShapeNames[] = {
     "8 warps, 64-key blocks, 2 CTAs/SM (default)", "8 warps, 128-key blocks, 1 CTA/SM",
     "4 warps, 128-key blocks, 2 CTAs/SM", "4 warps, 64-key blocks, 3 CTAs/SM",
-    "8 warps, 64-key blocks, 1 CTA/SM"};
+    "8 warps, 64-key blocks, 1 CTA/SM", "4 warps of 32 rows, 64-key blocks, 2 CTAs/SM",
+    "8 warps of 32 rows, 64-key blocks, 1 CTA/SM"};
 constexpr int kForwardShapes = sizeof(kForwardShapeNames) / sizeof(kForwardShapeNames[0]);
 
 int forward_shape_from_environment() {
@@ -185,6 +233,8 @@ void launch_forward(const Params& p, int64_t heads, cuda::Stream stream) {
         case 2: return launch_forward_candidate<T, D, ForwardShape64Warps4Keys128>(p, heads, stream);
         case 3: return launch_forward_candidate<T, D, ForwardShape64Warps4Keys64>(p, heads, stream);
         case 4: return launch_forward_candidate<T, D, ForwardShape64Warps8Keys64OneCta>(p, heads, stream);
+        case 5: return launch_forward_candidate<T, D, ForwardShape64Warps4Rows32>(p, heads, stream);
+        case 6: return launch_forward_candidate<T, D, ForwardShape64Warps8Rows32>(p, heads, stream);
         default: break;
       }
     }

@@ -67,6 +67,17 @@ __device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], uint3
   }
 }
 
+// 2^x on the SFU (ex2.approx.ftz.f32), one instruction. exp2f is the same
+// MUFU.EX2 behind a guard for subnormal results (a compare and two
+// predicated multiplies per call: 3 of the softmax's ~9 instructions per
+// score); here a result below 2^-126 is 0 instead, which no probability
+// or rescaling factor of attention can tell apart. 2^-inf = 0.
+__device__ __forceinline__ float exp2_approx(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
 // 16 bytes global -> shared without passing through registers (sm_80+). The
 // copies of a thread form groups (commit); wait_group<n> returns once at most
 // the n most recent groups of this thread are still in flight. Other threads'
@@ -140,9 +151,11 @@ __device__ __forceinline__ void pack_a(uint32_t (&a)[4], const float (&c)[NT][4]
   a[3] = pack_pair<T>(c[2 * kk + 1][2], c[2 * kk + 1][3]);
 }
 
-// c (16, 8 NT) += a (16, 16 KT; fragments in registers) b^T, b (8 NT, 16 KT) row-major in shared memory.
-template <typename T, int NT, int KT>
-__device__ __forceinline__ void mma_regs_nt(float (&c)[NT][4], const uint32_t (&a)[KT][4], const T* b, int ldb,
+// For each of G row groups r: c[r] (16, 8 NT) += a[r] (16, 16 KT; fragments
+// in registers) b^T, b (8 NT, 16 KT) row-major in shared memory: each B
+// fragment is loaded once for all G groups.
+template <typename T, int G, int NT, int KT>
+__device__ __forceinline__ void mma_regs_nt(float (&c)[G][NT][4], const uint32_t (&a)[G][KT][4], const T* b, int ldb,
                                             int lane) {
   static_assert(NT % 2 == 0, "ldmatrix.x4 covers two 8-column tiles");
 #pragma unroll
@@ -151,8 +164,11 @@ __device__ __forceinline__ void mma_regs_nt(float (&c)[NT][4], const uint32_t (&
     for (int n = 0; n < NT; n += 2) {
       uint32_t bf[4];
       load_b_n_rows(bf, b, ldb, 8 * n, 16 * kk, lane);
-      mma<T>(c[n], a[kk], bf[0], bf[1]);
-      mma<T>(c[n + 1], a[kk], bf[2], bf[3]);
+#pragma unroll
+      for (int r = 0; r < G; ++r) {
+        mma<T>(c[r][n], a[r][kk], bf[0], bf[1]);
+        mma<T>(c[r][n + 1], a[r][kk], bf[2], bf[3]);
+      }
     }
   }
 }
@@ -175,9 +191,11 @@ __device__ __forceinline__ void mma_smem_nt(float (&c)[NT][4], const T* a, int l
   }
 }
 
-// c (16, 8 NT) += a (16, 16 KT; fragments in registers) b, b (16 KT, 8 NT) row-major in shared memory.
-template <typename T, int NT, int KT>
-__device__ __forceinline__ void mma_regs_nn(float (&c)[NT][4], const uint32_t (&a)[KT][4], const T* b, int ldb,
+// For each of G row groups r: c[r] (16, 8 NT) += a[r] (16, 16 KT; fragments
+// in registers) b, b (16 KT, 8 NT) row-major in shared memory: each B
+// fragment is loaded once for all G groups.
+template <typename T, int G, int NT, int KT>
+__device__ __forceinline__ void mma_regs_nn(float (&c)[G][NT][4], const uint32_t (&a)[G][KT][4], const T* b, int ldb,
                                             int lane) {
   static_assert(NT % 2 == 0, "ldmatrix.x4 covers two 8-column tiles");
 #pragma unroll
@@ -186,10 +204,21 @@ __device__ __forceinline__ void mma_regs_nn(float (&c)[NT][4], const uint32_t (&
     for (int n = 0; n < NT; n += 2) {
       uint32_t bf[4];
       load_b_k_rows(bf, b, ldb, 16 * kk, 8 * n, lane);
-      mma<T>(c[n], a[kk], bf[0], bf[1]);
-      mma<T>(c[n + 1], a[kk], bf[2], bf[3]);
+#pragma unroll
+      for (int r = 0; r < G; ++r) {
+        mma<T>(c[r][n], a[r][kk], bf[0], bf[1]);
+        mma<T>(c[r][n + 1], a[r][kk], bf[2], bf[3]);
+      }
     }
   }
+}
+
+// The same for one row group.
+template <typename T, int NT, int KT>
+__device__ __forceinline__ void mma_regs_nn(float (&c)[NT][4], const uint32_t (&a)[KT][4], const T* b, int ldb,
+                                            int lane) {
+  mma_regs_nn<T, 1, NT, KT>(reinterpret_cast<float (&)[1][NT][4]>(c), reinterpret_cast<const uint32_t (&)[1][KT][4]>(a),
+                            b, ldb, lane);
 }
 
 }  // namespace
