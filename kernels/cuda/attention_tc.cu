@@ -29,6 +29,8 @@
 //    scale * log2(e) * score - max in one FFMA: the forward takes a row's
 //    max over the raw scores (so only positive scales come here); lse stays
 //    in natural-log units.
+//  - The forward rescales its output accumulators only in blocks where some
+//    row of the warp has a new max (exact: the skipped factors are 1).
 //  - Masking is decided per warp and key (or query) block: only blocks that
 //    cross Tq or Tk, touch the causal diagonal, or have an additive mask run
 //    the per-element checks; blocks entirely above the diagonal are skipped.

@@ -104,6 +104,8 @@ __global__ void __launch_bounds__(S::kThreads, kDropout || kMask ? 1 : S::kMinBl
       }
       const float to_log2 = kMask ? 1.0f : p.scale_log2;  // s * to_log2 is in log2 units
 
+      float alpha[G][2];    // the rescaling of acc for each row
+      bool rescale = false;  // some alpha of this lane is not 1
 #pragma unroll
       for (int r = 0; r < G; ++r) {
 #pragma unroll
@@ -114,14 +116,10 @@ __global__ void __launch_bounds__(S::kThreads, kDropout || kMask ? 1 : S::kMinBl
           const float m_new = fmaxf(m[r][h], quad_max(block_max) * to_log2);
           // While a row has seen only -inf, subtract 0: exp2(-inf - -inf) would be NaN.
           const float m_use = m_new == kNegInf ? 0.0f : m_new;
-          const float alpha = exp2_approx(m[r][h] - m_use);  // 0 while m = -inf; acc and l are 0 then
+          alpha[r][h] = exp2_approx(m[r][h] - m_use);  // 0 while m = -inf; acc and l are 0 then
+          rescale = rescale || alpha[r][h] != 1.0f;
           m[r][h] = m_new;
-          l[r][h] *= alpha;
-#pragma unroll
-          for (int n = 0; n < DT; ++n) {
-            acc[r][n][2 * h] *= alpha;
-            acc[r][n][2 * h + 1] *= alpha;
-          }
+          l[r][h] *= alpha[r][h];
 #pragma unroll
           for (int n = 0; n < NT; ++n) {
             s[r][n][2 * h] = exp2_approx(fmaf(s[r][n][2 * h], to_log2, -m_use));
@@ -131,6 +129,20 @@ __global__ void __launch_bounds__(S::kThreads, kDropout || kMask ? 1 : S::kMinBl
               if (!kept_bit(kept[r], 4 * n + 2 * h)) s[r][n][2 * h] = 0.0f;
               if (!kept_bit(kept[r], 4 * n + 2 * h + 1)) s[r][n][2 * h + 1] = 0.0f;
             }
+          }
+        }
+      }
+
+      // Once a row's max has settled, most blocks leave it: skip the (16, D)
+      // rescaling when no lane of the warp has an alpha other than 1 (a
+      // multiplication by 1 changes no bit).
+      if (__any_sync(0xffffffffu, rescale)) {
+#pragma unroll
+        for (int r = 0; r < G; ++r) {
+#pragma unroll
+          for (int n = 0; n < DT; ++n) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[r][n][e] *= alpha[r][e / 2];
           }
         }
       }
@@ -184,9 +196,9 @@ constexpr const char* kForwardWhat = "scaled_dot_product_attention forward (tens
 // and the others go.
 // Shapes 5 and 6 give each warp two 16-row groups (FlashAttention-2's
 // 32 rows per warp): each K and V fragment serves both, so per 64 products
-// the loop issues half the ldmatrix and, for shape 6, 347 instructions
-// against the default's 439 (SASS of the aligned, unmasked path; 565 before
-// exp2_approx and the FFMA).
+// the loop issues half the ldmatrix and, for shape 6, 340 instructions (308
+// when the warp skips the rescaling) against the default's 427 (395): SASS
+// of the aligned, unmasked path; 565 before exp2_approx and the FFMA.
 // ptxas (CUDA 13.0, sm_90), none spills: the default D = 64 kernel uses all
 // 128 registers its 2 CTAs per SM allow; shape 4, the same kernel at one CTA
 // per SM, 160; shapes 5 and 6, 245 and 241.

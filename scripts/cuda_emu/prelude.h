@@ -90,3 +90,14 @@ inline float __shfl_xor_sync(unsigned mask, float x, int lane_mask) {
   w.bar.arrive_and_wait();
   return y;
 }
+// Whether any lane of the warp passes a nonzero predicate (full mask only).
+inline int __any_sync(unsigned mask, int predicate) {
+  EMU_REQUIRE(mask == 0xffffffffu);
+  emu::Warp& w = emu::warp();
+  w.f[emu::lane()] = predicate != 0 ? 1.0f : 0.0f;
+  w.bar.arrive_and_wait();
+  bool any = false;
+  for (int l = 0; l < 32; ++l) any = any || w.f[l] != 0.0f;
+  w.bar.arrive_and_wait();
+  return any ? 1 : 0;
+}
