@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <optional>
 #include <string>
 
 #include "core/allocator.h"
@@ -339,6 +340,30 @@ TEST_CASE("attention: bad inputs are refused, naming what is wrong") {
             .find("attn_mask must be bool or floating") != std::string::npos);
 }
 
+// scaled_dot_product_attention of q, k, v (host tensors of one dtype; mask
+// on the host or undefined) on the GPU against the CPU in float32: out within
+// (rtol, atol), and the input gradients for the output gradient
+// random_tensor(out's shape, grad_seed) within 4 rtol, 4 atol.
+void check_cuda_against_cpu(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask, bool causal,
+                            std::optional<double> scale, double rtol, double atol, uint64_t grad_seed) {
+  // Leaves of their own (detach): for float32, to(f32) returns q itself.
+  std::vector<Tensor> cpu = {q.to(DType::f32).detach().requires_grad_(), k.to(DType::f32).detach().requires_grad_(),
+                             v.to(DType::f32).detach().requires_grad_()};
+  std::vector<Tensor> gpu = {q.cuda().requires_grad_(), k.cuda().requires_grad_(), v.cuda().requires_grad_()};
+  const Tensor cpu_out = scaled_dot_product_attention(cpu[0], cpu[1], cpu[2], mask, 0.0, causal, scale);
+  const Tensor gpu_out = scaled_dot_product_attention(gpu[0], gpu[1], gpu[2], mask.defined() ? mask.cuda() : mask, 0.0,
+                                                      causal, scale);
+  KILN_CHECK_CLOSE(gpu_out.cpu().to(DType::f32), cpu_out, rtol, atol);
+  if (cpu_out.numel() == 0) return;
+  const Tensor seed = random_tensor(cpu_out.shape(), grad_seed, DType::f32);
+  cpu_out.backward(seed);
+  gpu_out.backward(seed.to(Device::cuda(), q.dtype()));
+  for (int i = 0; i < 3; ++i) {
+    INFO("gradient of input " << i);
+    KILN_CHECK_CLOSE(gpu[i].grad().cpu().to(DType::f32), cpu[i].grad(), 4 * rtol, 4 * atol);
+  }
+}
+
 TEST_CASE("attention: the CUDA kernels match the CPU, forward and backward, in every dtype and head dim [gpu]") {
   KILN_REQUIRE_GPU();
   struct Case {
@@ -360,27 +385,12 @@ TEST_CASE("attention: the CUDA kernels match the CPU, forward and backward, in e
         Tensor mask;
         if (c.mask == 1) mask = random_tensor({c.L, c.S}, 33, dtype);
         if (c.mask == 2) mask = gt(random_tensor({c.B, 1, 1, c.S}, 34), -1.0);
-        // Leaves of their own (detach): for float32, to(f32) returns q itself.
-        std::vector<Tensor> cpu = {q.to(DType::f32).detach().requires_grad_(), k.to(DType::f32).detach().requires_grad_(),
-                                   v.to(DType::f32).detach().requires_grad_()};
-        std::vector<Tensor> gpu = {q.cuda().requires_grad_(), k.cuda().requires_grad_(), v.cuda().requires_grad_()};
-        const Tensor cpu_out = scaled_dot_product_attention(cpu[0], cpu[1], cpu[2], mask, 0.0, c.causal);
-        const Tensor gpu_out = scaled_dot_product_attention(gpu[0], gpu[1], gpu[2], mask.defined() ? mask.cuda() : mask,
-                                                            0.0, c.causal);
         // 16-bit: P and dS are rounded to the input type before their products
         // (as flash-attention does), an absolute error of about half an ulp.
         const Tolerance tol = parity_tolerance(dtype);
         const double rtol = dtype == DType::f32 ? 1e-5 : 2 * tol.rtol;
         const double atol = dtype == DType::f32 ? 1e-5 : dtype == DType::f16 ? 1e-3 : 5e-3;
-        KILN_CHECK_CLOSE(gpu_out.cpu().to(DType::f32), cpu_out, rtol, atol);
-        if (cpu_out.numel() == 0) continue;
-        const Tensor seed = random_tensor(cpu_out.shape(), 35, DType::f32);
-        cpu_out.backward(seed);
-        gpu_out.backward(seed.to(Device::cuda(), dtype));
-        for (int i = 0; i < 3; ++i) {
-          INFO("gradient of input " << i);
-          KILN_CHECK_CLOSE(gpu[i].grad().cpu().to(DType::f32), cpu[i].grad(), 4 * rtol, 4 * atol);
-        }
+        check_cuda_against_cpu(q, k, v, mask, c.causal, std::nullopt, rtol, atol, 35);
       }
     }
   }
@@ -397,22 +407,9 @@ TEST_CASE("attention: the CUDA kernels match the CPU, forward and backward, in e
   // result, forward and backward, causal with a partial key block.
   for (const double scale : {-0.3, 0.0}) {
     INFO("scale " << scale);
-    const Tensor q16 = random_tensor({1, 2, 40, 64}, 39, DType::bf16), k16 = random_tensor({1, 2, 70, 64}, 40, DType::bf16),
-                 v16 = random_tensor({1, 2, 70, 64}, 41, DType::bf16);
-    std::vector<Tensor> cpu = {q16.to(DType::f32).requires_grad_(), k16.to(DType::f32).requires_grad_(),
-                               v16.to(DType::f32).requires_grad_()};
-    std::vector<Tensor> gpu = {q16.cuda().requires_grad_(), k16.cuda().requires_grad_(), v16.cuda().requires_grad_()};
-    const Tensor cpu_out = scaled_dot_product_attention(cpu[0], cpu[1], cpu[2], Tensor(), 0.0, true, scale);
-    const Tensor gpu_out = scaled_dot_product_attention(gpu[0], gpu[1], gpu[2], Tensor(), 0.0, true, scale);
-    const double rtol = 2 * parity_tolerance(DType::bf16).rtol;
-    KILN_CHECK_CLOSE(gpu_out.cpu().to(DType::f32), cpu_out, rtol, 5e-3);
-    const Tensor seed = random_tensor(cpu_out.shape(), 42, DType::f32);
-    cpu_out.backward(seed);
-    gpu_out.backward(seed.to(Device::cuda(), DType::bf16));
-    for (int i = 0; i < 3; ++i) {
-      INFO("gradient of input " << i);
-      KILN_CHECK_CLOSE(gpu[i].grad().cpu().to(DType::f32), cpu[i].grad(), 4 * rtol, 2e-2);
-    }
+    check_cuda_against_cpu(random_tensor({1, 2, 40, 64}, 39, DType::bf16), random_tensor({1, 2, 70, 64}, 40, DType::bf16),
+                           random_tensor({1, 2, 70, 64}, 41, DType::bf16), Tensor(), /*causal=*/true, scale,
+                           2 * parity_tolerance(DType::bf16).rtol, 5e-3, 42);
   }
 }
 

@@ -632,8 +632,9 @@ bool use_tensor_core_kernels(const AttentionArgs& a, const AttentionLayout* dout
     return resolved(layout, a.heads, len, a.head_dim).row <= attention_tc::kMaxRowStride;
   };
   return cuda_kernels.load(std::memory_order_relaxed) == AttentionCudaKernels::tensor_core &&
-         attention_tc::supports(a.dtype, a.head_dim) && a.scale > 0.0 && fits(a.q_layout, a.q_len) && fits(a.k_layout, a.kv_len) &&
-         fits(a.v_layout, a.kv_len) && (dout_layout == nullptr || fits(*dout_layout, a.q_len));
+         attention_tc::supports(a.dtype, a.head_dim) && a.scale > 0.0 && fits(a.q_layout, a.q_len) &&
+         fits(a.k_layout, a.kv_len) && fits(a.v_layout, a.kv_len) &&
+         (dout_layout == nullptr || fits(*dout_layout, a.q_len));
 }
 }  // namespace
 
