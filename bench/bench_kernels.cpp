@@ -218,7 +218,8 @@ void run_transformer_cases(Table& table, Device device, int64_t rows, TimeFn&& t
 // (batch, 128, 28, 28), in NCHW and channels-last (issue 22): max pooling,
 // batch norm + ReLU in training mode, the residual add + ReLU. Bytes: what
 // each must read and write once (max pool also writes and reads its int32
-// indices; BN reads x twice, for its statistics and to normalize).
+// indices; BN reads x twice, for its statistics and to normalize, and its
+// backward reads x and dy twice).
 template <typename TimeFn>
 void run_convnet_cases(Table& table, Device device, int64_t batch, TimeFn&& time_fn) {
   const Shape shape = {batch, 128, 28, 28};
@@ -250,6 +251,14 @@ void run_convnet_cases(Table& table, Device device, int64_t batch, TimeFn&& time
         measure("maxpool2 fwd+bwd", 2 * (n * element + n_pooled * (element + 4)), [&] {
           xg.zero_grad_();
           max_pool2d(xg, 2).backward(dy_pooled);
+        });
+        // The backward reads x and dy twice (per-channel sums, then dx) and writes dx: 8 passes in all.
+        Tensor weight_g = ones({128}, params).requires_grad_(), bias_g = zeros({128}, params).requires_grad_();
+        measure("bn+relu fwd+bwd (train)", 8 * n * element, [&] {
+          xg.zero_grad_();
+          weight_g.zero_grad_();
+          bias_g.zero_grad_();
+          batch_norm_relu(xg, running_mean, running_var, weight_g, bias_g, true).backward(skip);
         });
       } catch (const Error& error) {
         table.add_failure("convnet inputs" + layout, shape_text(shape), dtype_text, error.what());

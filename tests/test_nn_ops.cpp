@@ -286,7 +286,7 @@ TEST_CASE("layer_norm matches a hand computation") {
 }
 
 // The op table's norm samples are small: one statistics split, NCHW only, no
-// running stats compared. This covers norm.cu's multi-split statistics, the
+// running stats compared. This covers batch_norm.cu's multi-split statistics, the
 // channels-last (rows) kernels, the running-stat update and the layer-norm
 // weight-gradient splits on the device.
 TEST_CASE("batch_norm and layer_norm: CUDA matches the CPU with split statistics and channels-last [gpu]") {
@@ -335,6 +335,52 @@ TEST_CASE("batch_norm and layer_norm: CUDA matches the CPU with split statistics
     return std::vector<Tensor>{y, xi.grad(), wi.grad(), bi.grad()};
   };
   compare(run_layer_norm(true), run_layer_norm(false), 1e-4);
+}
+
+// batch_norm.cu's 16-byte packs: channels-last with C a multiple of 8 (each
+// thread keeps 8, 4 or 2 channels in registers; 520 channels make several
+// channel blocks, the last partial) and NCHW planes of 64; each also as a view
+// one element past a 16-byte boundary (the packs' element-by-element loads),
+// with and without the fused ReLU, training step then eval.
+TEST_CASE("batch_norm: CUDA's packed kernels match the CPU, channels-last and NCHW, offset views, fused ReLU [gpu]") {
+  KILN_REQUIRE_GPU();
+  const int64_t N = 4, H = 8, W = 8;
+  for (DType dtype : {DType::bf16, DType::f32}) {
+    for (int64_t C : {64, 520}) {
+      for (bool channels_last : {true, false}) {
+        for (bool offset : {false, true}) {
+          for (bool relu : {false, true}) {
+            INFO(dtype_name(dtype) << " C " << C << (channels_last ? " NHWC" : " NCHW")
+                                   << (offset ? " offset view" : "") << (relu ? " relu" : ""));
+            const int64_t n = N * C * H * W;
+            const Tensor base = tensor<double>(random_values(n + 1, 81), {n + 1}).to(dtype);
+            const Tensor flat = base.narrow(0, offset ? 1 : 0, n);
+            const Tensor x = channels_last ? flat.view({N, H, W, C}).permute({0, 3, 1, 2}) : flat.view({N, C, H, W});
+            const Tensor dy = tensor<double>(random_values(n, 82), {N, C, H, W}).to(dtype);
+            const Tensor weight = tensor<double>(random_values(C, 83), {C}).to(DType::f32);
+            const Tensor bias = tensor<double>(random_values(C, 84), {C}).to(DType::f32);
+            auto run = [&](bool cuda) {
+              auto on = [&](const Tensor& t) { return cuda ? t.cuda() : t; };
+              Tensor xi = on(x).detach().requires_grad_();
+              Tensor wi = on(weight).detach().requires_grad_(), bi = on(bias).detach().requires_grad_();
+              Tensor rm = on(zeros({C})), rv = on(ones({C}));
+              auto norm = relu ? batch_norm_relu : batch_norm;
+              Tensor y = norm(xi, rm, rv, wi, bi, true, 0.1, 1e-5);
+              y.backward(on(dy));
+              Tensor eval = norm(on(x), rm, rv, wi.detach(), bi.detach(), false, 0.1, 1e-5);
+              return std::vector<Tensor>{y, xi.grad(), wi.grad(), bi.grad(), rm, rv, eval};
+            };
+            const std::vector<Tensor> gpu = run(true), cpu = run(false);
+            const double tol = dtype == DType::f32 ? 1e-4 : 2e-2;
+            for (size_t k = 0; k < cpu.size(); ++k) {
+              INFO("result " << k);
+              KILN_CHECK_CLOSE(gpu[k].cpu(), cpu[k], tol, tol);
+            }
+          }
+        }
+      }
+    }
+  }
 }
 
 TEST_CASE("layer_norm: the CUDA warp-per-row kernels match the CPU in every dtype, vector and element paths [gpu]") {

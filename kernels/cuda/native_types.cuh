@@ -60,4 +60,14 @@ __device__ __forceinline__ A quiet_nan() {
   }
 }
 
+// 1 / sqrt(value), correctly rounded division and square root (no rsqrt approximation).
+template <typename A>
+__device__ __forceinline__ A reciprocal_sqrt(A value) {
+  if constexpr (std::is_same_v<A, double>) {
+    return 1.0 / sqrt(value);
+  } else {
+    return 1.0f / sqrtf(value);
+  }
+}
+
 }  // namespace kiln::kernels

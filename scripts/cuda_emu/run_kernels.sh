@@ -19,7 +19,7 @@
 #                                                   # kernels/cpu/reduction.cpp bit for bit (test_reduce_grad.cpp)
 #   bash scripts/cuda_emu/run_kernels.sh pool       # max/avg/adaptive pooling, forward and backward, channels-last
 #                                                   # vs kernels/cpu/pool.cpp and vs pool.cu's NCHW (test_pool.cpp)
-#   bash scripts/cuda_emu/run_kernels.sh batch_norm # norm.cu's batch norm (+ fused ReLU), forward/backward, NCHW and
+#   bash scripts/cuda_emu/run_kernels.sh batch_norm # batch_norm.cu (+ fused ReLU), forward/backward, NCHW and
 #                                                   # rows/NHWC vs kernels/cpu/norm.cpp and float64 (test_batch_norm.cpp)
 #   bash scripts/cuda_emu/run_kernels.sh transforms # crop/flip/normalize/erasing/gather_rows vs kernels/cpu/transforms.cpp
 #                                                   # bit for bit (test_transforms.cpp)
@@ -56,7 +56,6 @@ driver="test_$family.cpp"
 if [ "$family" = softmax_paths ]; then family=softmax; driver=softmax_paths.cpp; fi  # a second softmax driver
 if [ "$family" = index_add ]; then family=indexing; driver=test_index_add.cpp; fi  # a second indexing driver
 if [ "$family" = scatter_add ]; then family=indexing; driver=test_scatter_add.cpp; fi  # a third
-if [ "$family" = batch_norm ]; then family=norm; driver=test_batch_norm.cpp; fi  # a second norm driver
 if [ "$family" = nll_loss ]; then family=softmax; driver=test_nll_loss.cpp; fi  # a third softmax driver
 if [ "$family" = reduce_grad ]; then family=reduction; driver=test_reduce_grad.cpp; fi  # a second reduction driver
 src="kernels/cuda/$family.cu"

@@ -1,6 +1,6 @@
-// norm.cu's batch norm (bn_stats_planar/rows, bn_finalize_stats,
-// bn_eval_stats, bn_apply, bn_grad_sums_planar/rows, bn_finalize_grads,
-// bn_grad_input; plain and with the fused ReLU) through
+// batch_norm.cu (bn_stats_rows/planes, bn_finalize_stats, bn_eval_stats,
+// bn_apply_rows/planes, bn_grad_sums_rows/planes, bn_finalize_grads,
+// bn_grad_input_rows/planes; plain and with the fused ReLU) through
 // batch_norm_forward_cuda/backward_cuda, emulated, against a float64
 // reference and against kernels/cpu/norm.cpp's batch_norm_forward_cpu/
 // backward_cpu (linked by run_kernels.sh) on the same inputs: y, saved
@@ -26,7 +26,7 @@
 // the terms' magnitudes; eval mode's running stats unchanged bit for bit.
 //   test_batch_norm [case-substring]   (only the cases whose name contains it)
 #include "emu_test.h"
-#include "emu_norm.inc"
+#include "emu_batch_norm.inc"
 
 #include <chrono>
 #include <cstring>
@@ -43,6 +43,7 @@ enum class Grads { all, dx_only, params_only };
 struct Shape {
   const char* name;
   int64_t outer, channels, inner;
+  bool misaligned = false;  // x, y, dy and dx one element past a 16-byte boundary
 };
 
 struct Mode {
@@ -74,7 +75,8 @@ void run(const Shape& shape, const Mode& mode) {
   args.eps = 1e-5;
   const bool running = mode.running || !mode.training;
 
-  emu::Buffer<T> x(n, "x", 0, 0), dy(n, "dy", 0, 0);
+  const size_t misalign = shape.misaligned ? sizeof(T) : 0;
+  emu::Buffer<T> x(n, "x", misalign, 0), dy(n, "dy", misalign, 0);
   emu::Buffer<A> weight(has_weight ? C : 0, "weight", 0, 0), bias(has_bias ? C : 0, "bias", 0, 0);
   emu::Buffer<A> rmean(running ? C : 0, "running_mean", 0, 0), rvar(running ? C : 0, "running_var", 0, 0);
   std::vector<double> xv(n), dyv(n), wv(C, 1.0), bv(C, 0.0), rm0(C), rv0(C);
@@ -109,7 +111,7 @@ void run(const Shape& shape, const Mode& mode) {
   const void* b = has_bias ? bias.data : nullptr;
 
   // Emulated CUDA, every output NaN.
-  emu::Buffer<T> y(n, "y"), dx(want_dx ? n : 0, "dx");
+  emu::Buffer<T> y(n, "y", misalign), dx(want_dx ? n : 0, "dx", misalign);
   emu::Buffer<A> mean(C, "save_mean"), invstd(C, "save_invstd");
   emu::Buffer<A> dweight(want_dw ? C : 0, "dweight"), dbias(want_db ? C : 0, "dbias");
   emu::Buffer<unsigned char> workspace(batch_norm_workspace_bytes(args), "workspace");
@@ -288,6 +290,11 @@ int main(int argc, char** argv) {
       {"nchw-splits2", 5, 3, 4096},    // M = 20480: 2 splits of 10240 (2.5 planes each)
       {"nchw-splits3-1plane", 1, 2, 40000},  // N = 1, M = 40000: 3 splits inside one plane
       {"rows-nhwc-splits33", 33000, 3, 1},   // M = 33000 rows: 33 splits of 1000 (1024 rows per split)
+      {"rows-packs-c64", 37, 64, 1},         // 8 (16-bit) to 32 (double) packs per row, one channel block
+      {"rows-packs-c520", 13, 520, 1},       // 65 to 260 packs: 3 to 9 channel blocks of 32, the last partial
+      {"rows-packs-splits", 20000, 16, 1},   // 2 to 8 packs per row, several splits, unroll remainders
+      {"rows-packs-misaligned", 1001, 16, 1, true},  // the same packs loaded element by element
+      {"nchw-packs-misaligned", 3, 5, 256, true},     // planes of 32 packs, loaded element by element
   };
   const std::vector<Mode> modes = {
       {true, true, false, Affine::both, Grads::all},
