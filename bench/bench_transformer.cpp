@@ -14,16 +14,21 @@
 // samples/s, tokens/s and model TFLOP/s (nanoGPT's count: 6 per parameter
 // and token plus 12 * layers * context * width per token for GPTs; for the
 // ViT, 6 per parameter and token plus the attention products), with the first
-// --warmup-steps excluded.
+// --warmup-steps excluded. --cuda-graph (GPU): after the warm-up, one step is
+// captured as a kiln::cuda::Graph and the timed steps replay it: the same
+// work without kiln's host side (dispatch, autograd, launches), so the gap
+// between the two runs is what the host costs the eager step.
 #include <CLI/CLI.hpp>
 
 #include <chrono>
 #include <cstdio>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "core/autocast.h"
 #include "core/autograd.h"
+#include "core/cuda_graph.h"
 #include "core/generator.h"
 #include "core/ops.h"
 #include "examples/cli_checks.h"
@@ -39,7 +44,7 @@ int main(int argc, char** argv) {
   std::string model_name = "vit", accelerator = "cpu", precision = "32-true";
   int64_t batch_size = 0, steps = 20, warmup_steps = 3;
   uint64_t seed = 42;
-  bool profile_step = false;
+  bool profile_step = false, cuda_graph = false;
   app.add_option("--model", model_name, "vit, gpt or gpt2-124m")
       ->capture_default_str()
       ->check(CLI::IsMember({"vit", "gpt", "gpt2-124m"}));
@@ -54,8 +59,14 @@ int main(int argc, char** argv) {
   app.add_flag("--profile-step", profile_step,
                "After the warm-up, run one more step between cudaProfilerStart and cudaProfilerStop (for ncu "
                "--profile-from-start off: bench/profile_step.py)");
+  app.add_flag("--cuda-graph", cuda_graph,
+               "Capture one step after the warm-up as a CUDA graph and time its replays (GPU; needs a warm-up step: "
+               "the optimizer's state must exist before the capture)");
   CLI11_PARSE(app, argc, argv);
   try {
+    KILN_CHECK(!cuda_graph || accelerator == "gpu", "--cuda-graph: captures GPU work; give --accelerator gpu");
+    KILN_CHECK(!cuda_graph || warmup_steps >= 1,
+               "--cuda-graph: needs --warmup-steps >= 1 (the optimizer creates its state in an eager step)");
     KILN_CHECK(!profile_step || accelerator == "gpu", "--profile-step: brackets GPU work; give --accelerator gpu");
     const Device device = accelerator == "gpu" ? Device::cuda(0) : Device::cpu();
     manual_seed(seed);
@@ -127,10 +138,24 @@ int main(int argc, char** argv) {
       cuda::device_synchronize(device.index);
       cuda::profiler_stop();
     }
+    // The captured step is recorded, not run: the replays are the steps.
+    std::optional<cuda::Graph> graph;
+    Tensor graph_loss;
+    if (cuda_graph) {
+      graph.emplace(device.index);
+      graph->capture_begin();
+      graph_loss = step();
+      graph->capture_end();
+    }
+    auto timed_step = [&] {
+      if (!graph) return step();
+      graph->replay();
+      return graph_loss;
+    };
     Tensor last;
     if (device.is_cuda()) cuda::device_synchronize(device.index);
     const auto start = std::chrono::steady_clock::now();
-    for (int64_t i = 0; i < steps; ++i) last = step();
+    for (int64_t i = 0; i < steps; ++i) last = timed_step();
     const double loss = last.item<double>();  // waits for the last step
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     const double samples_per_s = static_cast<double>(steps * batch_size) / seconds;
@@ -141,6 +166,7 @@ int main(int argc, char** argv) {
                              {"batch_size", batch_size},
                              {"steps", steps},
                              {"precision", precision},
+                             {"cuda_graph", cuda_graph},
                              {"parameters", model->parameter_count()},
                              {"ms_per_step", 1e3 * seconds / static_cast<double>(steps)},
                              {"samples_per_s", samples_per_s},
