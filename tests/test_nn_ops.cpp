@@ -644,6 +644,8 @@ std::vector<PoolLayoutCase> pool_layout_cases() {
   return {
       {"max 2x2", {2, 5, 7, 9}, [](const Tensor& x) { return max_pool2d(x, 2); }},
       {"max 2x2, one channel", {3, 1, 6, 6}, [](const Tensor& x) { return max_pool2d(x, 2); }},
+      // 16 channels: on CUDA, channels-last takes pool.cu's kernels over 16-byte packs of channels.
+      {"max 2x2, 16 channels", {2, 16, 7, 9}, [](const Tensor& x) { return max_pool2d(x, 2); }},
       {"max 3x3 stride 2 padding 1", {2, 5, 7, 9}, [](const Tensor& x) { return max_pool2d(x, 3, Size2(2), 1); }},
       {"max 3x3 stride 1", {1, 16, 6, 5}, [](const Tensor& x) { return max_pool2d(x, 3, Size2(1)); }},
       {"max 2x3 stride (1, 2) padding (1, 0) dilation 2", {2, 3, 7, 8},

@@ -35,6 +35,7 @@
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/fast_divide.cuh"
 #include "kernels/cuda/native_types.cuh"
+#include "kernels/cuda/pack.cuh"
 #include "kernels/norm.h"
 
 namespace kiln::kernels {
@@ -45,48 +46,7 @@ constexpr int kThreads = 256;
 constexpr int kUnroll = 4;             // rows (or packs) loaded before any is used
 constexpr int64_t kTargetBlocks = 1024;  // per reduction launch: several waves on 132 SMs
 
-// ---------------------------------------------------------------- packs and geometry
-
-template <typename T, int V>
-struct alignas(sizeof(T) * V) Pack {
-  T v[V];
-};
-
-template <typename T>
-constexpr int kFullPack = 16 / static_cast<int>(sizeof(T));
-
-template <typename T, int V>
-__device__ __forceinline__ Pack<T, V> load_pack(const T* p, bool aligned) {
-  Pack<T, V> out;
-  if constexpr (V == 1) {
-    out.v[0] = *p;
-  } else if (aligned) {
-    out = *reinterpret_cast<const Pack<T, V>*>(p);
-  } else {
-#pragma unroll
-    for (int e = 0; e < V; ++e) out.v[e] = p[e];
-  }
-  return out;
-}
-
-template <typename T, int V>
-__device__ __forceinline__ void store_pack(T* p, const Pack<T, V>& value, bool aligned) {
-  if constexpr (V == 1) {
-    *p = value.v[0];
-  } else if (aligned) {
-    *reinterpret_cast<Pack<T, V>*>(p) = value;
-  } else {
-#pragma unroll
-    for (int e = 0; e < V; ++e) p[e] = value.v[e];
-  }
-}
-
-bool aligned16(std::initializer_list<const void*> pointers) {
-  for (const void* pointer : pointers) {
-    if (pointer != nullptr && reinterpret_cast<uintptr_t>(pointer) % 16 != 0) return false;
-  }
-  return true;
-}
+// ---------------------------------------------------------------- geometry
 
 // The launch geometry of every kernel of one call, from the shape and dtype only.
 struct Geometry {

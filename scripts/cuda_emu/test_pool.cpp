@@ -15,7 +15,8 @@
 //                          avg/adaptive within 2 u_T |dx| + 16 u_A max|dx| (the
 //                          gather adds the covering windows in the opposite order).
 // Shapes: odd H, W with no ceil mode (the last row/column dropped), channel
-// counts 1, 3, 5, 17, 19, 33 (not a multiple of any vector width) and 64,
+// counts 1, 3, 5, 17, 19, 33 (not a multiple of any vector width) and 16, 24,
+// 64 (2x2 windows over 16-byte packs; also one element off alignment),
 // overlapping windows (stride < kernel, adaptive output larger than the input),
 // padding, dilation, windows wholly in the padding (index -1), NaNs in x.
 //   test_pool   (no arguments)
@@ -39,6 +40,7 @@ struct Case {
   int64_t n, c, h, w;
   Pool2dParams window;  // kernel, stride, padding, dilation, count_include_pad; out_h/out_w for adaptive
   bool nans = false;
+  bool misaligned = false;  // NHWC x, dy, y, dx and indices one element past a 16-byte boundary
 };
 
 int64_t out_size(int64_t in, int64_t kernel, int64_t stride, int64_t pad, int64_t dilation) {
@@ -139,7 +141,8 @@ void run(const Case& k) {
 
   std::mt19937_64 engine(static_cast<uint64_t>(N * 1000003 + C * 7919 + H * 31 + W + static_cast<int>(k.op)));
   std::normal_distribution<double> normal;
-  emu::Buffer<T> x(in_n, "x", 0, 0), x_nchw(in_n, "x_nchw", 0, 0), dy(out_n, "dy", 0, 0),
+  const size_t off = k.misaligned ? sizeof(T) : 0;
+  emu::Buffer<T> x(in_n, "x", off, 0), x_nchw(in_n, "x_nchw", 0, 0), dy(out_n, "dy", off, 0),
       dy_nchw(out_n, "dy_nchw", 0, 0);
   for (int64_t i = 0; i < in_n; ++i) x[i] = from_double<T>(k.nans && engine() % 9 == 0 ? NAN : normal(engine));
   // Max: integers in [-3, 3], so that every sum of gradients is exact in any order.
@@ -150,12 +153,13 @@ void run(const Case& k) {
   nhwc_to_nchw(dy, dy_nchw, N, C, OH, OW);
 
   // g: CUDA emulated, c: CPU; _cl: NHWC, _nchw: NCHW.
-  emu::Buffer<T> y_g(out_n, "y cuda nhwc"), y_c(out_n, "y cpu nhwc"), y_g_nchw(out_n, "y cuda nchw"),
+  emu::Buffer<T> y_g(out_n, "y cuda nhwc", off), y_c(out_n, "y cpu nhwc"), y_g_nchw(out_n, "y cuda nchw"),
       y_c_nchw(out_n, "y cpu nchw");
-  emu::Buffer<T> dx_g(in_n, "dx cuda nhwc"), dx_c(in_n, "dx cpu nhwc"), dx_g_nchw(in_n, "dx cuda nchw"),
+  emu::Buffer<T> dx_g(in_n, "dx cuda nhwc", off), dx_c(in_n, "dx cpu nhwc"), dx_g_nchw(in_n, "dx cuda nchw"),
       dx_c_nchw(in_n, "dx cpu nchw");
   const size_t index_count = k.op == Op::max ? static_cast<size_t>(out_n) : 0;
-  emu::Buffer<int32_t> i_g(index_count, "indices cuda nhwc", 0, 0x7f), i_c(index_count, "indices cpu nhwc", 0, 0x7f),
+  emu::Buffer<int32_t> i_g(index_count, "indices cuda nhwc", k.misaligned ? 4 : 0, 0x7f),
+      i_c(index_count, "indices cpu nhwc", 0, 0x7f),
       i_g_nchw(index_count, "indices cuda nchw", 0, 0x7f), i_c_nchw(index_count, "indices cpu nchw", 0, 0x7f);
   switch (k.op) {
     case Op::max:
@@ -234,6 +238,11 @@ int main() {
       {"max 2x2", Op::max, 2, 5, 7, 9, window(2, 2, 2, 2)},
       {"max 2x2, 64 channels", Op::max, 1, 64, 8, 8, window(2, 2, 2, 2)},
       {"max 2x2, one channel", Op::max, 3, 1, 6, 7, window(2, 2, 2, 2)},
+      // 16 and 24 channels: packs of 16 bytes in every dtype (pool.cu's packed 2x2 kernels), odd sizes
+      // (inputs in no window), NaNs, and the same one element off a 16-byte boundary (the scalar kernels).
+      {"max 2x2 packed, 7x9", Op::max, 2, 16, 7, 9, window(2, 2, 2, 2)},
+      {"max 2x2 packed, 24 channels, NaNs", Op::max, 1, 24, 6, 5, window(2, 2, 2, 2), true},
+      {"max 2x2 packed, misaligned", Op::max, 2, 16, 7, 9, window(2, 2, 2, 2), false, true},
       {"max 3x3 stride 2 padding 1", Op::max, 2, 19, 9, 7, window(3, 3, 2, 2, 1, 1)},
       {"max 3x3 stride 1 (9 windows per input)", Op::max, 1, 6, 6, 5, window(3, 3, 1, 1)},
       {"max 3x3 stride 1, NaNs", Op::max, 1, 5, 6, 5, window(3, 3, 1, 1), true},
