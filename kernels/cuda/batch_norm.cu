@@ -15,10 +15,12 @@
 //  - planes (inner > 1: NCHW): the reductions take a block per (channel,
 //    split); the elementwise passes are flat over packs of V elements, all in
 //    one plane, with one channel lookup per pack.
-// V (the pack) is 16 bytes of elements when the channels (rows) or the plane
-// size (planes) divide into it, else 1. The previous kernels (one element per
-// thread, four parameter loads and a division per element) ran bn+relu's
-// forward at 21% (NCHW) and 18% (NHWC) of the H200's copy rate in bfloat16.
+// V (the pack) is the largest power of two up to 16 bytes of elements that
+// divides the channels (rows) or the plane size (planes): 8 bfloat16 channels
+// of 64, 4 elements of a 196-element plane (14x14), 1 of 49. The previous
+// kernels (one element per thread, four parameter loads and a division per
+// element) ran bn+relu's forward at 21% (NCHW) and 18% (NHWC) of the H200's
+// copy rate in bfloat16.
 //
 // Deterministic: splits, the thread -> element map and every reduction tree
 // are functions of the shape and dtype only, never of the GPU. Whether a
@@ -64,7 +66,8 @@ Geometry geometry_for(const BatchNormShape& shape) {
   Geometry g;
   g.rows = shape.inner == 1;
   const int64_t divides = g.rows ? shape.channels : shape.inner;
-  g.pack = divides % kFullPack<T> == 0 ? kFullPack<T> : 1;
+  g.pack = kFullPack<T>;
+  while (divides % g.pack != 0) g.pack /= 2;
   int64_t per_channel;  // reduced elements per channel, in units the splits count
   int64_t min_chunk;
   if (g.rows) {
@@ -566,13 +569,18 @@ unsigned warp_per_channel_blocks(int64_t channels) {
   return static_cast<unsigned>((channels + kThreads / 32 - 1) / (kThreads / 32));
 }
 
-// body.template operator()<V>() with V the geometry's pack.
+// body.template operator()<V>() with V the geometry's pack (a power of two up to kFullPack<T>).
 template <typename T, typename Body>
 void dispatch_pack(const Geometry& g, Body&& body) {
-  if (g.pack == kFullPack<T>) {
-    body.template operator()<kFullPack<T>>();
-  } else {
-    body.template operator()<1>();
+  switch (g.pack) {
+    case 1: body.template operator()<1>(); break;
+    case 2: body.template operator()<2>(); break;
+    case 4:
+      if constexpr (kFullPack<T> >= 4) body.template operator()<4>();
+      break;
+    default:
+      if constexpr (kFullPack<T> >= 8) body.template operator()<8>();
+      break;
   }
 }
 

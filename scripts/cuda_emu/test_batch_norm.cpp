@@ -13,11 +13,17 @@
 // Cases: float32/64, float16, bfloat16; training (with and without running
 // stats) and eval; affine off, weight only, weight and bias; ReLU on and off;
 // dx only, dweight/dbias only, all three. Shapes as the front end passes them
-// (outer, C, inner): NCHW planes (inner 35, 9, 2, 256, 300, 4096, 40000: fewer
-// and more elements than a block's 256 threads, threads' strides that wrap
-// into the next plane, several splits, a split boundary inside one plane), rows (inner 1: channels-last NHWC, BatchNorm1d
-// (N, C), NCHW with 1x1 spatial) with C = 1, 3, 130 (a partial 32-channel
-// block) and 33000 rows (33 splits); C = 1 and N = 1.
+// (outer, C, inner): NCHW planes (inner 35, 9, 2, 12, 256, 300, 4096, 40000:
+// fewer and more elements than a block's 256 threads, threads' strides that
+// wrap into the next plane, several splits, a split boundary inside one
+// plane), rows (inner 1: channels-last NHWC, BatchNorm1d (N, C), NCHW with 1x1
+// spatial) with C = 1, 3, 130 (a partial 32-pack block) and 33000 rows (33
+// splits); C = 1 and N = 1. batch_norm.cu's packs (the largest power of two
+// up to 16 bytes dividing C or the plane): rows of 64 channels (8 to 32 packs
+// per row by dtype), 520 (several channel blocks, the last partial), 16
+// channels over 20000 rows (splits, unrolled loads with a remainder), 12 and
+// 130 channels (packs of 4 and 2), planes of 2, 12 and 256; some with x, y, dy
+// and dx one element past a 16-byte boundary (the packs' scalar loads).
 // Tolerances (the same against float64 and against the CPU kernels, which sum
 // in another order): y and dx 2 u_T |want| + 128 u_A of max |want|, dx's
 // absolute part scaled by its largest term (with two values per channel dx is
@@ -284,7 +290,7 @@ int main(int argc, char** argv) {
       {"nchw-inner2", 200, 4, 2},      // step of 128 planes, no remainder
       {"nchw-inner256", 3, 5, 256},    // a block's threads exactly one plane
       {"nchw-c1-300", 3, 1, 300},      // C = 1, inner > 256: a thread's second step wraps into the next plane
-      {"rows-nhwc-c130", 32, 130, 1},  // NHWC 2x4x4: 5 blocks of 32 channels, the last with 2
+      {"rows-nhwc-c130", 32, 130, 1},  // NHWC 2x4x4: 65 packs of 2 channels, 3 blocks of 32, the last with 1
       {"rows-bn1d-c3", 7, 3, 1},       // BatchNorm1d (7, 3)
       {"rows-1x1-c1", 2, 1, 1},        // NCHW (2, 1, 1, 1): two values per channel
       {"nchw-splits2", 5, 3, 4096},    // M = 20480: 2 splits of 10240 (2.5 planes each)
@@ -295,6 +301,8 @@ int main(int argc, char** argv) {
       {"rows-packs-splits", 20000, 16, 1},   // 2 to 8 packs per row, several splits, unroll remainders
       {"rows-packs-misaligned", 1001, 16, 1, true},  // the same packs loaded element by element
       {"nchw-packs-misaligned", 3, 5, 256, true},     // planes of 32 packs, loaded element by element
+      {"nchw-inner12", 9, 3, 12},            // packs of 4 (16-bit, float) and 2 (double): 12 is no multiple of 8
+      {"rows-c12-misaligned", 50, 12, 1, true},       // 3 to 6 packs of 4 or 2 channels per row
   };
   const std::vector<Mode> modes = {
       {true, true, false, Affine::both, Grads::all},
