@@ -559,13 +559,18 @@ std::string bit_mismatch(const Tensor& actual, const Tensor& expected) {
          std::to_string(first) + ": " + std::to_string(a[first]) + " vs " + std::to_string(e[first]);
 }
 
-void check_same_bits(const GraphRun& graphed, const GraphRun& eager) {
-  REQUIRE(graphed.parameters.size() == eager.parameters.size());
-  for (size_t i = 0; i < eager.parameters.size(); ++i) {
+// The parameters of two runs, bit for bit (-0.0 against +0.0 counts as a difference).
+void check_parameters_same_bits(const GraphRun& actual, const GraphRun& expected) {
+  REQUIRE(actual.parameters.size() == expected.parameters.size());
+  for (size_t i = 0; i < expected.parameters.size(); ++i) {
     CAPTURE(i);
-    const std::string mismatch = bit_mismatch(graphed.parameters[i], eager.parameters[i]);
+    const std::string mismatch = bit_mismatch(actual.parameters[i], expected.parameters[i]);
     CHECK_MESSAGE(mismatch.empty(), mismatch);
   }
+}
+
+void check_same_bits(const GraphRun& graphed, const GraphRun& eager) {
+  check_parameters_same_bits(graphed, eager);
   // Buffers too: BatchNorm updates its running statistics in place inside
   // the graphs, which the parameters alone would not show.
   REQUIRE(graphed.buffers.size() == eager.buffers.size());
@@ -593,10 +598,7 @@ TEST_CASE("Trainer deterministic on the GPU: two eager fits give the same parame
   // case, with BatchNorm, a conv, a linear layer, clipping and AdamW, narrows it.
   const GraphRun first = fit_graph_net(false, "32-true", 20);
   const GraphRun second = fit_graph_net(false, "32-true", 20);
-  for (size_t i = 0; i < first.parameters.size(); ++i) {
-    CAPTURE(i);
-    KILN_CHECK_CLOSE(second.parameters[i], first.parameters[i], 0, 0);
-  }
+  check_parameters_same_bits(second, first);
 }
 
 TEST_CASE("Trainer cuda_graph: 50 graphed steps equal 50 eager ones bit for bit, in float32 [gpu]") {
@@ -610,11 +612,7 @@ TEST_CASE("Trainer cuda_graph: 50 graphed steps equal 50 eager ones bit for bit,
   MESSAGE("cudaMalloc calls at each batch's end: " << counts(graphed.mallocs));
   CHECK(graphed.mallocs.back() == graphed.mallocs[9]);
   CHECK(graphed.pool_bytes.back() > graphed.pool_bytes_before);  // replayed, not eager
-  REQUIRE(graphed.parameters.size() == eager.parameters.size());
-  for (size_t i = 0; i < eager.parameters.size(); ++i) {
-    CAPTURE(i);
-    KILN_CHECK_CLOSE(graphed.parameters[i], eager.parameters[i], 0, 0);
-  }
+  check_parameters_same_bits(graphed, eager);
   // The logged values are each step's, not the captured step's over again.
   CHECK(graphed.metrics.at("train_loss_step") == eager.metrics.at("train_loss_step"));
   CHECK(graphed.metrics.at("train_loss_epoch") == eager.metrics.at("train_loss_epoch"));
@@ -667,10 +665,7 @@ TEST_CASE("Trainer cuda_graph: in 16-mixed the replayed steps equal eager ones, 
   // The steps were replayed, not run eagerly after a failed capture (the first
   // H200 run passed the comparison below with every 16-mixed capture failed).
   CHECK(graphed.pool_bytes.back() > graphed.pool_bytes_before);
-  for (size_t i = 0; i < eager.parameters.size(); ++i) {
-    CAPTURE(i);
-    KILN_CHECK_CLOSE(graphed.parameters[i], eager.parameters[i], 0, 0);
-  }
+  check_parameters_same_bits(graphed, eager);
 }
 
 TEST_CASE("Trainer cuda_graph: dropout draws new numbers at every replay, as eager steps do [gpu]") {
@@ -679,10 +674,7 @@ TEST_CASE("Trainer cuda_graph: dropout draws new numbers at every replay, as eag
   const GraphRun graphed = fit_graph_net(true, "32-true", 20, 0.5);
   const GraphRun no_dropout = fit_graph_net(true, "32-true", 20, 0.0);
   CHECK(graphed.pool_bytes.back() > graphed.pool_bytes_before);  // replayed, not eager
-  for (size_t i = 0; i < eager.parameters.size(); ++i) {
-    CAPTURE(i);
-    KILN_CHECK_CLOSE(graphed.parameters[i], eager.parameters[i], 0, 0);
-  }
+  check_parameters_same_bits(graphed, eager);
   CHECK(testing::compare(graphed.parameters.back(), no_dropout.parameters.back(), 0, 0) != "");
 }
 
