@@ -285,6 +285,17 @@ TEST_CASE("layer_norm matches a hand computation") {
   KILN_CHECK_CLOSE(y, tensor<double>(expected, {R, D}), 1e-12, 1e-12);
 }
 
+namespace {
+// Each of a GPU run's results against the CPU run's, within rtol = atol = tol.
+void check_gpu_results_close(const std::vector<Tensor>& gpu, const std::vector<Tensor>& cpu, double tol) {
+  REQUIRE(gpu.size() == cpu.size());
+  for (size_t k = 0; k < cpu.size(); ++k) {
+    INFO("result " << k);
+    KILN_CHECK_CLOSE(gpu[k].cpu(), cpu[k], tol, tol);
+  }
+}
+}  // namespace
+
 // The op table's norm samples are small: one statistics split, NCHW only, no
 // running stats compared. This covers batch_norm.cu's multi-split statistics, the
 // channels-last (rows) kernels, the running-stat update and the layer-norm
@@ -295,12 +306,6 @@ TEST_CASE("batch_norm and layer_norm: CUDA matches the CPU with split statistics
   const Tensor x64 = tensor<double>(random_values(N * C * H * W, 61), {N, C, H, W});
   const Tensor g64 = tensor<double>(random_values(N * C * H * W, 62), {N, C, H, W});
   const Tensor weight = tensor<float>({1.5f, -0.5f, 2.0f}, {C}), bias = tensor<float>({0.1f, 0.2f, -0.3f}, {C});
-  auto compare = [](const std::vector<Tensor>& gpu, const std::vector<Tensor>& cpu, double tol) {
-    for (size_t k = 0; k < cpu.size(); ++k) {
-      INFO("result " << k);
-      KILN_CHECK_CLOSE(gpu[k].cpu(), cpu[k], tol, tol);
-    }
-  };
   for (DType dtype : {DType::f32, DType::f16}) {
     for (bool channels_last : {false, true}) {
       INFO("dtype " << dtype_name(dtype) << " channels_last " << channels_last);
@@ -317,7 +322,7 @@ TEST_CASE("batch_norm and layer_norm: CUDA matches the CPU with split statistics
         Tensor eval = batch_norm(on(x), rm, rv, wi.detach(), bi.detach(), false, 0.1, 1e-5);
         return std::vector<Tensor>{y, xi.grad(), wi.grad(), bi.grad(), rm, rv, eval};
       };
-      compare(run(true), run(false), dtype == DType::f32 ? 1e-4 : 1e-2);
+      check_gpu_results_close(run(true), run(false), dtype == DType::f32 ? 1e-4 : 1e-2);
     }
   }
   // 130 rows: three 64-row splits of the weight gradients; 300 columns: more than one block stride.
@@ -334,7 +339,7 @@ TEST_CASE("batch_norm and layer_norm: CUDA matches the CPU with split statistics
     y.backward(on(lg));
     return std::vector<Tensor>{y, xi.grad(), wi.grad(), bi.grad()};
   };
-  compare(run_layer_norm(true), run_layer_norm(false), 1e-4);
+  check_gpu_results_close(run_layer_norm(true), run_layer_norm(false), 1e-4);
 }
 
 // batch_norm.cu's 16-byte packs: channels-last with C a multiple of 8 (each
@@ -370,12 +375,7 @@ TEST_CASE("batch_norm: CUDA's packed kernels match the CPU, channels-last and NC
               Tensor eval = norm(on(x), rm, rv, wi.detach(), bi.detach(), false, 0.1, 1e-5);
               return std::vector<Tensor>{y, xi.grad(), wi.grad(), bi.grad(), rm, rv, eval};
             };
-            const std::vector<Tensor> gpu = run(true), cpu = run(false);
-            const double tol = dtype == DType::f32 ? 1e-4 : 2e-2;
-            for (size_t k = 0; k < cpu.size(); ++k) {
-              INFO("result " << k);
-              KILN_CHECK_CLOSE(gpu[k].cpu(), cpu[k], tol, tol);
-            }
+            check_gpu_results_close(run(true), run(false), dtype == DType::f32 ? 1e-4 : 2e-2);
           }
         }
       }

@@ -45,7 +45,7 @@ namespace kiln::kernels {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int kUnroll = 4;             // rows (or packs) loaded before any is used
+constexpr int kUnroll = 4;               // rows loaded before any is used (the rows kernels)
 constexpr int64_t kTargetBlocks = 1024;  // per reduction launch: several waves on 132 SMs
 
 // ---------------------------------------------------------------- geometry
@@ -219,8 +219,8 @@ __device__ __forceinline__ void fold_block(Value* values) {
 }
 
 // Packs [first, last) of channel c, pack index m = o * inner_packs + i,
-// visited by kThreads threads from first + threadIdx.x, kUnroll loads at a
-// time: visit(flat pack index (o * C + c) * inner_packs + i).
+// visited by kThreads threads from first + threadIdx.x, one at a time:
+// visit(flat pack index (o * C + c) * inner_packs + i).
 template <typename F>
 __device__ __forceinline__ void for_channel_packs(int64_t first, int64_t last, int64_t inner_packs, int64_t channels,
                                                   int64_t c, F visit) {
@@ -593,10 +593,6 @@ void dispatch_relu(bool relu, Body&& body) {
   }
 }
 
-template <typename Fn>
-void dispatch(DType dtype, const char* op, Fn&& fn) {
-  dispatch_floating(dtype, op, [&]<typename T>() { fn.template operator()<typename Native<T>::type>(); });
-}
 
 }  // namespace
 
@@ -604,7 +600,7 @@ void dispatch(DType dtype, const char* op, Fn&& fn) {
 
 size_t batch_norm_workspace_bytes(const BatchNormArgs& args) {
   size_t bytes = 0;
-  dispatch(args.dtype, "batch_norm (cuda)", [&]<typename T>() {
+  dispatch_floating_as_native(args.dtype, "batch_norm (cuda)", [&]<typename T>() {
     bytes = workspace_bytes_typed<T, typename Acc<T>::type>(args.shape);
   });
   return bytes;
@@ -616,7 +612,7 @@ void batch_norm_forward_cuda(const BatchNormArgs& args, const void* x, const voi
   const BatchNormShape shape = args.shape;
   if (shape.reduced() * shape.channels == 0) return;
   cudaStream_t s = static_cast<cudaStream_t>(stream);
-  dispatch(args.dtype, "batch_norm (cuda)", [&]<typename T>() {
+  dispatch_floating_as_native(args.dtype, "batch_norm (cuda)", [&]<typename T>() {
     using A = typename Acc<T>::type;
     const Geometry g = geometry_for<T>(shape);
     const bool aligned = aligned16({x, y});
@@ -678,7 +674,7 @@ void batch_norm_backward_cuda(const BatchNormArgs& args, const void* x, const vo
   const BatchNormShape shape = args.shape;
   if (shape.reduced() * shape.channels == 0) return;
   cudaStream_t s = static_cast<cudaStream_t>(stream);
-  dispatch(args.dtype, "batch_norm backward (cuda)", [&]<typename T>() {
+  dispatch_floating_as_native(args.dtype, "batch_norm backward (cuda)", [&]<typename T>() {
     using A = typename Acc<T>::type;
     const Geometry g = geometry_for<T>(shape);
     const bool aligned = aligned16({x, dy, dx});

@@ -15,6 +15,13 @@ template <typename T> struct Native { using type = T; };
 template <> struct Native<Half> { using type = __half; };
 template <> struct Native<BFloat16> { using type = __nv_bfloat16; };
 
+// fn.template operator()<N>() with N the native type of a floating dtype
+// (kiln::dispatch_floating, which throws naming `op` for another dtype).
+template <typename Fn>
+void dispatch_floating_as_native(DType dtype, const char* op, Fn&& fn) {
+  dispatch_floating(dtype, op, [&]<typename T>() { fn.template operator()<typename Native<T>::type>(); });
+}
+
 template <typename T> struct Acc { using type = T; };
 template <> struct Acc<__half> { using type = float; };
 template <> struct Acc<__nv_bfloat16> { using type = float; };

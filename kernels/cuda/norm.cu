@@ -17,6 +17,7 @@
 #include "kernels/cuda/check.h"
 #include "kernels/norm.h"
 #include "kernels/cuda/native_types.cuh"
+#include "kernels/cuda/pack.cuh"
 
 namespace kiln::kernels {
 
@@ -376,17 +377,9 @@ int warp_row_blocks(int64_t rows) {
 // (rows then start aligned too).
 template <typename T>
 bool row_vectors(int64_t cols, std::initializer_list<const void*> pointers) {
-  if (cols % Vector16<T>::kSize != 0) return false;
-  for (const void* pointer : pointers) {
-    if (pointer != nullptr && reinterpret_cast<uintptr_t>(pointer) % 16 != 0) return false;
-  }
-  return true;
+  return cols % Vector16<T>::kSize == 0 && aligned16(pointers);
 }
 
-template <typename Fn>
-void dispatch(DType dtype, const char* op, Fn&& fn) {
-  dispatch_floating(dtype, op, [&]<typename T>() { fn.template operator()<typename Native<T>::type>(); });
-}
 
 }  // namespace
 
@@ -401,7 +394,7 @@ void layer_norm_forward_cuda(const LayerNormArgs& args, const void* x, const voi
                              void* save_mean, void* save_rstd, cuda::Stream stream) {
   if (args.rows * args.cols == 0) return;
   cudaStream_t s = static_cast<cudaStream_t>(stream);
-  dispatch(args.dtype, "layer_norm (cuda)", [&]<typename T>() {
+  dispatch_floating_as_native(args.dtype, "layer_norm (cuda)", [&]<typename T>() {
     using A = typename Acc<T>::type;
     const bool vectors = row_vectors<T>(args.cols, {x, weight, bias, y});
     if (row_in_registers<T>(vectors, args.cols)) {
@@ -422,7 +415,7 @@ void layer_norm_backward_cuda(const LayerNormArgs& args, const void* x, const vo
                               void* workspace, cuda::Stream stream) {
   if (args.rows * args.cols == 0) return;
   cudaStream_t s = static_cast<cudaStream_t>(stream);
-  dispatch(args.dtype, "layer_norm backward (cuda)", [&]<typename T>() {
+  dispatch_floating_as_native(args.dtype, "layer_norm backward (cuda)", [&]<typename T>() {
     using A = typename Acc<T>::type;
     const T* xs = static_cast<const T*>(x);
     const T* dys = static_cast<const T*>(dy);
