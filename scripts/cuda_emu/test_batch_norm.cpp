@@ -2,7 +2,7 @@
 // bn_apply_rows/planes, bn_grad_sums_rows/planes, bn_finalize_grads,
 // bn_grad_input_rows/planes; plain and with the fused ReLU) through
 // batch_norm_forward_cuda/backward_cuda, emulated, against a float64
-// reference and against kernels/cpu/norm.cpp's batch_norm_forward_cpu/
+// reference and against kernels/cpu/batch_norm.cpp's batch_norm_forward_cpu/
 // backward_cpu (linked by run_kernels.sh) on the same inputs: y, saved
 // mean/invstd, the running mean/var update (momentum, unbiased variance; read
 // only and unchanged in eval mode), dx, dweight, dbias. The backward of all
