@@ -260,6 +260,21 @@ void run_convnet_cases(Table& table, Device device, int64_t batch, TimeFn&& time
           bias_g.zero_grad_();
           batch_norm_relu(xg, running_mean, running_var, weight_g, bias_g, true).backward(skip);
         });
+        // conv -> BN -> ReLU -> pool (FashionCNN, ResNet-9's pooled layers): the
+        // fused op against the two ops, timed on the same floor: x read and dx
+        // written once each in the backward, x read once in the forward, the
+        // pooled y, dy and indices once each.
+        const double pooled_floor = 3 * n * element + 2 * n_pooled * (element + 4);
+        const auto bn_relu_pool = [&](bool fused) {
+          xg.zero_grad_();
+          weight_g.zero_grad_();
+          bias_g.zero_grad_();
+          Tensor y = fused ? batch_norm_relu_max_pool2d(xg, running_mean, running_var, weight_g, bias_g, true)
+                           : max_pool2d(batch_norm_relu(xg, running_mean, running_var, weight_g, bias_g, true), 2);
+          y.backward(dy_pooled);
+        };
+        measure("bn+relu+maxpool2 fwd+bwd, two ops", pooled_floor, [&] { bn_relu_pool(false); });
+        measure("bn+relu+maxpool2 fwd+bwd, fused", pooled_floor, [&] { bn_relu_pool(true); });
       } catch (const Error& error) {
         table.add_failure("convnet inputs" + layout, shape_text(shape), dtype_text, error.what());
       }

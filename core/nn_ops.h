@@ -78,6 +78,15 @@ Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& run
 Tensor batch_norm_relu(const Tensor& x, const Tensor& running_mean, const Tensor& running_var, const Tensor& weight,
                        const Tensor& bias, bool training, double momentum = 0.1, double eps = 1e-5);
 
+// max_pool2d(batch_norm_relu(...), 2) of an (N, C, H, W) x, H and W at least
+// 2: the conv -> BN -> ReLU -> pool hot path (FashionCNN, ResNet-9's pooled
+// layers). Same values, running stats and gradients (bit for bit) as the two
+// ops. The full-size activation and its gradient are never stored (CUDA, and
+// NCHW on the CPU). The backward saves x and the pooling's argmax indices.
+Tensor batch_norm_relu_max_pool2d(const Tensor& x, const Tensor& running_mean, const Tensor& running_var,
+                                  const Tensor& weight, const Tensor& bias, bool training, double momentum = 0.1,
+                                  double eps = 1e-5);
+
 // Normalizes over the trailing dims `normalized_shape` (which x's shape must
 // end with); weight and bias (normalized_shape) may be undefined.
 Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight = Tensor(),

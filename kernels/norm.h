@@ -51,6 +51,24 @@ void batch_norm_backward_cpu(const BatchNormArgs& args, const void* x, const voi
                              const void* bias, const void* save_mean, const void* save_invstd, void* dx,
                              void* dweight, void* dbias);
 
+// max_pool2d(relu(bn(x)), 2): an NCHW x (N, C, H, W) seen as (N, C, H*W), H
+// and W at least 2 and args.relu on. y and indices are (N, C, H/2, W/2) as
+// max_pool2d's (kernels/pool.h: the 2x2 windows with stride 2, indices the
+// argmax's flat offset in the (H, W) plane), the statistics and running stats
+// as batch_norm_forward_cpu's. The full-size activation is never stored: each
+// plane is normalized into a thread's buffer and pooled from there, and the
+// backward rebuilds each plane's gradient from dy (N, C, H/2, W/2) and the
+// indices the same way. Values, indices and gradients are the same bits as
+// batch_norm_forward_cpu then max_pool2d_forward_cpu (and their backwards).
+void batch_norm_relu_max_pool2d_forward_cpu(const BatchNormArgs& args, int64_t height, int64_t width, const void* x,
+                                            const void* weight, const void* bias, void* running_mean,
+                                            void* running_var, void* y, int32_t* indices, void* save_mean,
+                                            void* save_invstd);
+void batch_norm_relu_max_pool2d_backward_cpu(const BatchNormArgs& args, int64_t height, int64_t width,
+                                             const void* x, const void* dy, const int32_t* indices,
+                                             const void* weight, const void* bias, const void* save_mean,
+                                             const void* save_invstd, void* dx, void* dweight, void* dbias);
+
 // The CUDA versions; asynchronous on `stream`. `workspace` must hold
 // batch_norm_workspace_bytes(args) bytes of device memory.
 size_t batch_norm_workspace_bytes(const BatchNormArgs& args);
@@ -60,6 +78,20 @@ void batch_norm_forward_cuda(const BatchNormArgs& args, const void* x, const voi
 void batch_norm_backward_cuda(const BatchNormArgs& args, const void* x, const void* dy, const void* weight,
                               const void* bias, const void* save_mean, const void* save_invstd, void* dx,
                               void* dweight, void* dbias, void* workspace, cuda::Stream stream);
+// The fused op above on CUDA, for NCHW (shape (N, C, H*W)) or channels-last
+// NHWC (shape (N*H*W, C, 1)) x; y, indices, dy in x's layout. Same bits as
+// batch_norm_forward_cuda (relu) then max_pool2d_forward_cuda, and as
+// max_pool2d_backward_cuda then batch_norm_backward_cuda; neither stores the
+// full-size activation or its gradient.
+void batch_norm_relu_max_pool2d_forward_cuda(const BatchNormArgs& args, int64_t height, int64_t width, const void* x,
+                                             const void* weight, const void* bias, void* running_mean,
+                                             void* running_var, void* y, int32_t* indices, void* save_mean,
+                                             void* save_invstd, void* workspace, cuda::Stream stream);
+void batch_norm_relu_max_pool2d_backward_cuda(const BatchNormArgs& args, int64_t height, int64_t width,
+                                              const void* x, const void* dy, const int32_t* indices,
+                                              const void* weight, const void* bias, const void* save_mean,
+                                              const void* save_invstd, void* dx, void* dweight, void* dbias,
+                                              void* workspace, cuda::Stream stream);
 
 struct LayerNormArgs {
   int64_t rows = 0, cols = 0;

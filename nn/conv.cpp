@@ -74,16 +74,24 @@ BatchNorm::BatchNorm(int64_t num_features, double eps, std::optional<double> mom
   }
 }
 
-Tensor BatchNorm::run(const Tensor& input, bool with_relu) {
+// The functional op for the fused pieces (relu, relu then 2x2 max pool).
+Tensor BatchNorm::run(const Tensor& input, Fused fused) {
   const int64_t expected_dims = spatial_dims_ == 0 ? 2 : 4;
   KILN_CHECK(input.dim() == expected_dims || (spatial_dims_ == 0 && input.dim() == 3), type_name(),
              ": expected a ", expected_dims, "-D input, got shape ", shape_str(input.shape()));
+  const auto op = [fused](auto&&... args) {
+    switch (fused) {
+      case Fused::none: return batch_norm(args...);
+      case Fused::relu: return batch_norm_relu(args...);
+      case Fused::relu_max_pool: return batch_norm_relu_max_pool2d(args...);
+    }
+    KILN_ASSERT(false, "BatchNorm: unknown fusion");
+  };
   const bool use_batch_stats = is_training() || !running_mean.defined();
   if (is_training() && is_recomputing()) {
     // The forward already updated the running statistics; the recomputation
     // normalizes with the same batch statistics and leaves them alone.
-    return with_relu ? batch_norm_relu(input, Tensor(), Tensor(), weight, bias, true, 0.0, eps)
-                     : batch_norm(input, Tensor(), Tensor(), weight, bias, true, 0.0, eps);
+    return op(input, Tensor(), Tensor(), weight, bias, true, 0.0, eps);
   }
   double factor = momentum.value_or(0.0);
   if (is_training() && num_batches_tracked.defined()) {
@@ -94,12 +102,12 @@ Tensor BatchNorm::run(const Tensor& input, bool with_relu) {
     if (!momentum) factor = 1.0 / static_cast<double>(num_batches_tracked.item<int64_t>());
   }
   // In eval without running stats (track_running_stats=false) torch uses batch statistics.
-  return with_relu ? batch_norm_relu(input, running_mean, running_var, weight, bias, use_batch_stats, factor, eps)
-                   : batch_norm(input, running_mean, running_var, weight, bias, use_batch_stats, factor, eps);
+  return op(input, running_mean, running_var, weight, bias, use_batch_stats, factor, eps);
 }
 
-Tensor BatchNorm::forward(const Tensor& input) { return run(input, false); }
-Tensor BatchNorm::forward_relu(const Tensor& input) { return run(input, true); }
+Tensor BatchNorm::forward(const Tensor& input) { return run(input, Fused::none); }
+Tensor BatchNorm::forward_relu(const Tensor& input) { return run(input, Fused::relu); }
+Tensor BatchNorm::forward_relu_max_pool2d(const Tensor& input) { return run(input, Fused::relu_max_pool); }
 
 std::string BatchNorm::extra_repr() const {
   return std::to_string(num_features) + ", eps=" + std::to_string(eps) +

@@ -39,6 +39,8 @@ class BatchNorm : public Module {
   Tensor forward(const Tensor& input) override;
   // relu(bn(x)) in one fused pass.
   Tensor forward_relu(const Tensor& input);
+  // max_pool2d(relu(bn(x)), 2) fused (batch_norm_relu_max_pool2d; 4-D input).
+  Tensor forward_relu_max_pool2d(const Tensor& input);
   std::string type_name() const override { return spatial_dims_ == 0 ? "BatchNorm1d" : "BatchNorm2d"; }
   std::string extra_repr() const override;
   bool is_batch_norm() const override { return true; }
@@ -49,7 +51,8 @@ class BatchNorm : public Module {
   Tensor weight, bias, running_mean, running_var, num_batches_tracked;
 
  private:
-  Tensor run(const Tensor& input, bool with_relu);
+  enum class Fused { none, relu, relu_max_pool };
+  Tensor run(const Tensor& input, Fused fused);
   int spatial_dims_;
 };
 
@@ -82,6 +85,10 @@ class MaxPool2d : public Module {
       : kernel_size(kernel_size), stride(stride), padding(padding) {}
   Tensor forward(const Tensor& input) override { return max_pool2d(input, kernel_size, stride, padding); }
   std::string type_name() const override { return "MaxPool2d"; }
+  // 2x2 windows with stride 2 and no padding (what batch_norm_relu_max_pool2d fuses).
+  bool is_2x2_stride_2() const {
+    return kernel_size == Size2(2) && stride.value_or(kernel_size) == Size2(2) && padding == Size2(0);
+  }
   Size2 kernel_size;
   std::optional<Size2> stride;
   Size2 padding;

@@ -79,9 +79,17 @@ Sequential& Sequential::push_back(ModulePtr module) {
 Tensor Sequential::forward(const Tensor& input) {
   Tensor x = input;
   for (size_t i = 0; i < modules_.size(); ++i) {
-    // BatchNorm followed by ReLU runs as one fused pass (conv -> BN -> ReLU is the hot path).
+    // BatchNorm followed by ReLU runs as one fused pass (conv -> BN -> ReLU is
+    // the hot path), and with a 2x2 max pool after them as one op that never
+    // stores the full-size activation on the CPU.
     auto* norm = dynamic_cast<BatchNorm*>(modules_[i].get());
     if (norm != nullptr && i + 1 < modules_.size() && dynamic_cast<ReLU*>(modules_[i + 1].get()) != nullptr) {
+      auto* pool = i + 2 < modules_.size() ? dynamic_cast<MaxPool2d*>(modules_[i + 2].get()) : nullptr;
+      if (pool != nullptr && pool->is_2x2_stride_2() && x.dim() == 4) {
+        x = norm->forward_relu_max_pool2d(x);
+        i += 2;
+        continue;
+      }
       x = norm->forward_relu(x);
       ++i;
       continue;

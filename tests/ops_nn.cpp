@@ -1,5 +1,5 @@
 // Op-table rows of the nn family (core/nn_ops.h): conv2d, batch_norm (and the
-// fused batch_norm_relu), layer_norm, max/avg/adaptive-avg pooling. Shapes are
+// fused batch_norm_relu and batch_norm_relu_max_pool2d), layer_norm, max/avg/adaptive-avg pooling. Shapes are
 // small so that each row's float64 gradcheck stays well under a second.
 #include <random>
 
@@ -51,12 +51,14 @@ std::vector<Tensor> batch_norm_inputs(const OpSample& sample, DType dtype, uint6
   return inputs;
 }
 
-OpInfo batch_norm_row(std::string name, Shape x, bool training, bool relu, bool affine) {
+// pool: batch_norm_relu_max_pool2d (relu is then implied).
+OpInfo batch_norm_row(std::string name, Shape x, bool training, bool relu, bool affine, bool pool = false) {
   const int64_t C = x[1];
   OpInfo info = row(
       std::move(name),
       [=](const std::vector<Tensor>& in) {
         const Tensor w = affine ? in[1] : Tensor(), b = affine ? in[2] : Tensor();
+        if (pool) return batch_norm_relu_max_pool2d(in[0], in[3], in[4], w, b, training, 0.1, 1e-5);
         return relu ? batch_norm_relu(in[0], in[3], in[4], w, b, training, 0.1, 1e-5)
                     : batch_norm(in[0], in[3], in[4], w, b, training, 0.1, 1e-5);
       },
@@ -90,6 +92,8 @@ std::vector<OpInfo> nn_op_infos() {
   rows.push_back(batch_norm_row("batch_norm eval 4d", {3, 4, 3, 5}, false, false, true));
   rows.push_back(batch_norm_row("batch_norm_relu training", {3, 4, 3, 5}, true, true, true));
   rows.push_back(batch_norm_row("batch_norm_relu eval", {3, 4, 3, 5}, false, true, true));
+  rows.push_back(batch_norm_row("batch_norm_relu_max_pool2d training", {3, 4, 5, 6}, true, true, true, true));
+  rows.push_back(batch_norm_row("batch_norm_relu_max_pool2d eval odd", {2, 3, 5, 7}, false, true, true, true));
   // ---- layer_norm
   rows.push_back(row("layer_norm last dim",
                      [](const std::vector<Tensor>& in) { return layer_norm(in[0], {6}, in[1], in[2]); },

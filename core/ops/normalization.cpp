@@ -1,5 +1,5 @@
-// batch_norm (optionally fused with ReLU) and layer_norm: checks, layout,
-// dispatch to kernels/norm.h, and the backward.
+// batch_norm (optionally fused with ReLU, or with ReLU and 2x2 max pooling)
+// and layer_norm: checks, layout, dispatch to kernels/norm.h, and the backward.
 //
 // Batch norm keeps x's layout: a contiguous x is (N, C, inner); a 4-D
 // channels-last x is (N*H*W, C, 1) and the output keeps its strides; anything
@@ -15,6 +15,7 @@
 #include "core/nn_ops.h"
 #include "core/ops.h"
 #include "kernels/norm.h"
+#include "kernels/pool.h"
 
 namespace kiln {
 
@@ -39,11 +40,22 @@ void check_channel_vector(const Tensor& t, const char* what, const Tensor& x, in
              x.dtype() == compute_dtype(x.dtype()) ? "" : " or float32", " for a ", dtype_name(x.dtype()), " input");
 }
 
+// With `pool`, relu(bn(x)) goes through max_pool2d's 2x2 windows with stride
+// 2 (floor): y and the saved argmax indices are (N, C, H/2, W/2). CUDA's
+// kernels and the CPU's NCHW kernels never store the full-size activation or
+// its gradient; a channels-last CPU input runs the batch-norm and pooling
+// kernels one after the other, through a full-size buffer that lives only
+// inside the call.
 Tensor batch_norm_impl(const char* op, const Tensor& x_in, const Tensor& running_mean, const Tensor& running_var,
                        const Tensor& weight, const Tensor& bias, bool training, double momentum, double eps,
-                       bool relu) {
+                       bool relu, bool pool) {
   KILN_CHECK(x_in.defined(), op, ": input is undefined");
   KILN_CHECK(x_in.dim() >= 2, op, ": expected input (N, C) or (N, C, d...), got shape ", shape_str(x_in.shape()));
+  if (pool) {
+    KILN_CHECK(x_in.dim() == 4 && x_in.size(2) >= 2 && x_in.size(3) >= 2, op,
+               ": expected input (N, C, H, W) with H and W at least 2 (the 2x2 pooling window), got shape ",
+               shape_str(x_in.shape()));
+  }
   KILN_CHECK(is_floating(x_in.dtype()), op, ": expected a floating input, got ", dtype_name(x_in.dtype()));
   const int64_t C = x_in.size(1);
   check_channel_vector(running_mean, "running_mean", x_in, C, op);
@@ -85,24 +97,59 @@ Tensor batch_norm_impl(const char* op, const Tensor& x_in, const Tensor& running
     KILN_CHECK(!(grad_mode_enabled() && (running_mean.requires_grad() || running_var.requires_grad())), op,
                ": running_mean/running_var are updated in place and must not require grad");
   }
+  // Tensors in x's layout: channels-last stays channels-last.
+  const auto empty_in_layout = [&](const Shape& shape, DType dtype) {
+    const TensorOptions options{.dtype = dtype, .device = x.device()};
+    return channels_last ? empty_strided(shape, channels_last_strides(shape), options) : empty(shape, options);
+  };
+  kernels::Pool2dParams pooling;  // with `pool`: max_pool2d's 2x2, stride-2 windows
+  Shape y_shape = x.shape();
+  if (pool) {
+    pooling.planes = x.size(0) * C;
+    pooling.in_h = x.size(2);
+    pooling.in_w = x.size(3);
+    pooling.out_h = pooling.in_h / 2;
+    pooling.out_w = pooling.in_w / 2;
+    pooling.kernel_h = pooling.kernel_w = pooling.stride_h = pooling.stride_w = 2;
+    pooling.channels_last = channels_last;
+    pooling.channels = C;
+    y_shape = {x.size(0), C, pooling.out_h, pooling.out_w};
+  }
+  // The CPU's NCHW kernels pool as they go, both ways (CUDA's kernels always do).
+  const bool fused_pool = pool && !x.is_cuda() && !channels_last;
   Tensor mean = empty({C}, channel_options), invstd = empty({C}, channel_options);
-  Tensor y = channels_last ? empty_strided(x.shape(), x.strides(), {.dtype = x.dtype(), .device = x.device()})
-                           : empty(x.shape(), {.dtype = x.dtype(), .device = x.device()});
+  Tensor y = empty_in_layout(y_shape, x.dtype());
+  Tensor indices = pool ? empty_in_layout(y_shape, DType::i32) : Tensor();
   void* rm_ptr = rm.defined() ? rm.data_ptr() : nullptr;
   void* rv_ptr = rv.defined() ? rv.data_ptr() : nullptr;
   if (training && !update_running) rm_ptr = rv_ptr = nullptr;
-  if (x.numel() > 0) {
-    if (x.is_cuda()) {
-      const cuda::DeviceScope scope(x.device().index, "batch_norm");
-      const cuda::Stream stream = scope.stream;
-      auto workspace = allocate_cuda(kernels::batch_norm_workspace_bytes(args), x.device().index, stream);
-      kernels::batch_norm_forward_cuda(args, x.data_ptr(), w.defined() ? w.data_ptr() : nullptr,
-                                       b.defined() ? b.data_ptr() : nullptr, rm_ptr, rv_ptr, y.data_ptr(),
-                                       mean.data_ptr(), invstd.data_ptr(), workspace.get(), stream);
+  const void* w_ptr = w.defined() ? w.data_ptr() : nullptr;
+  const void* b_ptr = b.defined() ? b.data_ptr() : nullptr;
+  if (x.numel() == 0) {
+    // Nothing to compute (the statistics of an empty batch are not defined).
+  } else if (fused_pool) {
+    kernels::batch_norm_relu_max_pool2d_forward_cpu(args, pooling.in_h, pooling.in_w, x.data_ptr(), w_ptr, b_ptr,
+                                                    rm_ptr, rv_ptr, y.data_ptr(), indices.data<int32_t>(),
+                                                    mean.data_ptr(), invstd.data_ptr());
+  } else if (x.is_cuda()) {
+    const cuda::DeviceScope scope(x.device().index, op);
+    const cuda::Stream stream = scope.stream;
+    auto workspace = allocate_cuda(kernels::batch_norm_workspace_bytes(args), x.device().index, stream);
+    if (pool) {
+      kernels::batch_norm_relu_max_pool2d_forward_cuda(args, pooling.in_h, pooling.in_w, x.data_ptr(), w_ptr, b_ptr,
+                                                       rm_ptr, rv_ptr, y.data_ptr(), indices.data<int32_t>(),
+                                                       mean.data_ptr(), invstd.data_ptr(), workspace.get(), stream);
     } else {
-      kernels::batch_norm_forward_cpu(args, x.data_ptr(), w.defined() ? w.data_ptr() : nullptr,
-                                      b.defined() ? b.data_ptr() : nullptr, rm_ptr, rv_ptr, y.data_ptr(),
-                                      mean.data_ptr(), invstd.data_ptr());
+      kernels::batch_norm_forward_cuda(args, x.data_ptr(), w_ptr, b_ptr, rm_ptr, rv_ptr, y.data_ptr(),
+                                       mean.data_ptr(), invstd.data_ptr(), workspace.get(), stream);
+    }
+  } else {
+    // A channels-last CPU input with the pool: batch norm into a full-size buffer, then the pooling kernel.
+    Tensor full = pool ? empty_in_layout(x.shape(), x.dtype()) : y;
+    kernels::batch_norm_forward_cpu(args, x.data_ptr(), w_ptr, b_ptr, rm_ptr, rv_ptr, full.data_ptr(),
+                                    mean.data_ptr(), invstd.data_ptr());
+    if (pool) {
+      kernels::max_pool2d_forward_cpu(args.dtype, pooling, full.data_ptr(), y.data_ptr(), indices.data<int32_t>());
     }
   }
   if (update_running) {
@@ -124,15 +171,16 @@ Tensor batch_norm_impl(const char* op, const Tensor& x_in, const Tensor& running
     const DType weight_dtype = weight.defined() ? weight.dtype() : cdtype;
     const DType bias_dtype = bias.defined() ? bias.dtype() : cdtype;
     autograd::SavedTensor saved_x(x, op), saved_w(w, op), saved_b(relu ? b : Tensor(), op);
-    autograd::SavedTensor saved_mean(mean, op), saved_invstd(invstd, op);
+    autograd::SavedTensor saved_mean(mean, op), saved_invstd(invstd, op), saved_indices(indices, op);
     autograd::record(op, {x_in, weight, bias}, {y}, [=](const autograd::TensorList& grads) -> autograd::TensorList {
       const Tensor x = saved_x.unpack(), w = saved_w.unpack(), b = saved_b.unpack();
-      const Tensor mean = saved_mean.unpack(), invstd = saved_invstd.unpack();
-      // The gradient in x's layout.
+      const Tensor mean = saved_mean.unpack(), invstd = saved_invstd.unpack(), indices = saved_indices.unpack();
+      // The gradient in y's layout (x's).
       Tensor g = grads[0];
       if (channels_last) {
-        if (!is_channels_last(g) || g.strides() != x.strides()) {
-          Tensor dense = empty_strided(x.shape(), x.strides(), {.dtype = g.dtype(), .device = g.device()});
+        const Shape strides = channels_last_strides(y_shape);
+        if (!is_channels_last(g) || g.strides() != strides) {
+          Tensor dense = empty_strided(y_shape, strides, {.dtype = g.dtype(), .device = g.device()});
           dense.copy_(g);
           g = dense;
         }
@@ -140,28 +188,48 @@ Tensor batch_norm_impl(const char* op, const Tensor& x_in, const Tensor& running
         g = g.contiguous();
       }
       const TensorOptions channel_options{.dtype = mean.dtype(), .device = x.device()};
-      Tensor dx = need_dx ? (channels_last ? empty_strided(x.shape(), x.strides(), {.dtype = x.dtype(), .device = x.device()})
-                                           : empty(x.shape(), {.dtype = x.dtype(), .device = x.device()}))
-                          : Tensor();
+      const auto empty_in_layout = [&](DType dtype) {
+        const TensorOptions options{.dtype = dtype, .device = x.device()};
+        return channels_last ? empty_strided(x.shape(), x.strides(), options) : empty(x.shape(), options);
+      };
+      Tensor dx = need_dx ? empty_in_layout(x.dtype()) : Tensor();
       Tensor dw = need_dw ? empty({C}, channel_options) : Tensor();
       Tensor db = need_db ? empty({C}, channel_options) : Tensor();
+      const void* w_ptr = w.defined() ? w.data_ptr() : nullptr;
+      const void* b_ptr = b.defined() ? b.data_ptr() : nullptr;
+      void* dx_ptr = need_dx ? dx.data_ptr() : nullptr;
+      void* dw_ptr = need_dw ? dw.data_ptr() : nullptr;
+      void* db_ptr = need_db ? db.data_ptr() : nullptr;
       if (x.numel() == 0) {
         for (Tensor* t : {&dw, &db}) {
           if (t->defined()) t->zero_();
         }
+      } else if (fused_pool) {
+        kernels::batch_norm_relu_max_pool2d_backward_cpu(args, pooling.in_h, pooling.in_w, x.data_ptr(), g.data_ptr(),
+                                                         indices.data<int32_t>(), w_ptr, b_ptr, mean.data_ptr(),
+                                                         invstd.data_ptr(), dx_ptr, dw_ptr, db_ptr);
       } else if (x.is_cuda()) {
         const cuda::DeviceScope scope(x.device().index, "batch_norm backward");
         const cuda::Stream stream = scope.stream;
         auto workspace = allocate_cuda(kernels::batch_norm_workspace_bytes(args), x.device().index, stream);
-        kernels::batch_norm_backward_cuda(args, x.data_ptr(), g.data_ptr(), w.defined() ? w.data_ptr() : nullptr,
-                                          b.defined() ? b.data_ptr() : nullptr, mean.data_ptr(), invstd.data_ptr(),
-                                          need_dx ? dx.data_ptr() : nullptr, need_dw ? dw.data_ptr() : nullptr,
-                                          need_db ? db.data_ptr() : nullptr, workspace.get(), stream);
+        if (pool) {
+          kernels::batch_norm_relu_max_pool2d_backward_cuda(args, pooling.in_h, pooling.in_w, x.data_ptr(),
+                                                            g.data_ptr(), indices.data<int32_t>(), w_ptr, b_ptr,
+                                                            mean.data_ptr(), invstd.data_ptr(), dx_ptr, dw_ptr, db_ptr,
+                                                            workspace.get(), stream);
+        } else {
+          kernels::batch_norm_backward_cuda(args, x.data_ptr(), g.data_ptr(), w_ptr, b_ptr, mean.data_ptr(),
+                                            invstd.data_ptr(), dx_ptr, dw_ptr, db_ptr, workspace.get(), stream);
+        }
       } else {
-        kernels::batch_norm_backward_cpu(args, x.data_ptr(), g.data_ptr(), w.defined() ? w.data_ptr() : nullptr,
-                                         b.defined() ? b.data_ptr() : nullptr, mean.data_ptr(), invstd.data_ptr(),
-                                         need_dx ? dx.data_ptr() : nullptr, need_dw ? dw.data_ptr() : nullptr,
-                                         need_db ? db.data_ptr() : nullptr);
+        if (pool) {
+          Tensor full = empty_in_layout(x.dtype());
+          kernels::max_pool2d_backward_cpu(args.dtype, pooling, g.data_ptr(), indices.data<int32_t>(),
+                                           full.data_ptr());
+          g = full;
+        }
+        kernels::batch_norm_backward_cpu(args, x.data_ptr(), g.data_ptr(), w_ptr, b_ptr, mean.data_ptr(),
+                                         invstd.data_ptr(), dx_ptr, dw_ptr, db_ptr);
       }
       if (dw.defined() && dw.dtype() != weight_dtype) dw = dw.to(weight_dtype);
       if (db.defined() && db.dtype() != bias_dtype) db = db.to(bias_dtype);
@@ -175,13 +243,21 @@ Tensor batch_norm_impl(const char* op, const Tensor& x_in, const Tensor& running
 
 Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& running_var, const Tensor& weight,
                   const Tensor& bias, bool training, double momentum, double eps) {
-  return batch_norm_impl("batch_norm", x, running_mean, running_var, weight, bias, training, momentum, eps, false);
+  return batch_norm_impl("batch_norm", x, running_mean, running_var, weight, bias, training, momentum, eps, false,
+                         false);
 }
 
 Tensor batch_norm_relu(const Tensor& x, const Tensor& running_mean, const Tensor& running_var, const Tensor& weight,
                        const Tensor& bias, bool training, double momentum, double eps) {
   return batch_norm_impl("batch_norm_relu", x, running_mean, running_var, weight, bias, training, momentum, eps,
-                         true);
+                         true, false);
+}
+
+Tensor batch_norm_relu_max_pool2d(const Tensor& x, const Tensor& running_mean, const Tensor& running_var,
+                                  const Tensor& weight, const Tensor& bias, bool training, double momentum,
+                                  double eps) {
+  return batch_norm_impl("batch_norm_relu_max_pool2d", x, running_mean, running_var, weight, bias, training,
+                         momentum, eps, true, true);
 }
 
 Tensor layer_norm(const Tensor& x_in, const Shape& normalized_shape, const Tensor& weight, const Tensor& bias,

@@ -1,9 +1,12 @@
-// CUDA batch norm, optionally fused with ReLU (see kernels/norm.h).
+// CUDA batch norm, optionally fused with ReLU, or with ReLU and a 2x2 max pool
+// (see kernels/norm.h).
 //
 // Three launches each way, around one small per-channel step:
 //  forward:  (1) per-(channel, split) Welford partials -> workspace; (2) one
 //            warp per channel merges them: saved mean/invstd, the running
-//            stats, the channel's affine y = x * scale + shift; (3) y.
+//            stats, the channel's affine y = x * scale + shift; (3) y, or
+//            with the pool its pooled y and argmax indices (the full-size y
+//            is never stored).
 //  backward: (1) per-(channel, split) sums of dz and dz * (x - mean); (2) one
 //            warp per channel: dweight, dbias and dx's per-channel
 //            coefficients; (3) dx.
@@ -35,6 +38,7 @@
 #include <type_traits>
 
 #include "kernels/cuda/check.h"
+#include "kernels/error.h"
 #include "kernels/cuda/fast_divide.cuh"
 #include "kernels/cuda/native_types.cuh"
 #include "kernels/cuda/pack.cuh"
@@ -395,11 +399,165 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// ---------------------------------------------------------------- backward
+// ---------------------------------------------------------------- apply + 2x2 max pool
+// max_pool2d(relu(bn(x)), 2) without the full-size y: each window's four
+// values normalized as bn_apply normalizes them and rounded to T as y would be
+// stored, then pool.cu's rule (the first, then greater or NaN). Same values
+// and indices as bn_apply then max_pool2d's kernels, bit for bit.
 
-template <typename T, typename A, int V, bool kRelu>
+// A window's maximum and its position k (row k >> 1, column k & 1).
+template <typename T>
+struct WindowMax {
+  T value;
+  int at;
+};
+
+template <typename T, typename A>
+__device__ __forceinline__ WindowMax<T> max_normalized(T x0, T x1, T x2, T x3, const ChannelAffine<A>& affine) {
+  const T window[4] = {x0, x1, x2, x3};
+  A best = to_acc(from_acc<T>(normalize(to_acc(window[0]), affine, true)));
+  int at = 0;
+#pragma unroll
+  for (int k = 1; k < 4; ++k) {
+    const A v = to_acc(from_acc<T>(normalize(to_acc(window[k]), affine, true)));
+    if (v > best || v != v) {
+      best = v;
+      at = k;
+    }
+  }
+  return {from_acc<T>(best), at};
+}
+
+// NCHW: a thread per output element (flat over N*C planes of OH x OW).
+template <typename T, typename A, typename D>
 __global__ void __launch_bounds__(kThreads)
-    bn_grad_sums_rows(const T* x, const T* dy, int64_t rows, int64_t channels, int64_t chunk, int64_t splits,
+    bn_relu_pool_planes(const T* x, int64_t outputs, D out_w, D out_h, D channels, int64_t in_h, int64_t in_w,
+                        const ChannelAffine<A>* affine, T* y, int32_t* indices) {
+  for (int64_t i = blockIdx.x * int64_t{kThreads} + threadIdx.x; i < outputs; i += int64_t{gridDim.x} * kThreads) {
+    const int64_t row = out_w.div(i), ow = i - row * out_w.value();
+    const int64_t plane = out_h.div(row), oh = row - plane * out_h.value();
+    const ChannelAffine<A> a = affine[plane - channels.div(plane) * channels.value()];
+    const T* src = x + (plane * in_h + 2 * oh) * in_w + 2 * ow;
+    const WindowMax<T> m = max_normalized(src[0], src[1], src[in_w], src[in_w + 1], a);
+    y[i] = m.value;
+    indices[i] = static_cast<int32_t>((2 * oh + (m.at >> 1)) * in_w + 2 * ow + (m.at & 1));
+  }
+}
+
+// NHWC: a thread per output pixel's pack of V channels (V divides C): four
+// pack loads per window, the y pack and the index pack stored.
+template <typename T, typename A, int V, typename D>
+__global__ void __launch_bounds__(kThreads)
+    bn_relu_pool_rows(const T* x, int64_t packs, D channel_packs, D out_w, D out_h, int64_t channels, int64_t in_h,
+                      int64_t in_w, bool aligned, const ChannelAffine<A>* affine, T* y, int32_t* indices) {
+  for (int64_t k = blockIdx.x * int64_t{kThreads} + threadIdx.x; k < packs; k += int64_t{gridDim.x} * kThreads) {
+    const int64_t pixel = channel_packs.div(k), c0 = (k - pixel * channel_packs.value()) * V;
+    const int64_t row = out_w.div(pixel), ow = pixel - row * out_w.value();
+    const int64_t b = out_h.div(row), oh = row - b * out_h.value();
+    const int64_t next_row = in_w * channels;
+    const T* src = x + ((b * in_h + 2 * oh) * in_w + 2 * ow) * channels + c0;
+    const Pack<T, V> window[4] = {load_pack<T, V>(src, aligned), load_pack<T, V>(src + channels, aligned),
+                                  load_pack<T, V>(src + next_row, aligned),
+                                  load_pack<T, V>(src + next_row + channels, aligned)};
+    Pack<T, V> out;
+    Pack<int32_t, V> where;
+#pragma unroll
+    for (int e = 0; e < V; ++e) {
+      const WindowMax<T> m = max_normalized(window[0].v[e], window[1].v[e], window[2].v[e], window[3].v[e],
+                                            affine[c0 + e]);
+      out.v[e] = m.value;
+      where.v[e] = static_cast<int32_t>((2 * oh + (m.at >> 1)) * in_w + 2 * ow + (m.at & 1));
+    }
+    store_pack(y + k * V, out, aligned);
+    store_pack(indices + k * V, where, aligned);
+  }
+}
+
+// ---------------------------------------------------------------- backward
+// The kernels read dy through a Gradient: load<V>(at, aligned) gives the pack
+// of the full-size gradient at flat element index `at` (a pack lies in one
+// row of channels, or in one plane). DenseGradient reads dy itself; the
+// pooled ones form it from the 2x2 max pool's dy and argmax indices, as
+// max_pool2d's backward would have written it (0 + dy where the index names
+// the element, else 0, in T), so the full-size gradient is never stored.
+
+template <typename T>
+struct DenseGradient {
+  static constexpr bool kRows = true, kPlanes = true;  // the layouts it serves
+  const T* dy;
+  template <int V>
+  __device__ __forceinline__ Pack<T, V> load(int64_t at, bool aligned) const {
+    return load_pack<T, V>(dy + at, aligned);
+  }
+};
+
+template <typename T>
+__device__ __forceinline__ T unpooled(T g, int32_t index, int64_t here) {
+  using A = typename Acc<T>::type;
+  A total = A(0);  // as max_pool2d's backward sums (-0.0 becomes +0.0)
+  if (index == here) total += to_acc(g);
+  return from_acc<T>(total);
+}
+
+// NHWC (rows): a pack is V channels of one pixel; the pooled dy and indices
+// are (N, OH, OW, C), read as packs too (V divides C).
+template <typename T, typename D>
+struct PooledRowsGradient {
+  static constexpr bool kRows = true, kPlanes = false;
+  const T* dy;
+  const int32_t* indices;
+  D channels, width, height;
+  int64_t out_h, out_w;
+  template <int V>
+  __device__ __forceinline__ Pack<T, V> load(int64_t at, bool aligned) const {
+    const int64_t pixel = channels.div(at), c = at - pixel * channels.value();
+    const int64_t row = width.div(pixel), w = pixel - row * width.value();
+    const int64_t n = height.div(row), h = row - n * height.value();
+    Pack<T, V> out;
+    if ((h >> 1) < out_h && (w >> 1) < out_w) {
+      const int64_t o = ((n * out_h + (h >> 1)) * out_w + (w >> 1)) * channels.value() + c;
+      const Pack<T, V> g = load_pack<T, V>(dy + o, aligned);
+      const Pack<int32_t, V> index = load_pack<int32_t, V>(indices + o, aligned);
+#pragma unroll
+      for (int e = 0; e < V; ++e) out.v[e] = unpooled(g.v[e], index.v[e], h * width.value() + w);
+    } else {
+#pragma unroll
+      for (int e = 0; e < V; ++e) out.v[e] = unpooled(T{}, 0, -1);
+    }
+    return out;
+  }
+};
+
+// NCHW (planes): a pack is V elements of one plane (V divides H * W), which
+// may span rows; each element finds its window. dy and indices are (N, C, OH, OW).
+template <typename T, typename D>
+struct PooledPlanesGradient {
+  static constexpr bool kRows = false, kPlanes = true;
+  const T* dy;
+  const int32_t* indices;
+  D plane_size, width;
+  int64_t out_h, out_w;
+  template <int V>
+  __device__ __forceinline__ Pack<T, V> load(int64_t at, bool) const {
+    const int64_t plane = plane_size.div(at), first = at - plane * plane_size.value();
+    Pack<T, V> out;
+#pragma unroll
+    for (int e = 0; e < V; ++e) {
+      const int64_t here = first + e, h = width.div(here), w = here - h * width.value();
+      if ((h >> 1) < out_h && (w >> 1) < out_w) {
+        const int64_t o = (plane * out_h + (h >> 1)) * out_w + (w >> 1);
+        out.v[e] = unpooled(dy[o], indices[o], here);
+      } else {
+        out.v[e] = unpooled(T{}, 0, -1);
+      }
+    }
+    return out;
+  }
+};
+
+template <typename T, typename A, int V, bool kRelu, typename Gradient>
+__global__ void __launch_bounds__(kThreads)
+    bn_grad_sums_rows(const T* x, Gradient dy, int64_t rows, int64_t channels, int64_t chunk, int64_t splits,
                       bool aligned, const A* mean, const A* invstd, const A* weight, const A* bias,
                       GradSums<A>* partials) {
   __shared__ GradSums<A> shared[kThreads][V];
@@ -432,13 +590,13 @@ __global__ void __launch_bounds__(kThreads)
       for (int k = 0; k < kUnroll; ++k) {
         const int64_t at = (r + k * row_lanes) * channels + c0;
         xp[k] = load_pack<T, V>(x + at, aligned);
-        gp[k] = load_pack<T, V>(dy + at, aligned);
+        gp[k] = dy.template load<V>(at, aligned);
       }
 #pragma unroll
       for (int k = 0; k < kUnroll; ++k) add(xp[k], gp[k]);
     }
     for (; r < last; r += row_lanes) {
-      add(load_pack<T, V>(x + r * channels + c0, aligned), load_pack<T, V>(dy + r * channels + c0, aligned));
+      add(load_pack<T, V>(x + r * channels + c0, aligned), dy.template load<V>(r * channels + c0, aligned));
     }
   }
   const int slot = threadIdx.y * lanes + threadIdx.x;
@@ -451,9 +609,9 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-template <typename T, typename A, int V, bool kRelu>
+template <typename T, typename A, int V, bool kRelu, typename Gradient>
 __global__ void __launch_bounds__(kThreads)
-    bn_grad_sums_planes(const T* x, const T* dy, BatchNormShape shape, int64_t chunk, int64_t splits, bool aligned,
+    bn_grad_sums_planes(const T* x, Gradient dy, BatchNormShape shape, int64_t chunk, int64_t splits, bool aligned,
                         const A* mean, const A* invstd, const A* weight, const A* bias, GradSums<A>* partials) {
   __shared__ GradSums<A> shared[kThreads];
   const int64_t c = blockIdx.x, split = blockIdx.y, packs = shape.reduced() / V;
@@ -463,7 +621,7 @@ __global__ void __launch_bounds__(kThreads)
   for_channel_packs(split * chunk, std::min(packs, (split + 1) * chunk), shape.inner / V, shape.channels, c,
                     [&](int64_t at) {
                       const Pack<T, V> xp = load_pack<T, V>(x + at * V, aligned);
-                      const Pack<T, V> gp = load_pack<T, V>(dy + at * V, aligned);
+                      const Pack<T, V> gp = dy.template load<V>(at * V, aligned);
 #pragma unroll
                       for (int e = 0; e < V; ++e) {
                         const A xv = to_acc(xp.v[e]), dz = masked(to_acc(gp.v[e]), xv, a, kRelu);
@@ -499,9 +657,9 @@ __global__ void __launch_bounds__(kThreads)
   coefficients[c] = k;
 }
 
-template <typename T, typename A, int V, bool kRelu>
+template <typename T, typename A, int V, bool kRelu, typename Gradient>
 __global__ void __launch_bounds__(kThreads)
-    bn_grad_input_rows(const T* x, const T* dy, int64_t rows, int64_t channels, bool aligned,
+    bn_grad_input_rows(const T* x, Gradient dy, int64_t rows, int64_t channels, bool aligned,
                        const GradCoefficients<A>* coefficients, T* dx) {
   const int row_lanes = blockDim.y;
   const int64_t c0 = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) * V;
@@ -523,25 +681,25 @@ __global__ void __launch_bounds__(kThreads)
     for (int u = 0; u < kUnroll; ++u) {
       const int64_t at = (r + u * step) * channels + c0;
       xp[u] = load_pack<T, V>(x + at, aligned);
-      gp[u] = load_pack<T, V>(dy + at, aligned);
+      gp[u] = dy.template load<V>(at, aligned);
     }
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) apply((r + u * step) * channels + c0, xp[u], gp[u]);
   }
   for (; r < rows; r += step) {
     const int64_t at = r * channels + c0;
-    apply(at, load_pack<T, V>(x + at, aligned), load_pack<T, V>(dy + at, aligned));
+    apply(at, load_pack<T, V>(x + at, aligned), dy.template load<V>(at, aligned));
   }
 }
 
-template <typename T, typename A, int V, bool kRelu, typename D>
+template <typename T, typename A, int V, bool kRelu, typename D, typename Gradient>
 __global__ void __launch_bounds__(kThreads)
-    bn_grad_input_planes(const T* x, const T* dy, int64_t packs, D inner, D channels, bool aligned,
+    bn_grad_input_planes(const T* x, Gradient dy, int64_t packs, D inner, D channels, bool aligned,
                          const GradCoefficients<A>* coefficients, T* dx) {
   for (int64_t p = blockIdx.x * int64_t{kThreads} + threadIdx.x; p < packs; p += int64_t{gridDim.x} * kThreads) {
     const int64_t plane = inner.div(p * V);
     const GradCoefficients<A> k = coefficients[plane - channels.div(plane) * channels.value()];
-    const Pack<T, V> xp = load_pack<T, V>(x + p * V, aligned), gp = load_pack<T, V>(dy + p * V, aligned);
+    const Pack<T, V> xp = load_pack<T, V>(x + p * V, aligned), gp = dy.template load<V>(p * V, aligned);
     Pack<T, V> out;
 #pragma unroll
     for (int e = 0; e < V; ++e) out.v[e] = from_acc<T>(grad_input(to_acc(gp.v[e]), to_acc(xp.v[e]), k, kRelu));
@@ -594,6 +752,121 @@ void dispatch_relu(bool relu, Body&& body) {
 }
 
 
+// The forward's first half: the batch statistics (training, with the running
+// stats' update) or the running ones (eval), saved, and each channel's affine
+// form in the workspace, which it returns.
+template <typename T, typename A>
+ChannelAffine<A>* forward_statistics(const BatchNormArgs& args, const Geometry& g, const T* xs, bool aligned,
+                                     const A* w, const A* b, void* running_mean, void* running_var, A* mean,
+                                     A* invstd, void* workspace, cudaStream_t s) {
+  const BatchNormShape shape = args.shape;
+  ChannelAffine<A>* affine = static_cast<ChannelAffine<A>*>(workspace);
+  if (args.training) {
+    auto* partials = reinterpret_cast<Stats<A>*>(static_cast<char*>(workspace) + channel_bytes<A>(shape.channels));
+    dispatch_pack<T>(g, [&]<int V>() {
+      if (g.rows) {
+        bn_stats_rows<T, A, V>
+            <<<dim3(static_cast<unsigned>(g.channel_blocks), static_cast<unsigned>(g.splits)),
+               dim3(g.lanes, g.row_lanes), 0, s>>>(xs, shape.outer, shape.channels, g.chunk, g.splits, aligned,
+                                                   partials);
+      } else {
+        bn_stats_planes<T, A, V>
+            <<<dim3(static_cast<unsigned>(shape.channels), static_cast<unsigned>(g.splits)), kThreads, 0, s>>>(
+                xs, shape, g.chunk, g.splits, aligned, partials);
+      }
+    });
+    cuda::check_last_launch("batch_norm statistics");
+    bn_finalize_stats<A><<<warp_per_channel_blocks(shape.channels), kThreads, 0, s>>>(
+        partials, shape.channels, g.splits, args.eps, args.momentum, w, b, static_cast<A*>(running_mean),
+        static_cast<A*>(running_var), mean, invstd, affine);
+    cuda::check_last_launch("batch_norm finalize statistics");
+  } else {
+    bn_eval_stats<A><<<static_cast<unsigned>((shape.channels + kThreads - 1) / kThreads), kThreads, 0, s>>>(
+        static_cast<const A*>(running_mean), static_cast<const A*>(running_var), shape.channels, args.eps, w, b,
+        mean, invstd, affine);
+    cuda::check_last_launch("batch_norm eval statistics");
+  }
+  return affine;
+}
+
+// The backward's three launches (see the top of the file) with dy read through `dy` (a Gradient).
+template <typename T, typename Gradient>
+void backward_launches(const BatchNormArgs& args, const T* xs, const Gradient& dy, bool aligned,
+                       const void* save_mean, const void* save_invstd, const void* weight, const void* bias, void* dx,
+                       void* dweight, void* dbias, void* workspace, cudaStream_t s) {
+  using A = typename Acc<T>::type;
+  const BatchNormShape shape = args.shape;
+  const Geometry g = geometry_for<T>(shape);
+  const A* mean = static_cast<const A*>(save_mean);
+  const A* invstd = static_cast<const A*>(save_invstd);
+  const A* w = static_cast<const A*>(weight);
+  const A* b = static_cast<const A*>(bias);
+  auto* coefficients = static_cast<GradCoefficients<A>*>(workspace);
+  auto* partials = reinterpret_cast<GradSums<A>*>(static_cast<char*>(workspace) + channel_bytes<A>(shape.channels));
+  // The sums are needed for dweight/dbias, and for dx in training mode.
+  const bool sums = dweight != nullptr || dbias != nullptr || args.training;
+  if (sums) {
+    dispatch_pack<T>(g, [&]<int V>() {
+      dispatch_relu(args.relu, [&]<bool kRelu>() {
+        if constexpr (Gradient::kRows) {
+          if (g.rows) {
+            bn_grad_sums_rows<T, A, V, kRelu>
+                <<<dim3(static_cast<unsigned>(g.channel_blocks), static_cast<unsigned>(g.splits)),
+                   dim3(g.lanes, g.row_lanes), 0, s>>>(xs, dy, shape.outer, shape.channels, g.chunk, g.splits,
+                                                       aligned, mean, invstd, w, b, partials);
+          }
+        }
+        if constexpr (Gradient::kPlanes) {
+          if (!g.rows) {
+            bn_grad_sums_planes<T, A, V, kRelu>
+                <<<dim3(static_cast<unsigned>(shape.channels), static_cast<unsigned>(g.splits)), kThreads, 0, s>>>(
+                    xs, dy, shape, g.chunk, g.splits, aligned, mean, invstd, w, b, partials);
+          }
+        }
+      });
+    });
+    cuda::check_last_launch("batch_norm backward sums");
+  }
+  bn_finalize_grads<A><<<warp_per_channel_blocks(shape.channels), kThreads, 0, s>>>(
+      partials, shape.channels, sums ? g.splits : 0, shape.reduced(), args.training, mean, invstd, w, b,
+      static_cast<A*>(dweight), static_cast<A*>(dbias), coefficients);
+  cuda::check_last_launch("batch_norm backward finalize");
+  if (dx == nullptr) return;
+  dispatch_pack<T>(g, [&]<int V>() {
+    dispatch_relu(args.relu, [&]<bool kRelu>() {
+      if constexpr (Gradient::kRows) {
+        if (g.rows) {
+          bn_grad_input_rows<T, A, V, kRelu>
+              <<<dim3(static_cast<unsigned>(g.channel_blocks), static_cast<unsigned>(row_blocks(g, shape.outer))),
+                 dim3(g.lanes, g.row_lanes), 0, s>>>(xs, dy, shape.outer, shape.channels, aligned, coefficients,
+                                                     static_cast<T*>(dx));
+        }
+      }
+      if constexpr (Gradient::kPlanes) {
+        if (!g.rows) {
+          const int64_t n = shape.reduced() * shape.channels;
+          dispatch_divider(fast_divide_fits(n), [&]<typename D>() {
+            bn_grad_input_planes<T, A, V, kRelu, D><<<flat_blocks(n / V), kThreads, 0, s>>>(
+                xs, dy, n / V, divider_for<D>(shape.inner), divider_for<D>(shape.channels), aligned, coefficients,
+                static_cast<T*>(dx));
+          });
+        }
+      }
+    });
+  });
+  cuda::check_last_launch("batch_norm backward input");
+}
+
+// The fused pool's arguments: relu on, an NCHW (N, C, H*W) or NHWC (N*H*W, C, 1) shape of at least 2 x 2.
+void check_pooled(const BatchNormArgs& args, int64_t height, int64_t width, const char* op) {
+  const BatchNormShape shape = args.shape;
+  const bool rows = shape.inner == 1;
+  KILN_CHECK(args.relu && height >= 2 && width >= 2 && (rows || shape.inner == height * width) &&
+                 (!rows || shape.outer % (height * width) == 0),
+             op, ": expected relu on and an NCHW or NHWC input of at least 2 x 2 (outer ", shape.outer, ", inner ",
+             shape.inner, ", height ", height, ", width ", width, ")");
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------- entry points
@@ -617,36 +890,9 @@ void batch_norm_forward_cuda(const BatchNormArgs& args, const void* x, const voi
     const Geometry g = geometry_for<T>(shape);
     const bool aligned = aligned16({x, y});
     const T* xs = static_cast<const T*>(x);
-    const A* w = static_cast<const A*>(weight);
-    const A* b = static_cast<const A*>(bias);
-    A* mean = static_cast<A*>(save_mean);
-    A* invstd = static_cast<A*>(save_invstd);
-    ChannelAffine<A>* affine = static_cast<ChannelAffine<A>*>(workspace);
-    if (args.training) {
-      auto* partials = reinterpret_cast<Stats<A>*>(static_cast<char*>(workspace) + channel_bytes<A>(shape.channels));
-      dispatch_pack<T>(g, [&]<int V>() {
-        if (g.rows) {
-          bn_stats_rows<T, A, V>
-              <<<dim3(static_cast<unsigned>(g.channel_blocks), static_cast<unsigned>(g.splits)),
-                 dim3(g.lanes, g.row_lanes), 0, s>>>(xs, shape.outer, shape.channels, g.chunk, g.splits, aligned,
-                                                     partials);
-        } else {
-          bn_stats_planes<T, A, V>
-              <<<dim3(static_cast<unsigned>(shape.channels), static_cast<unsigned>(g.splits)), kThreads, 0, s>>>(
-                  xs, shape, g.chunk, g.splits, aligned, partials);
-        }
-      });
-      cuda::check_last_launch("batch_norm statistics");
-      bn_finalize_stats<A><<<warp_per_channel_blocks(shape.channels), kThreads, 0, s>>>(
-          partials, shape.channels, g.splits, args.eps, args.momentum, w, b, static_cast<A*>(running_mean),
-          static_cast<A*>(running_var), mean, invstd, affine);
-      cuda::check_last_launch("batch_norm finalize statistics");
-    } else {
-      bn_eval_stats<A><<<static_cast<unsigned>((shape.channels + kThreads - 1) / kThreads), kThreads, 0, s>>>(
-          static_cast<const A*>(running_mean), static_cast<const A*>(running_var), shape.channels, args.eps, w, b,
-          mean, invstd, affine);
-      cuda::check_last_launch("batch_norm eval statistics");
-    }
+    const ChannelAffine<A>* affine = forward_statistics<T, A>(
+        args, g, xs, aligned, static_cast<const A*>(weight), static_cast<const A*>(bias), running_mean, running_var,
+        static_cast<A*>(save_mean), static_cast<A*>(save_invstd), workspace, s);
     dispatch_pack<T>(g, [&]<int V>() {
       dispatch_relu(args.relu, [&]<bool kRelu>() {
         if (g.rows) {
@@ -668,66 +914,93 @@ void batch_norm_forward_cuda(const BatchNormArgs& args, const void* x, const voi
   });
 }
 
+// NCHW (inner = height * width) or NHWC (rows: inner == 1, outer = N * H * W).
+void batch_norm_relu_max_pool2d_forward_cuda(const BatchNormArgs& args, int64_t height, int64_t width, const void* x,
+                                             const void* weight, const void* bias, void* running_mean,
+                                             void* running_var, void* y, int32_t* indices, void* save_mean,
+                                             void* save_invstd, void* workspace, cuda::Stream stream) {
+  const char* op = "batch_norm_relu_max_pool2d (cuda)";
+  check_pooled(args, height, width, op);
+  const BatchNormShape shape = args.shape;
+  const bool rows = shape.inner == 1;
+  if (shape.reduced() * shape.channels == 0) return;
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  dispatch_floating_as_native(args.dtype, op, [&]<typename T>() {
+    using A = typename Acc<T>::type;
+    const Geometry g = geometry_for<T>(shape);
+    const T* xs = static_cast<const T*>(x);
+    const ChannelAffine<A>* affine = forward_statistics<T, A>(
+        args, g, xs, aligned16({x}), static_cast<const A*>(weight), static_cast<const A*>(bias), running_mean,
+        running_var, static_cast<A*>(save_mean), static_cast<A*>(save_invstd), workspace, s);
+    const int64_t out_h = height / 2, out_w = width / 2, C = shape.channels;
+    const int64_t images = rows ? shape.outer / (height * width) : shape.outer;
+    const int64_t outputs = images * C * out_h * out_w;
+    dispatch_divider(fast_divide_fits(outputs), [&]<typename D>() {
+      if (!rows) {
+        bn_relu_pool_planes<T, A, D><<<flat_blocks(outputs), kThreads, 0, s>>>(
+            xs, outputs, divider_for<D>(out_w), divider_for<D>(out_h), divider_for<D>(C), height, width, affine,
+            static_cast<T*>(y), indices);
+        return;
+      }
+      const bool aligned = aligned16({x, y, indices});
+      const auto launch = [&]<int V>() {
+        bn_relu_pool_rows<T, A, V, D><<<flat_blocks(outputs / V), kThreads, 0, s>>>(
+            xs, outputs / V, divider_for<D>(C / V), divider_for<D>(out_w), divider_for<D>(out_h), C, height, width,
+            aligned, affine, static_cast<T*>(y), indices);
+      };
+      if (C % kFullPack<T> == 0) {
+        launch.template operator()<kFullPack<T>>();
+      } else {
+        launch.template operator()<1>();
+      }
+    });
+    cuda::check_last_launch("batch_norm_relu_max_pool2d apply");
+  });
+}
+
 void batch_norm_backward_cuda(const BatchNormArgs& args, const void* x, const void* dy, const void* weight,
                               const void* bias, const void* save_mean, const void* save_invstd, void* dx,
                               void* dweight, void* dbias, void* workspace, cuda::Stream stream) {
-  const BatchNormShape shape = args.shape;
-  if (shape.reduced() * shape.channels == 0) return;
-  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  if (args.shape.reduced() * args.shape.channels == 0) return;
   dispatch_floating_as_native(args.dtype, "batch_norm backward (cuda)", [&]<typename T>() {
-    using A = typename Acc<T>::type;
-    const Geometry g = geometry_for<T>(shape);
-    const bool aligned = aligned16({x, dy, dx});
-    const T* xs = static_cast<const T*>(x);
+    backward_launches<T>(args, static_cast<const T*>(x), DenseGradient<T>{static_cast<const T*>(dy)},
+                         aligned16({x, dy, dx}), save_mean, save_invstd, weight, bias, dx, dweight, dbias, workspace,
+                         static_cast<cudaStream_t>(stream));
+  });
+}
+
+void batch_norm_relu_max_pool2d_backward_cuda(const BatchNormArgs& args, int64_t height, int64_t width,
+                                              const void* x, const void* dy, const int32_t* indices,
+                                              const void* weight, const void* bias, const void* save_mean,
+                                              const void* save_invstd, void* dx, void* dweight, void* dbias,
+                                              void* workspace, cuda::Stream stream) {
+  const char* op = "batch_norm_relu_max_pool2d backward (cuda)";
+  check_pooled(args, height, width, op);
+  const BatchNormShape shape = args.shape;
+  const int64_t n = shape.reduced() * shape.channels;
+  if (n == 0) return;
+  dispatch_floating_as_native(args.dtype, op, [&]<typename T>() {
     const T* dys = static_cast<const T*>(dy);
-    const A* mean = static_cast<const A*>(save_mean);
-    const A* invstd = static_cast<const A*>(save_invstd);
-    const A* w = static_cast<const A*>(weight);
-    const A* b = static_cast<const A*>(bias);
-    auto* coefficients = static_cast<GradCoefficients<A>*>(workspace);
-    auto* partials = reinterpret_cast<GradSums<A>*>(static_cast<char*>(workspace) + channel_bytes<A>(shape.channels));
-    // The sums are needed for dweight/dbias, and for dx in training mode.
-    const bool sums = dweight != nullptr || dbias != nullptr || args.training;
-    if (sums) {
-      dispatch_pack<T>(g, [&]<int V>() {
-        dispatch_relu(args.relu, [&]<bool kRelu>() {
-          if (g.rows) {
-            bn_grad_sums_rows<T, A, V, kRelu>
-                <<<dim3(static_cast<unsigned>(g.channel_blocks), static_cast<unsigned>(g.splits)),
-                   dim3(g.lanes, g.row_lanes), 0, s>>>(xs, dys, shape.outer, shape.channels, g.chunk, g.splits,
-                                                       aligned, mean, invstd, w, b, partials);
-          } else {
-            bn_grad_sums_planes<T, A, V, kRelu>
-                <<<dim3(static_cast<unsigned>(shape.channels), static_cast<unsigned>(g.splits)), kThreads, 0, s>>>(
-                    xs, dys, shape, g.chunk, g.splits, aligned, mean, invstd, w, b, partials);
-          }
-        });
-      });
-      cuda::check_last_launch("batch_norm backward sums");
-    }
-    bn_finalize_grads<A><<<warp_per_channel_blocks(shape.channels), kThreads, 0, s>>>(
-        partials, shape.channels, sums ? g.splits : 0, shape.reduced(), args.training, mean, invstd, w, b,
-        static_cast<A*>(dweight), static_cast<A*>(dbias), coefficients);
-    cuda::check_last_launch("batch_norm backward finalize");
-    if (dx == nullptr) return;
-    dispatch_pack<T>(g, [&]<int V>() {
-      dispatch_relu(args.relu, [&]<bool kRelu>() {
-        if (g.rows) {
-          bn_grad_input_rows<T, A, V, kRelu>
-              <<<dim3(static_cast<unsigned>(g.channel_blocks), static_cast<unsigned>(row_blocks(g, shape.outer))),
-                 dim3(g.lanes, g.row_lanes), 0, s>>>(xs, dys, shape.outer, shape.channels, aligned, coefficients,
-                                                     static_cast<T*>(dx));
-        } else {
-          const int64_t n = shape.reduced() * shape.channels;
-          dispatch_divider(fast_divide_fits(n), [&]<typename D>() {
-            bn_grad_input_planes<T, A, V, kRelu, D><<<flat_blocks(n / V), kThreads, 0, s>>>(
-                xs, dys, n / V, divider_for<D>(shape.inner), divider_for<D>(shape.channels), aligned, coefficients,
-                static_cast<T*>(dx));
-          });
-        }
-      });
+    const bool aligned = aligned16({x, dy, indices, dx});
+    const cudaStream_t s = static_cast<cudaStream_t>(stream);
+    dispatch_divider(fast_divide_fits(n), [&]<typename D>() {
+      if (shape.inner == 1) {
+        const PooledRowsGradient<T, D> gradient{dys,
+                                                indices,
+                                                divider_for<D>(shape.channels),
+                                                divider_for<D>(width),
+                                                divider_for<D>(height),
+                                                height / 2,
+                                                width / 2};
+        backward_launches<T>(args, static_cast<const T*>(x), gradient, aligned, save_mean, save_invstd, weight, bias,
+                             dx, dweight, dbias, workspace, s);
+      } else {
+        const PooledPlanesGradient<T, D> gradient{dys, indices, divider_for<D>(shape.inner), divider_for<D>(width),
+                                                  height / 2, width / 2};
+        backward_launches<T>(args, static_cast<const T*>(x), gradient, aligned, save_mean, save_invstd, weight, bias,
+                             dx, dweight, dbias, workspace, s);
+      }
     });
-    cuda::check_last_launch("batch_norm backward input");
   });
 }
 

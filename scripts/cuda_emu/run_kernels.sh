@@ -20,7 +20,8 @@
 #   bash scripts/cuda_emu/run_kernels.sh pool       # max/avg/adaptive pooling, forward and backward, channels-last
 #                                                   # vs kernels/cpu/pool.cpp and vs pool.cu's NCHW (test_pool.cpp)
 #   bash scripts/cuda_emu/run_kernels.sh batch_norm # batch_norm.cu (+ fused ReLU), forward/backward, NCHW and
-#                                                   # rows/NHWC vs kernels/cpu/batch_norm.cpp and float64 (test_batch_norm.cpp)
+#                                                   # rows/NHWC vs kernels/cpu/batch_norm.cpp and float64; the fused
+#                                                   # 2x2 max pool vs batch norm then pool.cpp (test_batch_norm.cpp; `pool`)
 #   bash scripts/cuda_emu/run_kernels.sh transforms # crop/flip/normalize/erasing/gather_rows vs kernels/cpu/transforms.cpp
 #                                                   # bit for bit (test_transforms.cpp)
 #   bash scripts/cuda_emu/run_kernels.sh optim      # optim.cu + multi_tensor_apply.cuh (optimizers, step prologue, grad scaler,
@@ -112,7 +113,7 @@ case "$family" in
   elementwise) cpu_src=(kernels/cpu/elementwise.cpp kernels/cpu/elementwise_binary.cpp kernels/cpu/copy.cpp) ;;
   scan|triangular|sort) cpu_src=("kernels/cpu/$family.cpp") ;;
 esac
-if [ "$driver" = test_batch_norm.cpp ]; then cpu_src=(kernels/cpu/batch_norm.cpp); fi
+if [ "$driver" = test_batch_norm.cpp ]; then cpu_src=(kernels/cpu/batch_norm.cpp kernels/cpu/pool.cpp); fi
 if [ "$driver" = test_nll_loss.cpp ]; then cpu_src=(kernels/cpu/softmax.cpp); fi
 # optim.cpp with its own flag (-fno-math-errno) and no FMA contraction: the emulated .cu has none (baseline
 # x86-64), and test_optim.cpp compares optim_math.h's updates bit for bit.

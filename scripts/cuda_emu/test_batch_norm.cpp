@@ -1,6 +1,7 @@
 // batch_norm.cu (bn_stats_rows/planes, bn_finalize_stats, bn_eval_stats,
 // bn_apply_rows/planes, bn_grad_sums_rows/planes, bn_finalize_grads,
-// bn_grad_input_rows/planes; plain and with the fused ReLU) through
+// bn_grad_input_rows/planes; plain and with the fused ReLU; the fused 2x2 max
+// pool's bn_relu_pool_planes/rows, see run_pooled) through
 // batch_norm_forward_cuda/backward_cuda, emulated, against a float64
 // reference and against kernels/cpu/batch_norm.cpp's batch_norm_forward_cpu/
 // backward_cpu (linked by run_kernels.sh) on the same inputs: y, saved
@@ -36,6 +37,8 @@
 
 #include <chrono>
 #include <cstring>
+
+#include "kernels/pool.h"
 
 using namespace kiln;
 using namespace kiln::kernels;
@@ -278,6 +281,131 @@ void run(const Shape& shape, const Mode& mode) {
   std::fflush(stdout);
 }
 
+// ---------------------------------------------------------------- fused 2x2 max pool
+// batch_norm_relu_max_pool2d_forward_cuda (bn_relu_pool_planes/rows), emulated,
+// against batch_norm_forward_cuda with the ReLU, emulated, whose full-size y
+// then goes through kernels/cpu/pool.cpp's max_pool2d_forward_cpu: y, the
+// indices, mean/invstd and the running stats the same bits. The backward
+// (the grad kernels reading the pooled dy through PooledRows/PlanesGradient)
+// against pool.cpp's max_pool2d_backward_cpu then batch_norm_backward_cuda:
+// dx, dweight, dbias the same bits. Inputs repeat values (ties inside
+// windows) and, in eval mode, hold a NaN; dy holds -0.0s (0 + dy is +0.0).
+struct PooledShape {
+  const char* name;
+  int64_t N, C, H, W;
+  bool channels_last, misaligned;
+};
+
+template <typename T>
+bool same_bytes(const std::string& label, const char* what, const void* got, const void* want, size_t count,
+                size_t element) {
+  ++checks;
+  for (size_t i = 0; i < count; ++i) {
+    if (std::memcmp(static_cast<const char*>(got) + i * element, static_cast<const char*>(want) + i * element,
+                    element) != 0) {
+      ++failures;
+      ++cpu_failures;
+      std::printf("FAIL %s %s: element %zu differs (of %zu)\n", label.c_str(), what, i, count);
+      if (std::getenv("EMU_STOP")) std::exit(1);
+      return false;
+    }
+  }
+  return true;
+}
+
+template <typename T>
+void run_pooled(const PooledShape& shape, bool training) {
+  using A = typename Acc<T>::type;
+  const int64_t N = shape.N, C = shape.C, H = shape.H, W = shape.W, OH = H / 2, OW = W / 2;
+  const int64_t n = N * C * H * W, pooled = N * C * OH * OW;
+  const std::string label = std::string(shape.name) + (training ? " training " : " eval ") + name_of<T>();
+  std::mt19937_64 engine(static_cast<uint64_t>(n * 31 + training));
+  std::normal_distribution<double> normal;
+  BatchNormArgs args;
+  args.shape = shape.channels_last ? BatchNormShape{N * H * W, C, 1} : BatchNormShape{N, C, H * W};
+  args.dtype = emu_dtype<T>();
+  args.training = training;
+  args.relu = true;
+  args.momentum = 0.125;
+  args.eps = 1e-5;
+  const size_t misalign = shape.misaligned ? sizeof(T) : 0;
+  emu::Buffer<T> x(n, "x", misalign, 0);
+  for (int64_t i = 0; i < n; ++i) x[i] = from_double<T>(0.3 + normal(engine));
+  for (int64_t i = 3; i < n; i += 7) x[i] = x[i - 1];  // ties: equal neighbours in a row or across channels
+  if (!training) x[n / 2] = from_double<T>(std::numeric_limits<double>::quiet_NaN());
+  emu::Buffer<A> weight(C, "weight", 0, 0), bias(C, "bias", 0, 0);
+  std::vector<A> rm0(C), rv0(C);
+  for (int64_t c = 0; c < C; ++c) {
+    weight[c] = static_cast<A>(1.0 + 0.5 * normal(engine));
+    bias[c] = static_cast<A>(0.5 * normal(engine));
+    rm0[c] = static_cast<A>(0.2 * normal(engine));
+    rv0[c] = static_cast<A>(1.0 + 0.25 * std::abs(normal(engine)));
+  }
+  // Fused.
+  emu::Buffer<T> y(pooled, "y", misalign);
+  emu::Buffer<int32_t> indices(pooled, "indices", shape.misaligned ? sizeof(int32_t) : 0);
+  emu::Buffer<A> mean(C, "save_mean"), invstd(C, "save_invstd");
+  emu::Buffer<A> rm(C, "running_mean", 0, 0), rv(C, "running_var", 0, 0);
+  std::copy(rm0.begin(), rm0.end(), rm.data);
+  std::copy(rv0.begin(), rv0.end(), rv.data);
+  emu::Buffer<unsigned char> workspace(batch_norm_workspace_bytes(args), "workspace");
+  batch_norm_relu_max_pool2d_forward_cuda(args, H, W, x.data, weight.data, bias.data, rm.data, rv.data, y.data,
+                                          indices.data, mean.data, invstd.data, workspace.data, nullptr);
+  // batch norm with the ReLU, then the CPU's max pool.
+  emu::Buffer<T> full(n, "full y", misalign);
+  emu::Buffer<A> mean2(C, "save_mean"), invstd2(C, "save_invstd"), rm2(C, "running_mean", 0, 0),
+      rv2(C, "running_var", 0, 0);
+  std::copy(rm0.begin(), rm0.end(), rm2.data);
+  std::copy(rv0.begin(), rv0.end(), rv2.data);
+  std::memset(workspace.data, 0xff, workspace.n);
+  batch_norm_forward_cuda(args, x.data, weight.data, bias.data, rm2.data, rv2.data, full.data, mean2.data,
+                          invstd2.data, workspace.data, nullptr);
+  Pool2dParams p;
+  p.planes = N * C;
+  p.in_h = H;
+  p.in_w = W;
+  p.out_h = OH;
+  p.out_w = OW;
+  p.kernel_h = p.kernel_w = p.stride_h = p.stride_w = 2;
+  p.channels_last = shape.channels_last;
+  p.channels = C;
+  std::vector<T> y2(pooled);
+  std::vector<int32_t> indices2(pooled);
+  max_pool2d_forward_cpu(args.dtype, p, full.data, y2.data(), indices2.data());
+  same_bytes<T>(label, "y", y.data, y2.data(), pooled, sizeof(T));
+  same_bytes<T>(label, "indices", indices.data, indices2.data(), pooled, sizeof(int32_t));
+  same_bytes<T>(label, "save_mean", mean.data, mean2.data, C, sizeof(A));
+  same_bytes<T>(label, "save_invstd", invstd.data, invstd2.data, C, sizeof(A));
+  same_bytes<T>(label, "running_mean", rm.data, rm2.data, C, sizeof(A));
+  same_bytes<T>(label, "running_var", rv.data, rv2.data, C, sizeof(A));
+  // The backward: fused, and max_pool2d's CPU backward (the full-size gradient) then batch norm's.
+  emu::Buffer<T> dy(pooled, "dy", misalign, 0);
+  for (int64_t i = 0; i < pooled; ++i) dy[i] = from_double<T>(i % 11 == 5 ? -0.0 : normal(engine));
+  emu::Buffer<T> dx(n, "dx", misalign), dx2(n, "dx", misalign);
+  emu::Buffer<A> dw(C, "dweight"), db(C, "dbias"), dw2(C, "dweight"), db2(C, "dbias");
+  std::memset(workspace.data, 0xff, workspace.n);
+  batch_norm_relu_max_pool2d_backward_cuda(args, H, W, x.data, dy.data, indices.data, weight.data, bias.data,
+                                           mean.data, invstd.data, dx.data, dw.data, db.data, workspace.data,
+                                           nullptr);
+  emu::Buffer<T> dz(n, "full dz", misalign);
+  max_pool2d_backward_cpu(args.dtype, p, dy.data, indices2.data(), dz.data);
+  std::memset(workspace.data, 0xff, workspace.n);
+  batch_norm_backward_cuda(args, x.data, dz.data, weight.data, bias.data, mean2.data, invstd2.data, dx2.data, dw2.data,
+                           db2.data, workspace.data, nullptr);
+  same_bytes<T>(label, "dx", dx.data, dx2.data, n, sizeof(T));
+  same_bytes<T>(label, "dweight", dw.data, dw2.data, C, sizeof(A));
+  same_bytes<T>(label, "dbias", db.data, db2.data, C, sizeof(A));
+  // Not vacuous: the pooled values are neither all equal nor all zero.
+  ++checks;
+  int64_t positive = 0;
+  for (int64_t i = 0; i < pooled; ++i) positive += to_double(y[i]) > 0;
+  if (positive < pooled / 4) {
+    ++failures;
+    std::printf("FAIL %s: only %ld of %ld pooled values are positive\n", label.c_str(), static_cast<long>(positive),
+                static_cast<long>(pooled));
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -344,6 +472,28 @@ int main(int argc, char** argv) {
       run<__half>(single, mode);
       run<__nv_bfloat16>(single, mode);
       cases += 4;
+    }
+  }
+  const std::vector<PooledShape> pooled_shapes = {
+      {"pool-nchw-6x8", 2, 3, 6, 8, false, false},
+      {"pool-nchw-7x9", 3, 5, 7, 9, false, false},        // odd: the last row and column in no window
+      {"pool-nchw-14x14", 2, 4, 14, 14, false, false},
+      {"pool-nchw-misaligned", 2, 3, 6, 6, false, true},
+      {"pool-nhwc-c16", 2, 16, 6, 8, true, false},        // packs of 16 bytes (2 to 8 channels)
+      {"pool-nhwc-c12", 2, 12, 5, 6, true, false},        // 16-bit: 12 is no multiple of 8, one channel a thread
+      {"pool-nhwc-c3", 3, 3, 7, 7, true, false},
+      {"pool-nhwc-c16-misaligned", 2, 16, 4, 6, true, true},  // the packs loaded element by element
+  };
+  for (const PooledShape& shape : pooled_shapes) {
+    if (only != nullptr && std::strstr(shape.name, only) == nullptr) continue;
+    for (bool training : {true, false}) {
+      for_each_index_path([&] {
+        run_pooled<float>(shape, training);
+        run_pooled<double>(shape, training);
+        run_pooled<__half>(shape, training);
+        run_pooled<__nv_bfloat16>(shape, training);
+        cases += 4;
+      });
     }
   }
   std::printf("%d of %d checks failed (%d of them against the CPU kernels); %d cases, %ld launches, %ld CTAs emulated\n",
