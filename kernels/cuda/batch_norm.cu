@@ -481,9 +481,17 @@ __global__ void __launch_bounds__(kThreads)
 // max_pool2d's backward would have written it (0 + dy where the index names
 // the element, else 0, in T), so the full-size gradient is never stored.
 
+// Each also says which kernels it needs instantiated: the layouts it serves
+// (kRows, kPlanes), whether only the ReLU variants (the pooled ones: the fused
+// op always has its ReLU), and the planes' index arithmetic (index_type: the
+// pooled ones' own D, chosen by the same rule, so no other is compiled).
 template <typename T>
 struct DenseGradient {
-  static constexpr bool kRows = true, kPlanes = true;  // the layouts it serves
+  static constexpr bool kRows = true, kPlanes = true, kReluOnly = false;
+  template <typename Body>
+  static void index_type(bool fast, Body&& body) {
+    dispatch_divider(fast, body);
+  }
   const T* dy;
   template <int V>
   __device__ __forceinline__ Pack<T, V> load(int64_t at, bool aligned) const {
@@ -503,7 +511,11 @@ __device__ __forceinline__ T unpooled(T g, int32_t index, int64_t here) {
 // are (N, OH, OW, C), read as packs too (V divides C).
 template <typename T, typename D>
 struct PooledRowsGradient {
-  static constexpr bool kRows = true, kPlanes = false;
+  static constexpr bool kRows = true, kPlanes = false, kReluOnly = true;
+  template <typename Body>
+  static void index_type(bool, Body&& body) {
+    body.template operator()<D>();
+  }
   const T* dy;
   const int32_t* indices;
   D channels, width, height;
@@ -532,7 +544,11 @@ struct PooledRowsGradient {
 // may span rows; each element finds its window. dy and indices are (N, C, OH, OW).
 template <typename T, typename D>
 struct PooledPlanesGradient {
-  static constexpr bool kRows = false, kPlanes = true;
+  static constexpr bool kRows = false, kPlanes = true, kReluOnly = true;
+  template <typename Body>
+  static void index_type(bool, Body&& body) {
+    body.template operator()<D>();
+  }
   const T* dy;
   const int32_t* indices;
   D plane_size, width;
@@ -751,6 +767,16 @@ void dispatch_relu(bool relu, Body&& body) {
   }
 }
 
+// dispatch_relu for a Gradient's kernels: the ReLU variants only where it says so.
+template <typename Gradient, typename Body>
+void dispatch_relu_for(bool relu, Body&& body) {
+  if constexpr (Gradient::kReluOnly) {
+    body.template operator()<true>();
+  } else {
+    dispatch_relu(relu, body);
+  }
+}
+
 
 // The forward's first half: the batch statistics (training, with the running
 // stats' update) or the running ones (eval), saved, and each channel's affine
@@ -807,7 +833,7 @@ void backward_launches(const BatchNormArgs& args, const T* xs, const Gradient& d
   const bool sums = dweight != nullptr || dbias != nullptr || args.training;
   if (sums) {
     dispatch_pack<T>(g, [&]<int V>() {
-      dispatch_relu(args.relu, [&]<bool kRelu>() {
+      dispatch_relu_for<Gradient>(args.relu, [&]<bool kRelu>() {
         if constexpr (Gradient::kRows) {
           if (g.rows) {
             bn_grad_sums_rows<T, A, V, kRelu>
@@ -833,7 +859,7 @@ void backward_launches(const BatchNormArgs& args, const T* xs, const Gradient& d
   cuda::check_last_launch("batch_norm backward finalize");
   if (dx == nullptr) return;
   dispatch_pack<T>(g, [&]<int V>() {
-    dispatch_relu(args.relu, [&]<bool kRelu>() {
+    dispatch_relu_for<Gradient>(args.relu, [&]<bool kRelu>() {
       if constexpr (Gradient::kRows) {
         if (g.rows) {
           bn_grad_input_rows<T, A, V, kRelu>
@@ -845,7 +871,7 @@ void backward_launches(const BatchNormArgs& args, const T* xs, const Gradient& d
       if constexpr (Gradient::kPlanes) {
         if (!g.rows) {
           const int64_t n = shape.reduced() * shape.channels;
-          dispatch_divider(fast_divide_fits(n), [&]<typename D>() {
+          Gradient::index_type(fast_divide_fits(n), [&]<typename D>() {
             bn_grad_input_planes<T, A, V, kRelu, D><<<flat_blocks(n / V), kThreads, 0, s>>>(
                 xs, dy, n / V, divider_for<D>(shape.inner), divider_for<D>(shape.channels), aligned, coefficients,
                 static_cast<T*>(dx));
