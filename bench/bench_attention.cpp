@@ -127,19 +127,20 @@ void run_cases(Table& table, Device device, DType dtype, const std::vector<Case>
 }
 
 // The tensor-core forward's candidate CTA shapes (kernels/attention.h
-// set_attention_forward_shape) on GPT-2's head dim 64 in bf16, one row each
-// per case, so one run shows which to keep. Each shape's output is checked
+// set_attention_forward_shape) in bf16 on the head dims each runs for (64,
+// GPT-2's; the wgmma shapes 128 too), one row each per case, so one run
+// shows which to keep. Each shape's output is checked
 // against the default shape's (another key-block size sums in another
 // order: equal to bf16 rounding); a row that differs more says so.
 void run_forward_shapes(Device device, const std::vector<Case>& cases, const std::function<Measurement(
                                                                           const std::function<void()>&)>& time_fn) {
-  Table table("GPU attention forward, tensor-core CTA shapes (head dim 64, bfloat16; shape 0 is the default)");
+  Table table("GPU attention forward, tensor-core CTA shapes (bfloat16; shape 0 is the default)");
   struct Restore {
     int saved = kernels::attention_forward_shape();
     ~Restore() { kernels::set_attention_forward_shape(saved); }
   } restore;
   for (const Case& c : cases) {
-    if (c.D != 64) continue;
+    if (c.D != 64 && c.D != 128) continue;
     const std::string shape = c.label();
     const double forward_flops = c.forward_flops();
     const double io_bytes = c.io_bytes(DType::bf16);
@@ -151,6 +152,7 @@ void run_forward_shapes(Device device, const std::vector<Case>& cases, const std
       kernels::set_attention_forward_shape(0);
       const Tensor expected = scaled_dot_product_attention(q, k, v, Tensor(), 0.0, c.causal).to(DType::f32);
       for (int index = 0; index < kernels::attention_forward_shape_count(); ++index) {
+        if (!kernels::attention_forward_shape_applies(index, c.D)) continue;
         kernels::set_attention_forward_shape(index);
         const std::string op = "forward, shape " + std::to_string(index);
         const Tensor out = scaled_dot_product_attention(q, k, v, Tensor(), 0.0, c.causal).to(DType::f32);

@@ -130,14 +130,19 @@ void set_attention_cuda_kernels(AttentionCudaKernels kernels);
 AttentionCudaKernels attention_cuda_kernels();
 
 // A tuning knob of the tensor-core forward, for bench_attention: the CTA
-// shape it runs for head dim 64 without dropout or an additive mask (GPT-2's
-// attention). 0 is the default, shapes 0 .. attention_forward_shape_count() - 1
-// exist; attention_forward_shape_name(i) describes shape i ("" for any other
-// index); set_attention_forward_shape throws for an index out of range. Process-wide, read at each launch; the environment variable
+// shape it runs without dropout or an additive mask. 0 is the default,
+// shapes 0 .. attention_forward_shape_count() - 1 exist;
+// attention_forward_shape_name(i) describes shape i ("" for any other index);
+// attention_forward_shape_applies(i, D) says whether shape i runs for head
+// dim D (0 for every D; 1-6 for D = 64, GPT-2's attention; the wgmma shapes,
+// which need compute capability 9.0, for 64 and 128): where it does not, the
+// default runs. set_attention_forward_shape throws for an index
+// out of range. Process-wide, read at each launch; the environment variable
 // KILN_ATTENTION_FORWARD_SHAPE sets it at start-up. Without CUDA only 0 exists.
 void set_attention_forward_shape(int index);
 int attention_forward_shape();
 int attention_forward_shape_count();
+bool attention_forward_shape_applies(int index, int64_t head_dim);
 const char* attention_forward_shape_name(int index);
 
 // The tensor-core kernels themselves (kernels/cuda/attention_tc.cu, CUDA

@@ -414,9 +414,9 @@ TEST_CASE("attention: the CUDA kernels match the CPU, forward and backward, in e
 }
 
 // The tensor-core forward's candidate CTA shapes (bench_attention times them):
-// each gives the default shape's out and lse on head dim 64, causal and not,
-// with partial blocks of rows and keys, aligned and not; and the knob refuses
-// an index out of range.
+// each gives the default shape's out and lse on the head dims it runs for
+// (64; the wgmma shapes 128 too), causal and not, with partial blocks of rows
+// and keys, aligned and not; and the knob refuses an index out of range.
 TEST_CASE("attention: every candidate CTA shape of the tensor-core forward gives the default's output [gpu]") {
   KILN_REQUIRE_GPU();
   struct Restore {
@@ -431,25 +431,36 @@ TEST_CASE("attention: every candidate CTA shape of the tensor-core forward gives
                         {1, 2, 300, 384, false}, {1, 2, 1024, 1024, true}};
   const int shapes = kernels::attention_forward_shape_count();
   CHECK(shapes >= 2);
-  for (DType dtype : {DType::f16, DType::bf16}) {
-    for (const Case& c : cases) {
-      const Tensor q = random_tensor({c.B, c.H, c.L, 64}, 50, dtype).cuda();
-      const Tensor k = random_tensor({c.B, c.H, c.S, 64}, 51, dtype).cuda();
-      const Tensor v = random_tensor({c.B, c.H, c.S, 64}, 52, dtype).cuda();
-      kernels::set_attention_forward_shape(0);
-      const Tensor expected = scaled_dot_product_attention(q, k, v, Tensor(), 0.0, c.causal).cpu().to(DType::f32);
-      // The CPU in float32 on the same inputs: the default shape is right to begin with.
-      const Tensor cpu = scaled_dot_product_attention(q.cpu().to(DType::f32), k.cpu().to(DType::f32),
-                                                      v.cpu().to(DType::f32), Tensor(), 0.0, c.causal);
-      const Tolerance tol = parity_tolerance(dtype);
-      KILN_CHECK_CLOSE(expected, cpu, 2 * tol.rtol, dtype == DType::f16 ? 1e-3 : 5e-3);
-      for (int index = 1; index < shapes; ++index) {
-        INFO(dtype_name(dtype) << " B " << c.B << " H " << c.H << " L " << c.L << " S " << c.S
-                               << (c.causal ? " causal" : "") << ", shape " << index << ": "
-                               << kernels::attention_forward_shape_name(index));
-        kernels::set_attention_forward_shape(index);
-        const Tensor out = scaled_dot_product_attention(q, k, v, Tensor(), 0.0, c.causal).cpu().to(DType::f32);
-        KILN_CHECK_CLOSE(out, expected, 2 * tol.rtol, dtype == DType::f16 ? 1e-3 : 5e-3);
+  // The wgmma shapes (sm_90a) run on compute capability 9.0 only and refuse other GPUs.
+  const cuda::DeviceProperties properties = cuda::device_properties(0);
+  const bool sm90 = properties.major == 9 && properties.minor == 0;
+  for (int64_t D : {64, 128}) {
+    for (DType dtype : {DType::f16, DType::bf16}) {
+      for (const Case& c : cases) {
+        const Tensor q = random_tensor({c.B, c.H, c.L, D}, 50, dtype).cuda();
+        const Tensor k = random_tensor({c.B, c.H, c.S, D}, 51, dtype).cuda();
+        const Tensor v = random_tensor({c.B, c.H, c.S, D}, 52, dtype).cuda();
+        kernels::set_attention_forward_shape(0);
+        const Tensor expected = scaled_dot_product_attention(q, k, v, Tensor(), 0.0, c.causal).cpu().to(DType::f32);
+        // The CPU in float32 on the same inputs: the default shape is right to begin with.
+        const Tensor cpu = scaled_dot_product_attention(q.cpu().to(DType::f32), k.cpu().to(DType::f32),
+                                                        v.cpu().to(DType::f32), Tensor(), 0.0, c.causal);
+        const Tolerance tol = parity_tolerance(dtype);
+        KILN_CHECK_CLOSE(expected, cpu, 2 * tol.rtol, dtype == DType::f16 ? 1e-3 : 5e-3);
+        for (int index = 1; index < shapes; ++index) {
+          if (!kernels::attention_forward_shape_applies(index, D)) continue;
+          INFO(dtype_name(dtype) << " D " << D << " B " << c.B << " H " << c.H << " L " << c.L << " S " << c.S
+                                 << (c.causal ? " causal" : "") << ", shape " << index << ": "
+                                 << kernels::attention_forward_shape_name(index));
+          kernels::set_attention_forward_shape(index);
+          if (!sm90 && std::string(kernels::attention_forward_shape_name(index)).find("sm_90a") != std::string::npos) {
+            CHECK_THROWS_WITH_AS(scaled_dot_product_attention(q, k, v, Tensor(), 0.0, c.causal),
+                                 doctest::Contains("compute capability 9.0"), Error);
+            continue;
+          }
+          const Tensor out = scaled_dot_product_attention(q, k, v, Tensor(), 0.0, c.causal).cpu().to(DType::f32);
+          KILN_CHECK_CLOSE(out, expected, 2 * tol.rtol, dtype == DType::f16 ? 1e-3 : 5e-3);
+        }
       }
     }
   }
@@ -485,6 +496,10 @@ TEST_CASE("attention: the tensor-core forward's shape knob refuses an index out 
   const int saved = kernels::attention_forward_shape();
   const int shapes = kernels::attention_forward_shape_count();
   for (int index = 0; index < shapes; ++index) CHECK(std::string(kernels::attention_forward_shape_name(index)).size() > 0);
+  // The default runs for every head dim; no shape for one the kernels lack.
+  for (int64_t D : {32, 64, 96, 128}) CHECK(kernels::attention_forward_shape_applies(0, D));
+  for (int index = 1; index < shapes; ++index) CHECK_FALSE(kernels::attention_forward_shape_applies(index, 48));
+  CHECK_FALSE(kernels::attention_forward_shape_applies(shapes, 64));
   CHECK(std::string(kernels::attention_forward_shape_name(shapes)).empty());
   CHECK_THROWS_WITH_AS(kernels::set_attention_forward_shape(shapes), doctest::Contains("is not a shape index"),
                        Error);

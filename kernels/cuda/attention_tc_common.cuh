@@ -48,6 +48,12 @@ void launch_dkdv(const Params& p, int64_t heads, cuda::Stream stream);
 template <typename T, int D>
 void launch_dq(const Params& p, int64_t heads, cuda::Stream stream);
 
+// The forward on Hopper's wgmma (attention_tc_wgmma.cu, sm_90a) for D = 64
+// and 128 without dropout or a mask, in one of its CTA shapes (`variant`,
+// attention_tc_forward.cu's candidates); throws on another GPU.
+template <typename T, int D>
+void launch_forward_wgmma(const Params& p, int64_t heads, int variant, cuda::Stream stream);
+
 // The explicit instantiations of a launcher that attention_tc.cu's dispatch needs.
 #define KILN_ATTENTION_TC_INSTANTIATE(launcher)                                     \
   template void launcher<__half, 32>(const Params&, int64_t, cuda::Stream);         \
@@ -352,6 +358,69 @@ template <bool kDropout>
 __device__ __forceinline__ float through_dropout(float x, uint32_t kept, int bit, float dropout_scale) {
   if constexpr (kDropout) return kept_bit(kept, bit) ? x * dropout_scale : 0.0f;
   return x;
+}
+
+// ---------------------------------------------------------------- the forward's online softmax
+
+// One key block of the forward's online softmax for a lane's rows g and g + 8
+// of a 16-row group (h = 0, 1): s (16, 8 NT), its scores times to_log2 in
+// log2 units, becomes P = exp2(s to_log2 - m_new), zeroed where dropout drops
+// it; m (log2 units) and the lane's part l of each row's sum move on, and
+// alpha gets the factor that rescales the row's output accumulators. Returns
+// whether some alpha of this lane is not 1.
+template <bool kDropout, int NT>
+__device__ __forceinline__ bool online_softmax(float (&s)[NT][4], float (&m)[2], float (&l)[2], float (&alpha)[2],
+                                               float to_log2, uint32_t kept) {
+  bool rescale = false;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float block_max = kNegInf;
+#pragma unroll
+    for (int n = 0; n < NT; ++n) block_max = fmaxf(block_max, fmaxf(s[n][2 * h], s[n][2 * h + 1]));
+    const float m_new = fmaxf(m[h], quad_max(block_max) * to_log2);
+    // While a row has seen only -inf, subtract 0: exp2(-inf - -inf) would be NaN.
+    const float m_use = m_new == kNegInf ? 0.0f : m_new;
+    alpha[h] = exp2_approx(m[h] - m_use);  // 0 while m = -inf; acc and l are 0 then
+    rescale = rescale || alpha[h] != 1.0f;
+    m[h] = m_new;
+    l[h] *= alpha[h];
+#pragma unroll
+    for (int n = 0; n < NT; ++n) {
+      s[n][2 * h] = exp2_approx(fmaf(s[n][2 * h], to_log2, -m_use));
+      s[n][2 * h + 1] = exp2_approx(fmaf(s[n][2 * h + 1], to_log2, -m_use));
+      l[h] += s[n][2 * h] + s[n][2 * h + 1];
+      if constexpr (kDropout) {  // the sum counts every probability; the product only the kept ones
+        if (!kept_bit(kept, 4 * n + 2 * h)) s[n][2 * h] = 0.0f;
+        if (!kept_bit(kept, 4 * n + 2 * h + 1)) s[n][2 * h + 1] = 0.0f;
+      }
+    }
+  }
+  return rescale;
+}
+
+// The forward's epilogue for a lane's rows row0 + g, row0 + g + 8 of a
+// 16-row group: out (=) from the unnormalized accumulators acc (16, 8 DT)
+// and lse (=) from m and l; rows past Tq are not written.
+template <typename T, int DT>
+__device__ __forceinline__ void store_output_rows(T* out, const float (&acc)[DT][4], const float (&m)[2],
+                                                  const float (&l)[2], int64_t row0, int64_t bh, const Params& p, int g,
+                                                  int t) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const float sum = quad_sum(l[h]);
+    const int64_t row = row0 + g + 8 * h;
+    if (row >= p.q_len) continue;
+    const bool empty = m[h] == kNegInf;  // no allowed key: out = 0, lse = -inf
+    const float inv = empty ? 0.0f : p.dropout_scale / sum;
+    T* out_row = out + row * p.out_layout.row;
+#pragma unroll
+    for (int n = 0; n < DT; ++n) {
+      out_row[8 * n + 2 * t] = from_acc<T>(acc[n][2 * h] * inv);
+      out_row[8 * n + 2 * t + 1] = from_acc<T>(acc[n][2 * h + 1] * inv);
+    }
+    // lse = ln(sum_j exp(s_ij)) = (m + log2(sum)) ln 2, m in log2 units.
+    if (t == 0) p.lse_out[bh * p.q_len + row] = empty ? kNegInf : m[h] * kLn2 + logf(sum);
+  }
 }
 
 // ---------------------------------------------------------------- block schedule

@@ -108,29 +108,8 @@ __global__ void __launch_bounds__(S::kThreads, kDropout || kMask ? 1 : S::kMinBl
       bool rescale = false;  // some alpha of this lane is not 1
 #pragma unroll
       for (int r = 0; r < G; ++r) {
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          float block_max = kNegInf;
-#pragma unroll
-          for (int n = 0; n < NT; ++n) block_max = fmaxf(block_max, fmaxf(s[r][n][2 * h], s[r][n][2 * h + 1]));
-          const float m_new = fmaxf(m[r][h], quad_max(block_max) * to_log2);
-          // While a row has seen only -inf, subtract 0: exp2(-inf - -inf) would be NaN.
-          const float m_use = m_new == kNegInf ? 0.0f : m_new;
-          alpha[r][h] = exp2_approx(m[r][h] - m_use);  // 0 while m = -inf; acc and l are 0 then
-          rescale = rescale || alpha[r][h] != 1.0f;
-          m[r][h] = m_new;
-          l[r][h] *= alpha[r][h];
-#pragma unroll
-          for (int n = 0; n < NT; ++n) {
-            s[r][n][2 * h] = exp2_approx(fmaf(s[r][n][2 * h], to_log2, -m_use));
-            s[r][n][2 * h + 1] = exp2_approx(fmaf(s[r][n][2 * h + 1], to_log2, -m_use));
-            l[r][h] += s[r][n][2 * h] + s[r][n][2 * h + 1];
-            if constexpr (kDropout) {  // the sum counts every probability; the product only the kept ones
-              if (!kept_bit(kept[r], 4 * n + 2 * h)) s[r][n][2 * h] = 0.0f;
-              if (!kept_bit(kept[r], 4 * n + 2 * h + 1)) s[r][n][2 * h + 1] = 0.0f;
-            }
-          }
-        }
+        const bool group_rescale = online_softmax<kDropout>(s[r], m[r], l[r], alpha[r], to_log2, kept[r]);
+        rescale = rescale || group_rescale;
       }
 
       // Once a row's max has settled, most blocks leave it: skip the (16, D)
@@ -161,24 +140,7 @@ __global__ void __launch_bounds__(S::kThreads, kDropout || kMask ? 1 : S::kMinBl
 
   T* out = static_cast<T*>(p.out) + head_offset(p.out_layout, bh, p.heads);  // (Tq, D)
 #pragma unroll
-  for (int r = 0; r < G; ++r) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const float sum = quad_sum(l[r][h]);
-      const int64_t row = r0 + 16 * r + g + 8 * h;
-      if (row >= p.q_len) continue;
-      const bool empty = m[r][h] == kNegInf;  // no allowed key: out = 0, lse = -inf
-      const float inv = empty ? 0.0f : p.dropout_scale / sum;
-      T* out_row = out + row * p.out_layout.row;
-#pragma unroll
-      for (int n = 0; n < DT; ++n) {
-        out_row[8 * n + 2 * t] = from_acc<T>(acc[r][n][2 * h] * inv);
-        out_row[8 * n + 2 * t + 1] = from_acc<T>(acc[r][n][2 * h + 1] * inv);
-      }
-      // lse = ln(sum_j exp(s_ij)) = (m + log2(sum)) ln 2, m in log2 units.
-      if (t == 0) p.lse_out[bh * p.q_len + row] = empty ? kNegInf : m[r][h] * kLn2 + logf(sum);
-    }
-  }
+  for (int r = 0; r < G; ++r) store_output_rows<T>(out, acc[r], m[r], l[r], r0 + 16 * r, bh, p, g, t);
 }
 
 constexpr const char* kForwardWhat = "scaled_dot_product_attention forward (tensor cores)";
@@ -208,11 +170,16 @@ using ForwardShape64Warps4Keys64 = ForwardShape<64, 4, 64, 3>;
 using ForwardShape64Warps8Keys64OneCta = ForwardShape<64, 8, 64, 1>;
 using ForwardShape64Warps4Rows32 = ForwardShape<64, 4, 64, 2, 2>;
 using ForwardShape64Warps8Rows32 = ForwardShape<64, 8, 64, 1, 2>;
+// Shapes 7 to 9 run attention_tc_wgmma.cu's kernel (Hopper's wgmma, sm_90a)
+// for head dims 64 and 128: W warpgroups of 64 rows, K and V read by the
+// tensor cores from swizzled shared tiles.
+constexpr int kFirstWgmmaShape = 7;
 constexpr const char* kForwardShapeNames[] = {
     "8 warps, 64-key blocks, 2 CTAs/SM (default)", "8 warps, 128-key blocks, 1 CTA/SM",
     "4 warps, 128-key blocks, 2 CTAs/SM", "4 warps, 64-key blocks, 3 CTAs/SM",
     "8 warps, 64-key blocks, 1 CTA/SM", "4 warps of 32 rows, 64-key blocks, 2 CTAs/SM",
-    "8 warps of 32 rows, 64-key blocks, 1 CTA/SM"};
+    "8 warps of 32 rows, 64-key blocks, 1 CTA/SM", "wgmma: 2 warpgroups, 128-key blocks (sm_90a)",
+    "wgmma: 2 warpgroups, 64-key blocks (sm_90a)", "wgmma: 1 warpgroup, 128-key blocks (sm_90a)"};
 constexpr int kForwardShapes = sizeof(kForwardShapeNames) / sizeof(kForwardShapeNames[0]);
 
 int forward_shape_from_environment() {
@@ -238,9 +205,15 @@ void launch_forward_candidate(const Params& p, int64_t heads, cuda::Stream strea
 
 template <typename T, int D>
 void launch_forward(const Params& p, int64_t heads, cuda::Stream stream) {
+  const int shape = forward_shape.load(std::memory_order_relaxed);
+  if constexpr (D == 64 || D == 128) {
+    if (shape >= kFirstWgmmaShape && !p.dropout && p.mask == nullptr) {
+      return launch_forward_wgmma<T, D>(p, heads, shape - kFirstWgmmaShape, stream);
+    }
+  }
   if constexpr (D == 64) {
     if (!p.dropout && p.mask == nullptr) {
-      switch (forward_shape.load(std::memory_order_relaxed)) {
+      switch (shape) {
         case 1: return launch_forward_candidate<T, D, ForwardShape64Warps8Keys128>(p, heads, stream);
         case 2: return launch_forward_candidate<T, D, ForwardShape64Warps4Keys128>(p, heads, stream);
         case 3: return launch_forward_candidate<T, D, ForwardShape64Warps4Keys64>(p, heads, stream);
@@ -271,6 +244,12 @@ void set_attention_forward_shape(int index) {
 }
 int attention_forward_shape() { return attention_tc::forward_shape.load(std::memory_order_relaxed); }
 int attention_forward_shape_count() { return attention_tc::kForwardShapes; }
+bool attention_forward_shape_applies(int index, int64_t head_dim) {
+  if (index >= attention_tc::kFirstWgmmaShape && index < attention_tc::kForwardShapes) {
+    return head_dim == 64 || head_dim == 128;
+  }
+  return index == 0 || (index > 0 && index < attention_tc::kForwardShapes && head_dim == 64);
+}
 const char* attention_forward_shape_name(int index) {
   return index >= 0 && index < attention_tc::kForwardShapes ? attention_tc::kForwardShapeNames[index] : "";
 }

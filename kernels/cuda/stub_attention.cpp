@@ -30,6 +30,7 @@ void set_attention_forward_shape(int index) {
 }
 int attention_forward_shape() { return 0; }
 int attention_forward_shape_count() { return 1; }
+bool attention_forward_shape_applies(int index, int64_t head_dim) { return index == 0 && head_dim > 0; }
 const char* attention_forward_shape_name(int index) { return index == 0 ? "the default (no CUDA)" : ""; }
 
 }  // namespace kiln::kernels

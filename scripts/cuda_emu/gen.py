@@ -8,7 +8,7 @@
 # else is the production source, verbatim.
 import os, re, sys
 root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-units = ['attention_tc_forward.cu', 'attention_tc_backward.cu', 'attention_tc.cu']
+units = ['attention_tc_forward.cu', 'attention_tc_backward.cu', 'attention_tc.cu', 'attention_tc_wgmma.cu']
 seen = set()
 def expand(name):
     if name in seen:
@@ -23,7 +23,7 @@ src = src[:m.start()] + src[m.end():]
 a = src.index('// ---------------------------------------------------------------- PTX wrappers')
 b = src.index('// ---------------------------------------------------------------- fragments')
 # Inside attention_tc_ptx.cuh's namespace kiln::kernels::attention_tc { namespace {, where the kernels are too.
-src = src[:a] + '''alignas(128) unsigned char attention_tc_smem[232448];
+src = src[:a] + '''alignas(1024) unsigned char attention_tc_smem[232448];
 #include "emu_ptx.inc"
 
 template <typename Kernel, typename Params>
@@ -32,5 +32,8 @@ void launch(Kernel kernel, int64_t blocks, int threads, size_t smem, cuda::Strea
 }
 
 ''' + src[b:]
+a = src.index('// ---------------------------------------------------------------- wgmma wrappers')
+b = src.index('// ---------------------------------------------------------------- wgmma end')
+src = src[:a] + '#include "emu_wgmma.inc"\n\n' + src[b:]
 open(sys.argv[1], 'w').write(src)
 print("ok")

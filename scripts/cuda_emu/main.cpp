@@ -159,7 +159,7 @@ int main(int argc, char** argv) {
       run<__nv_bfloat16>(c, E, DType::bf16);
     }
   }
-  std::printf("%d failures; %ld mma, %ld ldmatrix, %ld copies emulated\n", failures, emu::mma_count.load(),
-              emu::ldmatrix_count.load(), emu::copy_count.load());
+  std::printf("%d failures; %ld mma, %ld ldmatrix, %ld copies, %ld wgmma emulated\n", failures, emu::mma_count.load(),
+              emu::ldmatrix_count.load(), emu::copy_count.load(), emu::wgmma_count.load());
   return failures == 0 ? 0 : 1;
 }

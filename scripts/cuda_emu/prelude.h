@@ -54,10 +54,28 @@ struct Warp {
   uint32_t a[32][4];
   uint32_t b[32][2];
 };
+// wgmma's operands as each of a warpgroup's 128 threads issued them (emu_wgmma.inc).
+constexpr int kWgmmaSlots = 16;  // products issued before one wait
+struct WgmmaOp {
+  uint32_t a[128][4];
+  uint64_t desc[128];
+  bool accumulate[128], trans[128];
+  int n[128];
+};
+struct WarpGroup {
+  std::barrier<> bar{128};
+  WgmmaOp ops[kWgmmaSlots];
+};
+struct WgmmaPending {  // a thread's own part of a product: its accumulators
+  float* d;
+  int n;
+  bool half;
+};
 struct Cta {
   explicit Cta(int threads) : bar(threads) {}
   std::barrier<> bar;
   Warp warps[8];
+  WarpGroup groups[2];
 };
 struct Copy {
   void* to;
@@ -70,9 +88,11 @@ inline thread_local std::vector<Copy> open_group;
 inline bool eager = false;  // perform copies at issue (else at the wait that covers them)
 inline unsigned char* smem_begin = nullptr;
 inline size_t smem_bytes = 0;
-inline std::atomic<long> mma_count{0}, ldmatrix_count{0}, copy_count{0};
+inline std::atomic<long> mma_count{0}, ldmatrix_count{0}, copy_count{0}, wgmma_count{0}, wgmma_fence_count{0};
+inline thread_local std::vector<WgmmaPending> wgmma_pending;  // issued, not yet waited
 
 inline Warp& warp() { return cta->warps[threadIdx.x / 32]; }
+inline WarpGroup& warp_group() { return cta->groups[threadIdx.x / 128]; }
 inline int lane() { return static_cast<int>(threadIdx.x % 32); }
 inline void require_smem(const void* p, size_t bytes, size_t align) {
   auto* c = static_cast<const unsigned char*>(p);

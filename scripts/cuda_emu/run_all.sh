@@ -6,7 +6,7 @@
 # the CPU has ever run. Launches through a variable (optim.cu's launch_chunks,
 # attention_common.cuh's launch) name the variable, so those files' kernels
 # are listed as unresolved rather than missing. A development tool for
-# sessions without a GPU, not part of CI; about 35 minutes on two cores.
+# sessions without a GPU, not part of CI; about 40 minutes on two cores.
 #   bash scripts/cuda_emu/run_all.sh            # logs in $KILN_EMU_DIR/all (default /tmp/kiln-cuda-emu/all)
 #   bash scripts/cuda_emu/run_all.sh quick      # without elementwise, attention and run.sh (about 12 minutes)
 set -uo pipefail
@@ -27,6 +27,16 @@ if [ "${1:-}" != quick ]; then
   start=$(date +%s)
   if bash "$here/run.sh" >"$logs/attention_tc.log" 2>&1; then status=passed; else status=FAILED; failed=1; fi
   printf '%-14s %-7s %5d s   %s\n' attention_tc "$status" $(( $(date +%s) - start )) "$(tail -n 1 "$logs/attention_tc.log")"
+  # The wgmma forward (candidate shape 7) on its two head dims.
+  start=$(date +%s)
+  if KILN_ATTENTION_FORWARD_SHAPE=7 bash "$here/run.sh" 64 >"$logs/attention_wgmma.log" 2>&1 &&
+    KILN_ATTENTION_FORWARD_SHAPE=7 bash "$here/run.sh" 128 >>"$logs/attention_wgmma.log" 2>&1; then
+    status=passed
+  else
+    status=FAILED
+    failed=1
+  fi
+  printf '%-14s %-7s %5d s   %s\n' attention_wgmma "$status" $(( $(date +%s) - start )) "$(tail -n 1 "$logs/attention_wgmma.log")"
 fi
 # Kernels never launched: every __global__ name, against the names the traces saw.
 launched="$(cat "$logs"/*.log | sed -n 's/^launch \([A-Za-z_0-9:]*\).*/\1/p' | sed 's/.*:://' | sort -u)"

@@ -1,0 +1,217 @@
+// attention_tc's forward on Hopper's warpgroup matrix products (wgmma,
+// sm_90a; this file alone is compiled for that target, see
+// kernels/CMakeLists.txt), for head dims 64 and 128 without dropout or an
+// additive mask: the same algorithm, rounding points and outputs as
+// attention_tc_forward.cu's kernel, with each warpgroup's two products per
+// key block as wgmma instead of mma.sync.
+//  - A CTA of W warpgroups owns 64 W queries; warp w of a warpgroup owns 16
+//    of them, as in the mma.sync kernel (same fragments, masking, online
+//    softmax and epilogue: attention_tc_common.cuh).
+//  - S = Q K^T: Q's A fragments stay in registers (ldmatrix once, as
+//    before); K is B, read by the tensor cores straight from its 128-byte
+//    swizzled tile (no ldmatrix, no fragment registers for B).
+//  - O += P V: P from registers (pack_a, as before); V is B in the same
+//    swizzled layout as K, read MN-major (transposed by the hardware).
+//  - K/V blocks double-buffered with cp.async, as before.
+// Not yet run on a GPU: candidate forward shapes 7-9 (set_attention_forward_shape),
+// the default only once bench_attention has timed them and the [gpu] test
+// has checked them against the default shape. Emulated (scripts/cuda_emu/run.sh
+// with KILN_ATTENTION_FORWARD_SHAPE=7, 8, 9 on head dims 64 and 128): 0
+// failures; mutants (no swizzle in the tile stores, a 16-byte K step, V's 8-key
+// groups 2048 bytes apart, V's column blocks at half their distance, S read
+// before its wgmma_wait) all fail. ptxas (CUDA 13.0, sm_90a), no spills:
+// D 64 with 2 warpgroups and 128-key blocks 197 registers (1 CTA/SM), 64-key
+// blocks 124 (2 CTAs/SM), 1 warpgroup 215 (2 CTAs/SM); D 128 226, 200, 217.
+// What FlashAttention-3 adds and this does not (yet): the next block's
+// S = Q K^T issued before this block's softmax, and warpgroups that take turns
+// (here the CTA's barrier per block keeps its warpgroups in step, so their
+// softmaxes leave the tensor cores idle unless another CTA fills them).
+#include <cuda_runtime_api.h>
+
+#include "kernels/cuda/attention_tc_common.cuh"
+#include "kernels/cuda/attention_tc_wgmma_ptx.cuh"
+
+namespace kiln::kernels::attention_tc {
+
+namespace {
+
+// W warpgroups of 64 query rows each; key blocks of kKeys; 16-bit elements.
+// Shared memory (bytes, from a 1024-byte-aligned base): Q (rows padded as
+// the mma.sync kernel's, read by ldmatrix), then two stages of K and V tiles,
+// each (kCols, D) in swizzled_offset's layout.
+template <int D, int kWarpGroupsPerCta, int kKeys>
+struct WgmmaForwardShape {
+  static_assert(D == 64 || D == 128, "wgmma products of N = D: 64 or 128");
+  static_assert(kKeys == 64 || kKeys == 128, "wgmma products of N = keys: 64 or 128");
+  static constexpr int kWarpGroups = kWarpGroupsPerCta, kWarps = 4 * kWarpGroups, kThreads = 32 * kWarps;
+  static constexpr int kRows = 64 * kWarpGroups;  // queries per CTA
+  static constexpr int kCols = kKeys;             // keys per block
+  static constexpr int kLd = D + kPad;            // Q's row stride in elements
+  static constexpr int kTileBytes = kCols * D * 2;
+  static constexpr int kKv = (kRows * kLd * 2 + 1023) / 1024 * 1024;  // the K/V stages: 1024-byte aligned
+  static constexpr int kStageBytes = 2 * kTileBytes;                  // K, then V
+  static constexpr size_t kBytes = size_t{kKv} + 2 * kStageBytes + 1024;  // + the base's alignment
+};
+
+// The 128-byte swizzled layout (the PTX ISA's canonical "128B swizzling")
+// of a (kRows, D) tile of 16-bit elements: D / 64 column blocks of (kRows,
+// 64), each row 128 bytes, its 16-byte chunks permuted by the row's index
+// mod 8 (chunk c at c ^ (r % 8)). The byte offset of 16-byte chunk c (of
+// D / 8) of row r. K-major for K's rows (descriptor: 8-row groups 1024 bytes
+// apart), MN-major for V's (the same, column blocks kRows * 128 bytes apart).
+template <int kRows>
+__device__ __forceinline__ int swizzled_offset(int r, int c) {
+  return c / 8 * (kRows * 128) + r * 128 + ((c % 8) ^ (r % 8)) * 16;
+}
+
+// Rows [row0, row0 + kRows) of a (rows, D) matrix of row stride `ld` into a
+// swizzled tile (load_tile's contract otherwise: cp.async when `async`,
+// rows past `rows` zeroed, 32-bit offsets within the tile's rows).
+template <int kRows, int D, int kThreads, typename T>
+__device__ __forceinline__ void load_swizzled_tile(unsigned char* tile, const T* src, int64_t ld, int64_t row0,
+                                                   int64_t rows, bool async) {
+  constexpr int kChunks = D / 8;
+  static_assert(kRows * kChunks % kThreads == 0, "every thread copies the same number of chunks");
+  const T* first = src + row0 * ld;
+  const int ld32 = static_cast<int>(ld);
+  const int rows_left = rows - row0 <= 0 ? 0 : rows - row0 >= kRows ? kRows : static_cast<int>(rows - row0);
+#pragma unroll
+  for (int it = 0; it < kRows * kChunks / kThreads; ++it) {
+    const int c = it * kThreads + static_cast<int>(threadIdx.x);
+    const int r = c / kChunks, chunk = c % kChunks;
+    T* to = reinterpret_cast<T*>(tile + swizzled_offset<kRows>(r, chunk));
+    const T* from = first + r * ld32 + chunk * 8;
+    if (r >= rows_left) {
+      *reinterpret_cast<uint4*>(to) = make_uint4(0, 0, 0, 0);
+    } else if (async) {
+      cp_async_16(to, from);
+    } else {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) to[e] = from[e];
+    }
+  }
+}
+
+// One CTA per (S::kRows queries, b * H + h), as the mma.sync forward's
+// kernel without dropout or a mask. Warpgroup-uniform: which key blocks a
+// warpgroup computes (the products are the warpgroup's); per warp, as
+// before: which blocks need the per-element masking, and the rescaling.
+template <typename T, int D, typename S>
+__global__ void __launch_bounds__(S::kThreads, 1) attention_tc_wgmma_forward_kernel(Params p) {
+  constexpr int M = S::kRows, N = S::kCols, NT = N / 8, DT = D / 8, KD = D / 16, KN = N / 16, LD = S::kLd;
+  extern __shared__ __align__(16) unsigned char attention_tc_smem[];
+  unsigned char* base = attention_tc_smem + (1024 - wgmma_smem_address(attention_tc_smem) % 1024) % 1024;
+  T* q_tile = reinterpret_cast<T*>(base);
+  const QueryCta cta = query_cta<M>(p);
+  const int warp = cta.warp, lane = cta.lane, g = cta.g, t = cta.t;
+  const int64_t bh = cta.bh, q0 = cta.q0, r0 = cta.r0, mask_base = cta.mask_base;
+  const int64_t group_r0 = q0 + 64 * (warp / 4);  // the warpgroup's first query
+  const T* q = static_cast<const T*>(p.q) + head_offset(p.q_layout, bh, p.heads);
+  const T* k = static_cast<const T*>(p.k) + head_offset(p.k_layout, bh, p.heads);
+  const T* v = static_cast<const T*>(p.v) + head_offset(p.v_layout, bh, p.heads);
+  const int64_t k_end = p.causal && q0 + M < p.kv_len ? q0 + M : p.kv_len;
+  const int64_t blocks = ceil_div(k_end, N);
+
+  const auto stage = [&](int64_t block) { return base + S::kKv + (block % 2) * S::kStageBytes; };
+  const auto load_kv = [&](int64_t block) {
+    unsigned char* to = stage(block);
+    load_swizzled_tile<N, D, S::kThreads>(to, k, p.k_layout.row, block * N, p.kv_len, p.vector_loads);
+    load_swizzled_tile<N, D, S::kThreads>(to + S::kTileBytes, v, p.v_layout.row, block * N, p.kv_len, p.vector_loads);
+  };
+
+  // Group 1: Q; group 2: K/V block 0 (empty when there are no keys).
+  load_tile<M, D, S::kThreads>(q_tile, q, p.q_layout.row, q0, p.q_len, p.vector_loads);
+  cp_async_commit();
+  if (blocks > 0) load_kv(0);
+  cp_async_commit();
+  cp_async_wait<1>();  // Q is in
+  __syncthreads();
+  uint32_t qf[KD][4];  // the warp's 16 rows of Q as A fragments, for the whole loop
+#pragma unroll
+  for (int kk = 0; kk < KD; ++kk) load_a(qf[kk], q_tile + warp * 16 * LD, LD, 16 * kk, lane);
+
+  const QueryRowBlocks group_blocks = query_row_blocks<N, false, 64>(p, group_r0);
+  const QueryRowBlocks warp_blocks = query_row_blocks<N, false>(p, r0);
+  float m[2] = {kNegInf, kNegInf}, l[2] = {0.0f, 0.0f};
+  float acc[DT][4] = {};  // (16, D): the warp's unnormalized output
+  for (int64_t block = 0; block < blocks; ++block) {
+    if (block + 1 < blocks) load_kv(block + 1);
+    cp_async_commit();
+    cp_async_wait<1>();   // this block's K/V are in (this thread's copies)
+    fence_proxy_async();  // ... and visible to the tensor cores' reads after the barrier
+    __syncthreads();
+
+    if (block < group_blocks.first_skipped) {
+      const int64_t k0 = block * N;
+      const unsigned char* k_tile = stage(block);
+      const unsigned char* v_tile = k_tile + S::kTileBytes;
+      float s[NT][4];  // (16, N): scores, then probabilities
+      wgmma_fence();   // s and acc were last written by ordinary instructions
+#pragma unroll
+      for (int kk = 0; kk < KD; ++kk) {
+        // Columns 16 kk .. + 15 of K's rows: 32 bytes into column block kk / 4.
+        const uint64_t k_desc = make_descriptor(k_tile + kk / 4 * (N * 128) + kk % 4 * 32, 16, 1024);
+        wgmma<T, NT, false>(s, qf[kk], k_desc, kk > 0);
+      }
+      wgmma_commit();
+      wgmma_wait<0>();
+
+      const bool masked = warp_blocks.all_masked || block >= warp_blocks.first_masked;
+      if (masked) mask_scores<false, true>(s, 1.0f, p, mask_base, r0, k0, lane);
+      float alpha[2];
+      const bool rescale = online_softmax<false>(s, m, l, alpha, p.scale_log2, 0u);
+      if (__any_sync(0xffffffffu, rescale)) {
+#pragma unroll
+        for (int n = 0; n < DT; ++n) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) acc[n][e] *= alpha[e / 2];
+        }
+      }
+      uint32_t pf[KN][4];  // (16, N): P as A fragments
+#pragma unroll
+      for (int kk = 0; kk < KN; ++kk) pack_a<T>(pf[kk], s, kk);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < KN; ++kk) {
+        // Keys 16 kk .. + 15: two 8-row groups, 16 rows of 128 bytes into each column block.
+        const uint64_t v_desc = make_descriptor(v_tile + kk * 16 * 128, N * 128, 1024);
+        wgmma<T, DT, true>(acc, pf[kk], v_desc, true);
+      }
+      wgmma_commit();
+      wgmma_wait<0>();  // the stage is read before the barrier below lets block + 2 load into it
+    }
+    __syncthreads();
+  }
+  cp_async_wait<0>();
+
+  T* out = static_cast<T*>(p.out) + head_offset(p.out_layout, bh, p.heads);
+  store_output_rows<T>(out, acc, m, l, r0, bh, p, g, t);
+}
+
+constexpr const char* kWgmmaForwardWhat = "scaled_dot_product_attention forward (wgmma)";
+
+template <typename T, int D, typename S>
+void launch_wgmma_shape(const Params& p, int64_t heads, cuda::Stream stream) {
+  launch(attention_tc_wgmma_forward_kernel<T, D, S>, heads * ceil_div(p.q_len, S::kRows), S::kThreads, S::kBytes,
+         stream, p, kWgmmaForwardWhat);
+}
+
+}  // namespace
+
+template <typename T, int D>
+void launch_forward_wgmma(const Params& p, int64_t heads, int variant, cuda::Stream stream) {
+  KILN_CHECK(!p.dropout && p.mask == nullptr, kWgmmaForwardWhat, ": no kernel for dropout or an additive mask");
+  KILN_CHECK(wgmma_device(), kWgmmaForwardWhat, ": needs a GPU of compute capability 9.0 (H100, H200)");
+  switch (variant) {
+    case 0: return launch_wgmma_shape<T, D, WgmmaForwardShape<D, 2, 128>>(p, heads, stream);
+    case 1: return launch_wgmma_shape<T, D, WgmmaForwardShape<D, 2, 64>>(p, heads, stream);
+    default: return launch_wgmma_shape<T, D, WgmmaForwardShape<D, 1, 128>>(p, heads, stream);
+  }
+}
+
+template void launch_forward_wgmma<__half, 64>(const Params&, int64_t, int, cuda::Stream);
+template void launch_forward_wgmma<__half, 128>(const Params&, int64_t, int, cuda::Stream);
+template void launch_forward_wgmma<__nv_bfloat16, 64>(const Params&, int64_t, int, cuda::Stream);
+template void launch_forward_wgmma<__nv_bfloat16, 128>(const Params&, int64_t, int, cuda::Stream);
+
+}  // namespace kiln::kernels::attention_tc

@@ -1,0 +1,127 @@
+// Inline-PTX wrappers for attention_tc_wgmma.cu: Hopper's warpgroup matrix
+// product (wgmma.mma_async, sm_90a) with A in registers and B in shared
+// memory through a matrix descriptor, and the async-proxy fence.
+// scripts/cuda_emu/gen.py replaces everything from the "wgmma wrappers"
+// marker to the "wgmma end" marker with emulations (emu_wgmma.inc): keep both
+// markers and keep everything between them a pure wrapper (make_descriptor,
+// after them, is plain arithmetic the emulation runs as written).
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <type_traits>
+
+namespace kiln::kernels::attention_tc {
+namespace {
+
+// ---------------------------------------------------------------- wgmma wrappers
+//
+// wgmma.mma_async.sync.aligned.m64nNk16.f32.{f16,bf16}.{f16,bf16} (PTX ISA,
+// "Asynchronous Warpgroup Level Matrix Multiply-Accumulate"): the 128 threads
+// of a warpgroup (4 consecutive warps, the first a multiple of 4) compute
+// D (64 x N, float) = A (64 x 16) B (16 x N) + (accumulate ? D : 0).
+//  - D: warp w of the warpgroup holds rows 16 w .. 16 w + 15 exactly as
+//    mma.sync.m16n8k16 holds its C (attention_tc_ptx.cuh), 8 columns per
+//    d[n][0..3]: d[n][0], d[n][1] = (row g, cols 8n + 2t, +1), d[n][2], d[n][3]
+//    = (row g + 8, same cols).
+//  - A in registers: warp w holds rows 16 w .. + 15 as mma.sync's A fragment,
+//    so P goes from one product to the next through pack_a as before.
+//  - B through a descriptor (make_descriptor): 128-byte swizzled tiles, K-major
+//    (B(k, n) at n's row, k contiguous: K for S = Q K^T) or, with trans_b,
+//    MN-major (B(k, n) at k's row, n contiguous: V for O = P V).
+// The product runs asynchronously: wgmma_fence() before the first product of
+// a batch whose registers (D or A) other instructions wrote, wgmma_commit()
+// after the batch, and wgmma_wait<0>() before D is read or the shared tiles
+// are overwritten.
+
+// Whether the current device runs this file's sm_90a code: compute capability 9.0 exactly.
+inline bool wgmma_device() {
+  int device = 0, major = 0, minor = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return false;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) return false;
+  if (cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess) return false;
+  return major == 9 && minor == 0;
+}
+
+__device__ __forceinline__ uint32_t wgmma_smem_address(const void* pointer) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(pointer));
+}
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int kInFlight>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kInFlight) : "memory");
+}
+
+// Orders this thread's generic-proxy writes to shared memory (stores and
+// cp.async) before the async proxy's reads (wgmma) that follow a barrier.
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+#define KILN_WGMMA_D8(n) "+f"(d[n][0]), "+f"(d[n][1]), "+f"(d[n][2]), "+f"(d[n][3])
+#define KILN_WGMMA_D64 \
+  KILN_WGMMA_D8(0), KILN_WGMMA_D8(1), KILN_WGMMA_D8(2), KILN_WGMMA_D8(3), KILN_WGMMA_D8(4), KILN_WGMMA_D8(5), \
+      KILN_WGMMA_D8(6), KILN_WGMMA_D8(7)
+#define KILN_WGMMA_D128                                                                                         \
+  KILN_WGMMA_D64, KILN_WGMMA_D8(8), KILN_WGMMA_D8(9), KILN_WGMMA_D8(10), KILN_WGMMA_D8(11), KILN_WGMMA_D8(12), \
+      KILN_WGMMA_D8(13), KILN_WGMMA_D8(14), KILN_WGMMA_D8(15)
+#define KILN_WGMMA_REGS32                                                                                      \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, " \
+  "%23, %24, %25, %26, %27, %28, %29, %30, %31}"
+#define KILN_WGMMA_REGS64                                                                                           \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, "      \
+  "%23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, " \
+  "%45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
+// One product: "d, {a}, b-desc, p (scale-d), 1, 1, trans-b" after the shape and types.
+#define KILN_WGMMA_ASM(shape, type, d_regs, a0, desc, scale, trans)                          \
+  "{\n.reg .pred p;\nsetp.ne.b32 p, " scale ", 0;\n"                                           \
+  "wgmma.mma_async.sync.aligned." shape ".f32." type "." type " " d_regs ", {" a0 "}, " desc \
+  ", p, 1, 1, " trans ";\n}\n"
+
+// d (64 x N) = a (64 x 16, this thread's fragment) b (16 x N, descriptor) + (accumulate ? d : 0), N = 8 NT (64 or 128).
+template <typename T, int NT, bool kTransB>
+__device__ __forceinline__ void wgmma(float (&d)[NT][4], const uint32_t (&a)[4], uint64_t b, bool accumulate) {
+  static_assert(NT == 8 || NT == 16, "N is 64 or 128");
+  const int scale = accumulate ? 1 : 0;
+  if constexpr (NT == 8 && std::is_same_v<T, __half>) {
+    asm volatile(KILN_WGMMA_ASM("m64n64k16", "f16", KILN_WGMMA_REGS32, "%32, %33, %34, %35", "%36", "%37", "%38")
+                 : KILN_WGMMA_D64
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(scale), "n"(kTransB ? 1 : 0));
+  } else if constexpr (NT == 8) {
+    asm volatile(KILN_WGMMA_ASM("m64n64k16", "bf16", KILN_WGMMA_REGS32, "%32, %33, %34, %35", "%36", "%37", "%38")
+                 : KILN_WGMMA_D64
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(scale), "n"(kTransB ? 1 : 0));
+  } else if constexpr (std::is_same_v<T, __half>) {
+    asm volatile(KILN_WGMMA_ASM("m64n128k16", "f16", KILN_WGMMA_REGS64, "%64, %65, %66, %67", "%68", "%69", "%70")
+                 : KILN_WGMMA_D128
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(scale), "n"(kTransB ? 1 : 0));
+  } else {
+    asm volatile(KILN_WGMMA_ASM("m64n128k16", "bf16", KILN_WGMMA_REGS64, "%64, %65, %66, %67", "%68", "%69", "%70")
+                 : KILN_WGMMA_D128
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(scale), "n"(kTransB ? 1 : 0));
+  }
+}
+
+#undef KILN_WGMMA_ASM
+#undef KILN_WGMMA_REGS64
+#undef KILN_WGMMA_REGS32
+#undef KILN_WGMMA_D128
+#undef KILN_WGMMA_D64
+#undef KILN_WGMMA_D8
+
+// ---------------------------------------------------------------- wgmma end
+
+// The matrix descriptor of a 128-byte-swizzled shared tile starting at
+// `start` (its swizzle pattern 1024-byte aligned: base offset 0):
+// `leading` and `stride` bytes as the PTX ISA's "leading dimension byte
+// offset" and "stride dimension byte offset" for the tile's major-ness.
+__device__ __forceinline__ uint64_t make_descriptor(const void* start, uint32_t leading, uint32_t stride) {
+  const uint64_t encode_mask = 0x3FFFF;
+  return ((wgmma_smem_address(start) & encode_mask) >> 4) | ((leading & encode_mask) >> 4) << 16 |
+         ((stride & encode_mask) >> 4) << 32 | uint64_t{1} << 62;
+}
+
+}  // namespace
+}  // namespace kiln::kernels::attention_tc
