@@ -60,7 +60,7 @@
 // the arguments, dispatch by head dim, launch), attention_tc_forward.cu and
 // attention_tc_backward.cu (the kernels and their launchers),
 // attention_tc_wgmma.cu with attention_tc_wgmma_ptx.cuh (the forward on
-// Hopper's wgmma, sm_90a: candidate shapes 7-9, not yet run on a GPU), and
+// Hopper's wgmma, sm_90a: candidate shapes 7-10, not yet run on a GPU), and
 // this file (dispatch by dtype). scripts/cuda_emu/run.sh runs them all on
 // the CPU.
 #include <cuda_bf16.h>

@@ -13,15 +13,16 @@
 //  - O += P V: P from registers (pack_a, as before); V is B in the same
 //    swizzled layout as K, read MN-major (transposed by the hardware).
 //  - K/V blocks double-buffered with cp.async, as before.
-// Not yet run on a GPU: candidate forward shapes 7-9 (set_attention_forward_shape),
+// Not yet run on a GPU: candidate forward shapes 7-10 (set_attention_forward_shape),
 // the default only once bench_attention has timed them and the [gpu] test
 // has checked them against the default shape. Emulated (scripts/cuda_emu/run.sh
-// with KILN_ATTENTION_FORWARD_SHAPE=7, 8, 9 on head dims 64 and 128): 0
+// with KILN_ATTENTION_FORWARD_SHAPE=7 to 10 on head dims 64 and 128): 0
 // failures; mutants (no swizzle in the tile stores, a 16-byte K step, V's 8-key
 // groups 2048 bytes apart, V's column blocks at half their distance, S read
-// before its wgmma_wait) all fail. ptxas (CUDA 13.0, sm_90a), no spills:
-// D 64 with 2 warpgroups and 128-key blocks 197 registers (1 CTA/SM), 64-key
-// blocks 124 (2 CTAs/SM), 1 warpgroup 215 (2 CTAs/SM); D 128 226, 200, 217.
+// before its wgmma_wait) all fail. ptxas (CUDA 13.0, sm_90a), no spills, as
+// (warpgroups, keys per block): D 64 (2, 128) 197 registers (1 CTA/SM),
+// (2, 64) 124 (2), (1, 128) 215 (2), (1, 64) 112 under a 4-CTA bound (4);
+// D 128 217, 200, 226, 224.
 // What FlashAttention-3 adds and this does not (yet): the next block's
 // S = Q K^T issued before this block's softmax, and warpgroups that take turns
 // (here the CTA's barrier per block keeps its warpgroups in step, so their
@@ -39,13 +40,14 @@ namespace {
 // Shared memory (bytes, from a 1024-byte-aligned base): Q (rows padded as
 // the mma.sync kernel's, read by ldmatrix), then two stages of K and V tiles,
 // each (kCols, D) in swizzled_offset's layout.
-template <int D, int kWarpGroupsPerCta, int kKeys>
+template <int D, int kWarpGroupsPerCta, int kKeys, int kMinCtas = 1>
 struct WgmmaForwardShape {
   static_assert(D == 64 || D == 128, "wgmma products of N = D: 64 or 128");
   static_assert(kKeys == 64 || kKeys == 128, "wgmma products of N = keys: 64 or 128");
   static constexpr int kWarpGroups = kWarpGroupsPerCta, kWarps = 4 * kWarpGroups, kThreads = 32 * kWarps;
   static constexpr int kRows = 64 * kWarpGroups;  // queries per CTA
   static constexpr int kCols = kKeys;             // keys per block
+  static constexpr int kMinBlocks = kMinCtas;     // CTAs per SM that the register budget must allow
   static constexpr int kLd = D + kPad;            // Q's row stride in elements
   static constexpr int kTileBytes = kCols * D * 2;
   static constexpr int kKv = (kRows * kLd * 2 + 1023) / 1024 * 1024;  // the K/V stages: 1024-byte aligned
@@ -97,7 +99,7 @@ __device__ __forceinline__ void load_swizzled_tile(unsigned char* tile, const T*
 // warpgroup computes (the products are the warpgroup's); per warp, as
 // before: which blocks need the per-element masking, and the rescaling.
 template <typename T, int D, typename S>
-__global__ void __launch_bounds__(S::kThreads, 1) attention_tc_wgmma_forward_kernel(Params p) {
+__global__ void __launch_bounds__(S::kThreads, S::kMinBlocks) attention_tc_wgmma_forward_kernel(Params p) {
   constexpr int M = S::kRows, N = S::kCols, NT = N / 8, DT = D / 8, KD = D / 16, KN = N / 16, LD = S::kLd;
   extern __shared__ __align__(16) unsigned char attention_tc_smem[];
   unsigned char* base = attention_tc_smem + (1024 - wgmma_smem_address(attention_tc_smem) % 1024) % 1024;
@@ -205,7 +207,8 @@ void launch_forward_wgmma(const Params& p, int64_t heads, int variant, cuda::Str
   switch (variant) {
     case 0: return launch_wgmma_shape<T, D, WgmmaForwardShape<D, 2, 128>>(p, heads, stream);
     case 1: return launch_wgmma_shape<T, D, WgmmaForwardShape<D, 2, 64>>(p, heads, stream);
-    default: return launch_wgmma_shape<T, D, WgmmaForwardShape<D, 1, 128>>(p, heads, stream);
+    case 2: return launch_wgmma_shape<T, D, WgmmaForwardShape<D, 1, 128>>(p, heads, stream);
+    default: return launch_wgmma_shape<T, D, WgmmaForwardShape<D, 1, 64, D == 64 ? 4 : 1>>(p, heads, stream);
   }
 }
 
