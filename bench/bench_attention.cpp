@@ -172,6 +172,57 @@ void run_forward_shapes(Device device, const std::vector<Case>& cases, const std
   }
 }
 
+// The tensor-core backward on mma.sync (the default) and on wgmma
+// (set_attention_wgmma_backward, sm_90a), forward + backward in bf16 with the
+// default forward, one row each per case; the wgmma rows' gradients are
+// checked against the mma.sync ones ("WRONG" if they differ by more than
+// bf16 rounding allows).
+void run_backward_kernels(Device device, const std::vector<Case>& cases, const std::function<Measurement(
+                                                                            const std::function<void()>&)>& time_fn) {
+  Table table("GPU attention forward+backward, backward on mma.sync / wgmma (bfloat16)");
+  struct Restore {
+    bool saved = kernels::attention_wgmma_backward();
+    ~Restore() { kernels::set_attention_wgmma_backward(saved); }
+  } restore;
+  for (const Case& c : cases) {
+    if (c.D != 64 && c.D != 128) continue;
+    const std::string shape = c.label();
+    try {
+      const Tensor q = random_tensor({c.B, c.H, c.T, c.D}, DType::bf16, device, 1).requires_grad_();
+      const Tensor k = random_tensor({c.B, c.H, c.T, c.D}, DType::bf16, device, 2).requires_grad_();
+      const Tensor v = random_tensor({c.B, c.H, c.T, c.D}, DType::bf16, device, 3).requires_grad_();
+      const Tensor dout = random_tensor({c.B, c.H, c.T, c.D}, DType::bf16, device, 4);
+      const auto grads = [&] {
+        return autograd::grad({scaled_dot_product_attention(q, k, v, Tensor(), 0.0, c.causal)}, {q, k, v}, {dout});
+      };
+      kernels::set_attention_wgmma_backward(false);
+      const autograd::TensorList expected = grads();
+      for (bool wgmma : {false, true}) {
+        kernels::set_attention_wgmma_backward(wgmma);
+        std::string note;
+        if (wgmma) {
+          const autograd::TensorList got = grads();
+          const char* names[] = {"dq", "dk", "dv"};
+          for (int i = 0; i < 3; ++i) {
+            const Tensor want = expected[i].to(DType::f32);
+            const double error = max(abs(sub(got[i].to(DType::f32), want))).item<double>();
+            const double scale = max(abs(want)).item<double>();
+            if (!(error <= 3e-2 * scale)) {
+              note += (note.empty() ? "WRONG: " : ", ") + std::string(names[i]) + " off by " + std::to_string(error);
+            }
+          }
+        }
+        const Measurement time = time_fn([&] { (void)grads(); });
+        table.add({wgmma ? "fwd+bwd, backward on wgmma" : "fwd+bwd, backward on mma.sync", shape, "bfloat16", time,
+                   3 * c.io_bytes(DType::bf16), 3.5 * c.forward_flops(), note});
+      }
+    } catch (const Error& error) {
+      table.add_failure("backward kernels", shape, "bfloat16", error.what());
+    }
+  }
+  table.print(0);
+}
+
 void run_gpu(const Options& options) {
   if (!cuda::is_available()) {
     std::printf("GPU benchmarks skipped: no CUDA device (%s)\n", cuda::availability().problem.c_str());
@@ -199,6 +250,7 @@ void run_gpu(const Options& options) {
   // The candidate CTA shapes first: the kit's 3-minute bench step ended before
   // them when they came after the bf16 table (H200, b59d5ed).
   run_forward_shapes(Device::cuda(0), cases, time_fn);
+  run_backward_kernels(Device::cuda(0), cases, time_fn);
   for (DType dtype : {DType::bf16, DType::f16}) {
     Table table(std::string("GPU attention, ") + std::string(dtype_name(dtype)));
     run_cases(table, Device::cuda(0), dtype, cases, /*with_reference=*/dtype == DType::bf16, time_fn);

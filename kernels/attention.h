@@ -145,6 +145,16 @@ int attention_forward_shape_count();
 bool attention_forward_shape_applies(int index, int64_t head_dim);
 const char* attention_forward_shape_name(int index);
 
+// The tensor-core backward's kernels on Hopper's wgmma (sm_90a; head dims 64
+// and 128 without dropout or an additive mask, other problems keep the
+// mma.sync kernels) instead of mma.sync: off by default until a GPU has
+// timed and checked them; on a GPU other than compute capability 9.0 the
+// backward then throws. Process-wide, read at each launch; the environment
+// variable KILN_ATTENTION_WGMMA_BACKWARD=1 sets it at start-up. Without CUDA
+// the setting is kept and has no effect.
+void set_attention_wgmma_backward(bool on);
+bool attention_wgmma_backward();
+
 // The tensor-core kernels themselves (kernels/cuda/attention_tc.cu, CUDA
 // builds only); callers go through attention_*_cuda, which route here.
 namespace attention_tc {

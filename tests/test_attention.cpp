@@ -466,6 +466,61 @@ TEST_CASE("attention: every candidate CTA shape of the tensor-core forward gives
   }
 }
 
+// The backward on wgmma (set_attention_wgmma_backward) gives the mma.sync
+// backward's dq, dk and dv on the head dims it runs for, causal and not, with
+// partial blocks and unaligned rows; off compute capability 9.0 it refuses.
+TEST_CASE("attention: the wgmma backward gives the mma.sync backward's gradients [gpu]") {
+  KILN_REQUIRE_GPU();
+  struct Restore {
+    bool saved = kernels::attention_wgmma_backward();
+    ~Restore() { kernels::set_attention_wgmma_backward(saved); }
+  } restore;
+  struct Case {
+    int64_t B, H, L, S;
+    bool causal;
+  };
+  const Case cases[] = {{2, 3, 5, 7, false}, {1, 2, 130, 70, false}, {2, 2, 257, 257, true}, {1, 1, 70, 200, true},
+                        {1, 2, 300, 384, false}, {1, 2, 1024, 1024, true}};
+  const cuda::DeviceProperties properties = cuda::device_properties(0);
+  const bool sm90 = properties.major == 9 && properties.minor == 0;
+  for (int64_t D : {64, 128}) {
+    for (DType dtype : {DType::f16, DType::bf16}) {
+      for (const Case& c : cases) {
+        INFO(dtype_name(dtype) << " D " << D << " B " << c.B << " H " << c.H << " L " << c.L << " S " << c.S
+                               << (c.causal ? " causal" : ""));
+        const Tensor q = random_tensor({c.B, c.H, c.L, D}, 70, dtype).cuda().requires_grad_();
+        const Tensor k = random_tensor({c.B, c.H, c.S, D}, 71, dtype).cuda().requires_grad_();
+        const Tensor v = random_tensor({c.B, c.H, c.S, D}, 72, dtype).cuda().requires_grad_();
+        const Tensor dout = random_tensor({c.B, c.H, c.L, D}, 73, dtype).cuda();
+        const auto grads = [&] {
+          return autograd::grad({scaled_dot_product_attention(q, k, v, Tensor(), 0.0, c.causal)}, {q, k, v}, {dout});
+        };
+        kernels::set_attention_wgmma_backward(false);
+        const autograd::TensorList expected = grads();
+        kernels::set_attention_wgmma_backward(true);
+        if (!sm90) {
+          CHECK_THROWS_WITH_AS(grads(), doctest::Contains("compute capability 9.0"), Error);
+          continue;
+        }
+        const autograd::TensorList got = grads();
+        const Tolerance tol = parity_tolerance(dtype);
+        for (int i = 0; i < 3; ++i) {
+          KILN_CHECK_CLOSE(got[i].cpu().to(DType::f32), expected[i].cpu().to(DType::f32), 4 * tol.rtol,
+                           dtype == DType::f16 ? 4e-3 : 2e-2);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("attention: the wgmma backward's switch is kept and read back") {
+  const bool saved = kernels::attention_wgmma_backward();
+  kernels::set_attention_wgmma_backward(!saved);
+  CHECK(kernels::attention_wgmma_backward() == !saved);
+  kernels::set_attention_wgmma_backward(saved);
+  CHECK(kernels::attention_wgmma_backward() == saved);
+}
+
 // The tensor-core kernels index a tile's rows in 32 bits: a q whose row
 // stride exceeds attention_tc::kMaxRowStride goes to the reference kernels,
 // and gives what its dense copy gives, forward and backward.

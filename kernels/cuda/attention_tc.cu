@@ -59,9 +59,11 @@
 // tensors that open Params, the dropout word, the gradient stores, Params from
 // the arguments, dispatch by head dim, launch), attention_tc_forward.cu and
 // attention_tc_backward.cu (the kernels and their launchers),
-// attention_tc_wgmma.cu with attention_tc_wgmma_ptx.cuh (the forward on
-// Hopper's wgmma, sm_90a: candidate shapes 7-10, not yet run on a GPU), and
-// this file (dispatch by dtype). scripts/cuda_emu/run.sh runs them all on
+// attention_tc_wgmma.cu and attention_tc_wgmma_backward.cu with
+// attention_tc_wgmma_common.cuh and attention_tc_wgmma_ptx.cuh (the forward
+// and the backward on Hopper's wgmma, sm_90a: forward candidate shapes 7-10
+// and set_attention_wgmma_backward, not yet run on a GPU), and this file
+// (dispatch by dtype). scripts/cuda_emu/run.sh runs them all on
 // the CPU.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>

@@ -3,6 +3,10 @@
 // per CTA (Q, dO, lse and delta double-buffered), and dQ of 64 queries per CTA
 // (K/V double-buffered). Each writes (=) only the gradient rows it owns, so
 // there are no atomics and results are deterministic.
+#include <atomic>
+#include <cstdlib>
+#include <string_view>
+
 #include "kernels/cuda/attention_tc_common.cuh"
 
 namespace kiln::kernels::attention_tc {
@@ -230,10 +234,25 @@ __global__ void __launch_bounds__(DqShape<D>::kThreads, kDropout ? 1 : DqShape<D
   store_dq<T, D>(p, dq, bh, r0 + g, t);
 }
 
+bool wgmma_backward_from_environment() {
+  const char* value = std::getenv("KILN_ATTENTION_WGMMA_BACKWARD");
+  return value != nullptr && std::string_view(value) == "1";
+}
+std::atomic<bool> wgmma_backward{wgmma_backward_from_environment()};
+
+// Whether this problem goes to attention_tc_wgmma_backward.cu's kernels.
+template <int D>
+bool use_wgmma_backward(const Params& p) {
+  return (D == 64 || D == 128) && !p.dropout && p.mask == nullptr && wgmma_backward.load(std::memory_order_relaxed);
+}
+
 }  // namespace
 
 template <typename T, int D>
 void launch_dkdv(const Params& p, int64_t heads, cuda::Stream stream) {
+  if constexpr (D == 64 || D == 128) {
+    if (use_wgmma_backward<D>(p)) return launch_dkdv_wgmma<T, D>(p, heads, stream);
+  }
   using S = DkdvShape<D>;
   const auto kernels = []<bool kDropout, bool kMask>(std::bool_constant<kDropout>, std::bool_constant<kMask>) {
     return attention_tc_dkdv_kernel<T, D, kDropout, kMask>;
@@ -244,6 +263,9 @@ void launch_dkdv(const Params& p, int64_t heads, cuda::Stream stream) {
 
 template <typename T, int D>
 void launch_dq(const Params& p, int64_t heads, cuda::Stream stream) {
+  if constexpr (D == 64 || D == 128) {
+    if (use_wgmma_backward<D>(p)) return launch_dq_wgmma<T, D>(p, heads, stream);
+  }
   using S = DqShape<D>;
   const auto kernels = []<bool kDropout, bool kMask>(std::bool_constant<kDropout>, std::bool_constant<kMask>) {
     return attention_tc_dq_kernel<T, D, kDropout, kMask>;
@@ -256,3 +278,10 @@ KILN_ATTENTION_TC_INSTANTIATE(launch_dkdv)
 KILN_ATTENTION_TC_INSTANTIATE(launch_dq)
 
 }  // namespace kiln::kernels::attention_tc
+
+namespace kiln::kernels {
+
+void set_attention_wgmma_backward(bool on) { attention_tc::wgmma_backward.store(on, std::memory_order_relaxed); }
+bool attention_wgmma_backward() { return attention_tc::wgmma_backward.load(std::memory_order_relaxed); }
+
+}  // namespace kiln::kernels

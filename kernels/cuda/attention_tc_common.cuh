@@ -54,6 +54,13 @@ void launch_dq(const Params& p, int64_t heads, cuda::Stream stream);
 template <typename T, int D>
 void launch_forward_wgmma(const Params& p, int64_t heads, int variant, cuda::Stream stream);
 
+// The backward's two kernels on wgmma (attention_tc_wgmma_backward.cu, sm_90a)
+// for D = 64 and 128 without dropout or a mask; throw on another GPU.
+template <typename T, int D>
+void launch_dkdv_wgmma(const Params& p, int64_t heads, cuda::Stream stream);
+template <typename T, int D>
+void launch_dq_wgmma(const Params& p, int64_t heads, cuda::Stream stream);
+
 // The explicit instantiations of a launcher that attention_tc.cu's dispatch needs.
 #define KILN_ATTENTION_TC_INSTANTIATE(launcher)                                     \
   template void launcher<__half, 32>(const Params&, int64_t, cuda::Stream);         \

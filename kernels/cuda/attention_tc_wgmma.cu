@@ -29,8 +29,7 @@
 // softmaxes leave the tensor cores idle unless another CTA fills them).
 #include <cuda_runtime_api.h>
 
-#include "kernels/cuda/attention_tc_common.cuh"
-#include "kernels/cuda/attention_tc_wgmma_ptx.cuh"
+#include "kernels/cuda/attention_tc_wgmma_common.cuh"
 
 namespace kiln::kernels::attention_tc {
 
@@ -54,45 +53,6 @@ struct WgmmaForwardShape {
   static constexpr int kStageBytes = 2 * kTileBytes;                  // K, then V
   static constexpr size_t kBytes = size_t{kKv} + 2 * kStageBytes + 1024;  // + the base's alignment
 };
-
-// The 128-byte swizzled layout (the PTX ISA's canonical "128B swizzling")
-// of a (kRows, D) tile of 16-bit elements: D / 64 column blocks of (kRows,
-// 64), each row 128 bytes, its 16-byte chunks permuted by the row's index
-// mod 8 (chunk c at c ^ (r % 8)). The byte offset of 16-byte chunk c (of
-// D / 8) of row r. K-major for K's rows (descriptor: 8-row groups 1024 bytes
-// apart), MN-major for V's (the same, column blocks kRows * 128 bytes apart).
-template <int kRows>
-__device__ __forceinline__ int swizzled_offset(int r, int c) {
-  return c / 8 * (kRows * 128) + r * 128 + ((c % 8) ^ (r % 8)) * 16;
-}
-
-// Rows [row0, row0 + kRows) of a (rows, D) matrix of row stride `ld` into a
-// swizzled tile (load_tile's contract otherwise: cp.async when `async`,
-// rows past `rows` zeroed, 32-bit offsets within the tile's rows).
-template <int kRows, int D, int kThreads, typename T>
-__device__ __forceinline__ void load_swizzled_tile(unsigned char* tile, const T* src, int64_t ld, int64_t row0,
-                                                   int64_t rows, bool async) {
-  constexpr int kChunks = D / 8;
-  static_assert(kRows * kChunks % kThreads == 0, "every thread copies the same number of chunks");
-  const T* first = src + row0 * ld;
-  const int ld32 = static_cast<int>(ld);
-  const int rows_left = rows - row0 <= 0 ? 0 : rows - row0 >= kRows ? kRows : static_cast<int>(rows - row0);
-#pragma unroll
-  for (int it = 0; it < kRows * kChunks / kThreads; ++it) {
-    const int c = it * kThreads + static_cast<int>(threadIdx.x);
-    const int r = c / kChunks, chunk = c % kChunks;
-    T* to = reinterpret_cast<T*>(tile + swizzled_offset<kRows>(r, chunk));
-    const T* from = first + r * ld32 + chunk * 8;
-    if (r >= rows_left) {
-      *reinterpret_cast<uint4*>(to) = make_uint4(0, 0, 0, 0);
-    } else if (async) {
-      cp_async_16(to, from);
-    } else {
-#pragma unroll
-      for (int e = 0; e < 8; ++e) to[e] = from[e];
-    }
-  }
-}
 
 // One CTA per (S::kRows queries, b * H + h), as the mma.sync forward's
 // kernel without dropout or a mask. Warpgroup-uniform: which key blocks a
@@ -151,9 +111,7 @@ __global__ void __launch_bounds__(S::kThreads, S::kMinBlocks) attention_tc_wgmma
       wgmma_fence();   // s and acc were last written by ordinary instructions
 #pragma unroll
       for (int kk = 0; kk < KD; ++kk) {
-        // Columns 16 kk .. + 15 of K's rows: 32 bytes into column block kk / 4.
-        const uint64_t k_desc = make_descriptor(k_tile + kk / 4 * (N * 128) + kk % 4 * 32, 16, 1024);
-        wgmma<T, NT, false>(s, qf[kk], k_desc, kk > 0);
+        wgmma<T, NT, false>(s, qf[kk], k_major_descriptor<N>(k_tile, kk), kk > 0);
       }
       wgmma_commit();
       wgmma_wait<0>();
@@ -175,9 +133,8 @@ __global__ void __launch_bounds__(S::kThreads, S::kMinBlocks) attention_tc_wgmma
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < KN; ++kk) {
-        // Keys 16 kk .. + 15: two 8-row groups, 16 rows of 128 bytes into each column block.
-        const uint64_t v_desc = make_descriptor(v_tile + kk * 16 * 128, N * 128, 1024);
-        wgmma<T, DT, true>(acc, pf[kk], v_desc, true);
+        // Keys 16 kk .. + 15 of V, read MN-major.
+        wgmma<T, DT, true>(acc, pf[kk], mn_major_descriptor<N>(v_tile, kk), true);
       }
       wgmma_commit();
       wgmma_wait<0>();  // the stage is read before the barrier below lets block + 2 load into it

@@ -104,6 +104,38 @@ __device__ __forceinline__ void wgmma(float (&d)[NT][4], const uint32_t (&a)[4],
   }
 }
 
+// The same with A through a descriptor too (A K-major: A(m, k) at m's row, k
+// contiguous, in the layout of B's K-major tiles): "d, a-desc, b-desc, p, 1, 1, 0, 0".
+#define KILN_WGMMA_SS_ASM(shape, type, d_regs, a_desc, b_desc, scale)                        \
+  "{\n.reg .pred p;\nsetp.ne.b32 p, " scale ", 0;\n"                                          \
+  "wgmma.mma_async.sync.aligned." shape ".f32." type "." type " " d_regs ", " a_desc ", " b_desc \
+  ", p, 1, 1, 0, 0;\n}\n"
+
+// d (64 x N) = a (64 x 16, descriptor) b (16 x N, descriptor) + (accumulate ? d : 0), both K-major.
+template <typename T, int NT>
+__device__ __forceinline__ void wgmma_ss(float (&d)[NT][4], uint64_t a, uint64_t b, bool accumulate) {
+  static_assert(NT == 8 || NT == 16, "N is 64 or 128");
+  const int scale = accumulate ? 1 : 0;
+  if constexpr (NT == 8 && std::is_same_v<T, __half>) {
+    asm volatile(KILN_WGMMA_SS_ASM("m64n64k16", "f16", KILN_WGMMA_REGS32, "%32", "%33", "%34")
+                 : KILN_WGMMA_D64
+                 : "l"(a), "l"(b), "r"(scale));
+  } else if constexpr (NT == 8) {
+    asm volatile(KILN_WGMMA_SS_ASM("m64n64k16", "bf16", KILN_WGMMA_REGS32, "%32", "%33", "%34")
+                 : KILN_WGMMA_D64
+                 : "l"(a), "l"(b), "r"(scale));
+  } else if constexpr (std::is_same_v<T, __half>) {
+    asm volatile(KILN_WGMMA_SS_ASM("m64n128k16", "f16", KILN_WGMMA_REGS64, "%64", "%65", "%66")
+                 : KILN_WGMMA_D128
+                 : "l"(a), "l"(b), "r"(scale));
+  } else {
+    asm volatile(KILN_WGMMA_SS_ASM("m64n128k16", "bf16", KILN_WGMMA_REGS64, "%64", "%65", "%66")
+                 : KILN_WGMMA_D128
+                 : "l"(a), "l"(b), "r"(scale));
+  }
+}
+
+#undef KILN_WGMMA_SS_ASM
 #undef KILN_WGMMA_ASM
 #undef KILN_WGMMA_REGS64
 #undef KILN_WGMMA_REGS32

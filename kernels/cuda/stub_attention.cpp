@@ -22,7 +22,10 @@ bool attention_cuda_supports(DType, int64_t) { return false; }
 
 namespace {
 AttentionCudaKernels cuda_kernels = AttentionCudaKernels::tensor_core;  // kept, without effect
+bool wgmma_backward = false;                                           // likewise
 }  // namespace
+void set_attention_wgmma_backward(bool on) { wgmma_backward = on; }
+bool attention_wgmma_backward() { return wgmma_backward; }
 void set_attention_cuda_kernels(AttentionCudaKernels kernels) { cuda_kernels = kernels; }
 AttentionCudaKernels attention_cuda_kernels() { return cuda_kernels; }
 void set_attention_forward_shape(int index) {

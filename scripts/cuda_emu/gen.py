@@ -8,7 +8,8 @@
 # else is the production source, verbatim.
 import os, re, sys
 root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-units = ['attention_tc_forward.cu', 'attention_tc_backward.cu', 'attention_tc.cu', 'attention_tc_wgmma.cu']
+units = ['attention_tc_forward.cu', 'attention_tc_backward.cu', 'attention_tc.cu', 'attention_tc_wgmma.cu',
+         'attention_tc_wgmma_backward.cu']
 seen = set()
 def expand(name):
     if name in seen:

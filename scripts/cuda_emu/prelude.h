@@ -58,6 +58,8 @@ struct Warp {
 constexpr int kWgmmaSlots = 16;  // products issued before one wait
 struct WgmmaOp {
   uint32_t a[128][4];
+  uint64_t a_desc[128];  // A K-major in shared memory (wgmma_ss), when a_from_smem
+  bool a_from_smem[128];
   uint64_t desc[128];
   bool accumulate[128], trans[128];
   int n[128];

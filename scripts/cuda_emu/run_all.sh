@@ -27,16 +27,17 @@ if [ "${1:-}" != quick ]; then
   start=$(date +%s)
   if bash "$here/run.sh" >"$logs/attention_tc.log" 2>&1; then status=passed; else status=FAILED; failed=1; fi
   printf '%-14s %-7s %5d s   %s\n' attention_tc "$status" $(( $(date +%s) - start )) "$(tail -n 1 "$logs/attention_tc.log")"
-  # The wgmma forward (candidate shape 7) on its two head dims.
+  # The wgmma forward (candidate shape 7) and backward on their two head dims.
   start=$(date +%s)
-  if KILN_ATTENTION_FORWARD_SHAPE=7 bash "$here/run.sh" 64 >"$logs/attention_wgmma.log" 2>&1 &&
-    KILN_ATTENTION_FORWARD_SHAPE=7 bash "$here/run.sh" 128 >>"$logs/attention_wgmma.log" 2>&1; then
+  wgmma_log="$logs/attention_wgmma.log"
+  if KILN_ATTENTION_FORWARD_SHAPE=7 KILN_ATTENTION_WGMMA_BACKWARD=1 bash "$here/run.sh" 64 >"$wgmma_log" 2>&1 &&
+    KILN_ATTENTION_FORWARD_SHAPE=7 KILN_ATTENTION_WGMMA_BACKWARD=1 bash "$here/run.sh" 128 >>"$wgmma_log" 2>&1; then
     status=passed
   else
     status=FAILED
     failed=1
   fi
-  printf '%-14s %-7s %5d s   %s\n' attention_wgmma "$status" $(( $(date +%s) - start )) "$(tail -n 1 "$logs/attention_wgmma.log")"
+  printf '%-14s %-7s %5d s   %s\n' attention_wgmma "$status" $(( $(date +%s) - start )) "$(tail -n 1 "$wgmma_log")"
 fi
 # Kernels never launched: every __global__ name, against the names the traces saw.
 launched="$(cat "$logs"/*.log | sed -n 's/^launch \([A-Za-z_0-9:]*\).*/\1/p' | sed 's/.*:://' | sort -u)"
