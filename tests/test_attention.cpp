@@ -413,22 +413,25 @@ TEST_CASE("attention: the CUDA kernels match the CPU, forward and backward, in e
   }
 }
 
+// Problems for comparing one set of CUDA kernels with another: partial
+// blocks of rows and keys, several key blocks, causal and not.
+struct KernelCase {
+  int64_t B, H, L, S;
+  bool causal;
+};
+constexpr KernelCase kKernelCases[] = {{2, 3, 5, 7, false},   {1, 2, 130, 70, false},  {2, 2, 257, 257, true},
+                                       {1, 1, 70, 200, true}, {1, 2, 300, 384, false}, {1, 2, 1024, 1024, true}};
+
 // The tensor-core forward's candidate CTA shapes (bench_attention times them):
-// each gives the default shape's out and lse on the head dims it runs for
-// (64; the wgmma shapes 128 too), causal and not, with partial blocks of rows
-// and keys, aligned and not; and the knob refuses an index out of range.
+// each gives the default shape's out on the head dims it runs for (64; the
+// wgmma shapes 128 too) on kKernelCases; and the knob refuses an index out of
+// range.
 TEST_CASE("attention: every candidate CTA shape of the tensor-core forward gives the default's output [gpu]") {
   KILN_REQUIRE_GPU();
   struct Restore {
     int saved = kernels::attention_forward_shape();
     ~Restore() { kernels::set_attention_forward_shape(saved); }
   } restore;
-  struct Case {
-    int64_t B, H, L, S;
-    bool causal;
-  };
-  const Case cases[] = {{2, 3, 5, 7, false}, {1, 2, 130, 70, false}, {2, 2, 257, 257, true}, {1, 1, 70, 200, true},
-                        {1, 2, 300, 384, false}, {1, 2, 1024, 1024, true}};
   const int shapes = kernels::attention_forward_shape_count();
   CHECK(shapes >= 2);
   // The wgmma shapes (sm_90a) run on compute capability 9.0 only and refuse other GPUs.
@@ -436,7 +439,7 @@ TEST_CASE("attention: every candidate CTA shape of the tensor-core forward gives
   const bool sm90 = properties.major == 9 && properties.minor == 0;
   for (int64_t D : {64, 128}) {
     for (DType dtype : {DType::f16, DType::bf16}) {
-      for (const Case& c : cases) {
+      for (const KernelCase& c : kKernelCases) {
         const Tensor q = random_tensor({c.B, c.H, c.L, D}, 50, dtype).cuda();
         const Tensor k = random_tensor({c.B, c.H, c.S, D}, 51, dtype).cuda();
         const Tensor v = random_tensor({c.B, c.H, c.S, D}, 52, dtype).cuda();
@@ -467,25 +470,19 @@ TEST_CASE("attention: every candidate CTA shape of the tensor-core forward gives
 }
 
 // The backward on wgmma (set_attention_wgmma_backward) gives the mma.sync
-// backward's dq, dk and dv on the head dims it runs for, causal and not, with
-// partial blocks and unaligned rows; off compute capability 9.0 it refuses.
+// backward's dq, dk and dv on the head dims it runs for, on kKernelCases; off
+// compute capability 9.0 it refuses.
 TEST_CASE("attention: the wgmma backward gives the mma.sync backward's gradients [gpu]") {
   KILN_REQUIRE_GPU();
   struct Restore {
     bool saved = kernels::attention_wgmma_backward();
     ~Restore() { kernels::set_attention_wgmma_backward(saved); }
   } restore;
-  struct Case {
-    int64_t B, H, L, S;
-    bool causal;
-  };
-  const Case cases[] = {{2, 3, 5, 7, false}, {1, 2, 130, 70, false}, {2, 2, 257, 257, true}, {1, 1, 70, 200, true},
-                        {1, 2, 300, 384, false}, {1, 2, 1024, 1024, true}};
   const cuda::DeviceProperties properties = cuda::device_properties(0);
   const bool sm90 = properties.major == 9 && properties.minor == 0;
   for (int64_t D : {64, 128}) {
     for (DType dtype : {DType::f16, DType::bf16}) {
-      for (const Case& c : cases) {
+      for (const KernelCase& c : kKernelCases) {
         INFO(dtype_name(dtype) << " D " << D << " B " << c.B << " H " << c.H << " L " << c.L << " S " << c.S
                                << (c.causal ? " causal" : ""));
         const Tensor q = random_tensor({c.B, c.H, c.L, D}, 70, dtype).cuda().requires_grad_();

@@ -76,9 +76,7 @@ __global__ void __launch_bounds__(S::kThreads, S::kMinBlocks) attention_tc_wgmma
 
   const auto stage = [&](int64_t block) { return base + S::kKv + (block % 2) * S::kStageBytes; };
   const auto load_kv = [&](int64_t block) {
-    unsigned char* to = stage(block);
-    load_swizzled_tile<N, D, S::kThreads>(to, k, p.k_layout.row, block * N, p.kv_len, p.vector_loads);
-    load_swizzled_tile<N, D, S::kThreads>(to + S::kTileBytes, v, p.v_layout.row, block * N, p.kv_len, p.vector_loads);
+    load_swizzled_kv_block<N, D, S::kThreads>(stage(block), S::kTileBytes, k, v, block, p);
   };
 
   // Group 1: Q; group 2: K/V block 0 (empty when there are no keys).

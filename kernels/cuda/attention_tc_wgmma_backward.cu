@@ -193,9 +193,7 @@ __global__ void __launch_bounds__(128, 1) attention_tc_wgmma_dq_kernel(Params p)
 
   const auto stage = [&](int64_t block) { return base + S::kStages + (block % 2) * S::kStageBytes; };
   const auto load_kv = [&](int64_t block) {
-    unsigned char* to = stage(block);
-    load_swizzled_tile<N, D, S::kThreads>(to, k, p.k_layout.row, block * N, p.kv_len, p.vector_loads);
-    load_swizzled_tile<N, D, S::kThreads>(to + S::kStepTile, v, p.v_layout.row, block * N, p.kv_len, p.vector_loads);
+    load_swizzled_kv_block<N, D, S::kThreads>(stage(block), S::kStepTile, k, v, block, p);
   };
 
   load_swizzled_tile<M, D, S::kThreads>(q_tile, static_cast<const T*>(p.q) + head_offset(p.q_layout, bh, p.heads),

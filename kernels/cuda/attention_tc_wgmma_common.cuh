@@ -47,6 +47,15 @@ __device__ __forceinline__ void load_swizzled_tile(unsigned char* tile, const T*
   }
 }
 
+// Key block `block` (keys block kCols ..) of K and V into the swizzled tiles
+// `to` (K) and `to + tile_bytes` (V): the wgmma forward's and dQ's K/V stages.
+template <int kCols, int D, int kThreads, typename T>
+__device__ __forceinline__ void load_swizzled_kv_block(unsigned char* to, int tile_bytes, const T* k, const T* v,
+                                                       int64_t block, const Params& p) {
+  load_swizzled_tile<kCols, D, kThreads>(to, k, p.k_layout.row, block * kCols, p.kv_len, p.vector_loads);
+  load_swizzled_tile<kCols, D, kThreads>(to + tile_bytes, v, p.v_layout.row, block * kCols, p.kv_len, p.vector_loads);
+}
+
 // The descriptor of 16 columns (k0 = 16 kk .. + 15) of a K-major swizzled
 // (kRows, D) tile: 32 bytes into column block kk / 4; 8-row groups 1024 bytes
 // apart. For A (rows = M) or B (rows = N) alike.
