@@ -61,7 +61,7 @@
 // attention_tc_backward.cu (the kernels and their launchers),
 // attention_tc_wgmma.cu and attention_tc_wgmma_backward.cu with
 // attention_tc_wgmma_common.cuh and attention_tc_wgmma_ptx.cuh (the forward
-// and the backward on Hopper's wgmma, sm_90a: forward candidate shapes 7-10
+// and the backward on Hopper's wgmma, sm_90a: forward candidate shapes 7-11
 // and set_attention_wgmma_backward, not yet run on a GPU), and this file
 // (dispatch by dtype). scripts/cuda_emu/run.sh runs them all on
 // the CPU.

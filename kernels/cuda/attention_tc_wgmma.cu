@@ -13,19 +13,20 @@
 //  - O += P V: P from registers (pack_a, as before); V is B in the same
 //    swizzled layout as K, read MN-major (transposed by the hardware).
 //  - K/V blocks double-buffered with cp.async, as before.
-// Not yet run on a GPU: candidate forward shapes 7-10 (set_attention_forward_shape),
+// Not yet run on a GPU: candidate forward shapes 7-11 (set_attention_forward_shape),
 // the default only once bench_attention has timed them and the [gpu] test
 // has checked them against the default shape. Emulated (scripts/cuda_emu/run.sh
-// with KILN_ATTENTION_FORWARD_SHAPE=7 to 10 on head dims 64 and 128): 0
+// with KILN_ATTENTION_FORWARD_SHAPE=7 to 11 on head dims 64 and 128): 0
 // failures; mutants (no swizzle in the tile stores, a 16-byte K step, V's 8-key
 // groups 2048 bytes apart, V's column blocks at half their distance, S read
 // before its wgmma_wait) all fail. ptxas (CUDA 13.0, sm_90a), no spills, as
 // (warpgroups, keys per block): D 64 (2, 128) 197 registers (1 CTA/SM),
-// (2, 64) 124 (2), (1, 128) 215 (2), (1, 64) 112 under a 4-CTA bound (4);
-// D 128 217, 200, 226, 224.
-// What FlashAttention-3 adds and this does not (yet): the next block's
-// S = Q K^T issued before this block's softmax, and warpgroups that take turns
-// (here the CTA's barrier per block keeps its warpgroups in step, so their
+// (2, 64) 124 (2), (1, 128) 215 (2), (1, 64) 110 under a 4-CTA bound (4),
+// shape 11 (2, 64, the next block's scores ahead) 196 (1); D 128 218, 200,
+// 225, 226, 254.
+// Shape 11 issues the next block's S = Q K^T before this block's softmax, as
+// FlashAttention-3 does (its other half, warpgroups that take turns, is not
+// here: the CTA's barrier per block keeps its warpgroups in step, so their
 // softmaxes leave the tensor cores idle unless another CTA fills them).
 #include <cuda_runtime_api.h>
 
@@ -37,9 +38,12 @@ namespace {
 
 // W warpgroups of 64 query rows each; key blocks of kKeys; 16-bit elements.
 // Shared memory (bytes, from a 1024-byte-aligned base): Q (rows padded as
-// the mma.sync kernel's, read by ldmatrix), then two stages of K and V tiles,
-// each (kCols, D) in swizzled_offset's layout.
-template <int D, int kWarpGroupsPerCta, int kKeys, int kMinCtas = 1>
+// the mma.sync kernel's, read by ldmatrix), then two (three) stages of K and V
+// tiles, each (kCols, D) in swizzled_offset's layout.
+// kOverlap: the next block's S = Q K^T is issued before this block's
+// softmax, so the tensor cores compute it meanwhile (three K/V stages: the
+// block whose V is read, the next whose K is read, the one after loading).
+template <int D, int kWarpGroupsPerCta, int kKeys, int kMinCtas = 1, bool kOverlapScores = false>
 struct WgmmaForwardShape {
   static_assert(D == 64 || D == 128, "wgmma products of N = D: 64 or 128");
   static_assert(kKeys == 64 || kKeys == 128, "wgmma products of N = keys: 64 or 128");
@@ -51,7 +55,9 @@ struct WgmmaForwardShape {
   static constexpr int kTileBytes = kCols * D * 2;
   static constexpr int kKv = (kRows * kLd * 2 + 1023) / 1024 * 1024;  // the K/V stages: 1024-byte aligned
   static constexpr int kStageBytes = 2 * kTileBytes;                  // K, then V
-  static constexpr size_t kBytes = size_t{kKv} + 2 * kStageBytes + 1024;  // + the base's alignment
+  static constexpr bool kOverlap = kOverlapScores;
+  static constexpr int kStages = kOverlap ? 3 : 2;
+  static constexpr size_t kBytes = size_t{kKv} + kStages * kStageBytes + 1024;  // + the base's alignment
 };
 
 // One CTA per (S::kRows queries, b * H + h), as the mma.sync forward's
@@ -74,17 +80,25 @@ __global__ void __launch_bounds__(S::kThreads, S::kMinBlocks) attention_tc_wgmma
   const int64_t k_end = p.causal && q0 + M < p.kv_len ? q0 + M : p.kv_len;
   const int64_t blocks = ceil_div(k_end, N);
 
-  const auto stage = [&](int64_t block) { return base + S::kKv + (block % 2) * S::kStageBytes; };
+  const auto stage = [&](int64_t block) { return base + S::kKv + (block % S::kStages) * S::kStageBytes; };
   const auto load_kv = [&](int64_t block) {
     load_swizzled_kv_block<N, D, S::kThreads>(stage(block), S::kTileBytes, k, v, block, p);
   };
 
-  // Group 1: Q; group 2: K/V block 0 (empty when there are no keys).
+  // Group 1: Q; group 2: K/V block 0 (empty when there are no keys); with
+  // the overlap, group 3: block 1.
   load_tile<M, D, S::kThreads>(q_tile, q, p.q_layout.row, q0, p.q_len, p.vector_loads);
   cp_async_commit();
   if (blocks > 0) load_kv(0);
   cp_async_commit();
-  cp_async_wait<1>();  // Q is in
+  if constexpr (S::kOverlap) {
+    if (blocks > 1) load_kv(1);
+    cp_async_commit();
+    cp_async_wait<1>();  // Q and block 0 are in
+    fence_proxy_async();
+  } else {
+    cp_async_wait<1>();  // Q is in
+  }
   __syncthreads();
   uint32_t qf[KD][4];  // the warp's 16 rows of Q as A fragments, for the whole loop
 #pragma unroll
@@ -94,50 +108,88 @@ __global__ void __launch_bounds__(S::kThreads, S::kMinBlocks) attention_tc_wgmma
   const QueryRowBlocks warp_blocks = query_row_blocks<N, false>(p, r0);
   float m[2] = {kNegInf, kNegInf}, l[2] = {0.0f, 0.0f};
   float acc[DT][4] = {};  // (16, D): the warp's unnormalized output
-  for (int64_t block = 0; block < blocks; ++block) {
-    if (block + 1 < blocks) load_kv(block + 1);
-    cp_async_commit();
-    cp_async_wait<1>();   // this block's K/V are in (this thread's copies)
-    fence_proxy_async();  // ... and visible to the tensor cores' reads after the barrier
-    __syncthreads();
 
-    if (block < group_blocks.first_skipped) {
-      const int64_t k0 = block * N;
-      const unsigned char* k_tile = stage(block);
-      const unsigned char* v_tile = k_tile + S::kTileBytes;
-      float s[NT][4];  // (16, N): scores, then probabilities
-      wgmma_fence();   // s and acc were last written by ordinary instructions
+  // S = Q K^T of a block into s (issued; wgmma_wait before s is read).
+  const auto issue_scores = [&](float (&s)[NT][4], int64_t block) {
 #pragma unroll
-      for (int kk = 0; kk < KD; ++kk) {
-        wgmma<T, NT, false>(s, qf[kk], k_major_descriptor<N>(k_tile, kk), kk > 0);
+    for (int kk = 0; kk < KD; ++kk) wgmma<T, NT, false>(s, qf[kk], k_major_descriptor<N>(stage(block), kk), kk > 0);
+  };
+  // A block's scores s (waited for) through the online softmax into P, then
+  // O += P V issued (wgmma_wait before acc is read or the stage reused).
+  const auto softmax_and_issue_pv = [&](float (&s)[NT][4], int64_t block) {
+    if (warp_blocks.all_masked || block >= warp_blocks.first_masked) {
+      mask_scores<false, true>(s, 1.0f, p, mask_base, r0, block * N, lane);
+    }
+    float alpha[2];
+    const bool rescale = online_softmax<false>(s, m, l, alpha, p.scale_log2, 0u);
+    if (__any_sync(0xffffffffu, rescale)) {
+#pragma unroll
+      for (int n = 0; n < DT; ++n) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[n][e] *= alpha[e / 2];
       }
+    }
+    uint32_t pf[KN][4];  // (16, N): P as A fragments
+#pragma unroll
+    for (int kk = 0; kk < KN; ++kk) pack_a<T>(pf[kk], s, kk);
+    wgmma_fence();  // acc was last written by ordinary instructions
+    const unsigned char* v_tile = stage(block) + S::kTileBytes;
+#pragma unroll
+    for (int kk = 0; kk < KN; ++kk) wgmma<T, DT, true>(acc, pf[kk], mn_major_descriptor<N>(v_tile, kk), true);
+  };
+
+  if constexpr (!S::kOverlap) {
+    for (int64_t block = 0; block < blocks; ++block) {
+      if (block + 1 < blocks) load_kv(block + 1);
+      cp_async_commit();
+      cp_async_wait<1>();   // this block's K/V are in (this thread's copies)
+      fence_proxy_async();  // ... and visible to the tensor cores' reads after the barrier
+      __syncthreads();
+      if (block < group_blocks.first_skipped) {
+        float s[NT][4];  // (16, N): scores, then probabilities
+        wgmma_fence();   // s and acc were last written by ordinary instructions
+        issue_scores(s, block);
+        wgmma_commit();
+        wgmma_wait<0>();
+        softmax_and_issue_pv(s, block);
+        wgmma_commit();
+        wgmma_wait<0>();  // the stage is read before the barrier below lets block + 2 load into it
+      }
+      __syncthreads();
+    }
+  } else {
+    float s[NT][4];  // (16, N): block's scores, issued one block ahead
+    if (blocks > 0 && group_blocks.first_skipped > 0) {
+      wgmma_fence();
+      issue_scores(s, 0);
       wgmma_commit();
       wgmma_wait<0>();
-
-      const bool masked = warp_blocks.all_masked || block >= warp_blocks.first_masked;
-      if (masked) mask_scores<false, true>(s, 1.0f, p, mask_base, r0, k0, lane);
-      float alpha[2];
-      const bool rescale = online_softmax<false>(s, m, l, alpha, p.scale_log2, 0u);
-      if (__any_sync(0xffffffffu, rescale)) {
-#pragma unroll
-        for (int n = 0; n < DT; ++n) {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) acc[n][e] *= alpha[e / 2];
-        }
-      }
-      uint32_t pf[KN][4];  // (16, N): P as A fragments
-#pragma unroll
-      for (int kk = 0; kk < KN; ++kk) pack_a<T>(pf[kk], s, kk);
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < KN; ++kk) {
-        // Keys 16 kk .. + 15 of V, read MN-major.
-        wgmma<T, DT, true>(acc, pf[kk], mn_major_descriptor<N>(v_tile, kk), true);
-      }
-      wgmma_commit();
-      wgmma_wait<0>();  // the stage is read before the barrier below lets block + 2 load into it
     }
-    __syncthreads();
+    for (int64_t block = 0; block < blocks; ++block) {
+      // Block + 2 loads into the stage block - 1 used (closing barrier below).
+      if (block + 2 < blocks) load_kv(block + 2);
+      cp_async_commit();
+      cp_async_wait<1>();  // block + 1's K/V are in
+      fence_proxy_async();
+      __syncthreads();
+      float s_next[NT][4];  // block + 1's scores, computed while this block's softmax runs
+      if (block + 1 < blocks && block + 1 < group_blocks.first_skipped) {
+        wgmma_fence();
+        issue_scores(s_next, block + 1);
+        wgmma_commit();
+      }
+      if (block < group_blocks.first_skipped) {
+        softmax_and_issue_pv(s, block);
+        wgmma_commit();
+      }
+      wgmma_wait<0>();  // s_next and acc are complete, and the stages read
+      __syncthreads();
+#pragma unroll
+      for (int n = 0; n < NT; ++n) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[n][e] = s_next[n][e];
+      }
+    }
   }
   cp_async_wait<0>();
 
@@ -163,7 +215,8 @@ void launch_forward_wgmma(const Params& p, int64_t heads, int variant, cuda::Str
     case 0: return launch_wgmma_shape<T, D, WgmmaForwardShape<D, 2, 128>>(p, heads, stream);
     case 1: return launch_wgmma_shape<T, D, WgmmaForwardShape<D, 2, 64>>(p, heads, stream);
     case 2: return launch_wgmma_shape<T, D, WgmmaForwardShape<D, 1, 128>>(p, heads, stream);
-    default: return launch_wgmma_shape<T, D, WgmmaForwardShape<D, 1, 64, D == 64 ? 4 : 1>>(p, heads, stream);
+    case 3: return launch_wgmma_shape<T, D, WgmmaForwardShape<D, 1, 64, D == 64 ? 4 : 1>>(p, heads, stream);
+    default: return launch_wgmma_shape<T, D, WgmmaForwardShape<D, 2, 64, 1, true>>(p, heads, stream);
   }
 }
 
