@@ -164,14 +164,8 @@ __global__ void __launch_bounds__(DqShape<D>::kThreads, kDropout ? 1 : DqShape<D
   const int64_t bh = cta.bh, q0 = cta.q0, r0 = cta.r0, mask_base = cta.mask_base;
   const T* k = static_cast<const T*>(p.k) + head_offset(p.k_layout, bh, p.heads);  // (Tk, D)
   const T* v = static_cast<const T*>(p.v) + head_offset(p.v_layout, bh, p.heads);  // (Tk, D)
-  // Rows past Tq and rows without keys get lse2 = +inf: p = 0 on every path.
   float lse2[2], delta[2];
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int64_t row = r0 + g + 8 * h;
-    lse2[h] = row < p.q_len ? lse_log2(p.lse[bh * p.q_len + row]) : kPosInf;
-    delta[h] = row < p.q_len ? p.delta[bh * p.q_len + row] : 0.0f;
-  }
+  query_rows_lse2_delta(p, bh, r0 + g, lse2, delta);
   const int64_t k_end = p.causal && q0 + M < p.kv_len ? q0 + M : p.kv_len;
   const int64_t blocks = ceil_div(k_end, N);
   const DropoutStream dropout = dropout_stream(p);
@@ -240,10 +234,9 @@ bool wgmma_backward_from_environment() {
 }
 std::atomic<bool> wgmma_backward{wgmma_backward_from_environment()};
 
-// Whether this problem goes to attention_tc_wgmma_backward.cu's kernels.
-template <int D>
+// Whether a problem of head dim 64 or 128 goes to attention_tc_wgmma_backward.cu's kernels.
 bool use_wgmma_backward(const Params& p) {
-  return (D == 64 || D == 128) && !p.dropout && p.mask == nullptr && wgmma_backward.load(std::memory_order_relaxed);
+  return !p.dropout && p.mask == nullptr && wgmma_backward.load(std::memory_order_relaxed);
 }
 
 }  // namespace
@@ -251,7 +244,7 @@ bool use_wgmma_backward(const Params& p) {
 template <typename T, int D>
 void launch_dkdv(const Params& p, int64_t heads, cuda::Stream stream) {
   if constexpr (D == 64 || D == 128) {
-    if (use_wgmma_backward<D>(p)) return launch_dkdv_wgmma<T, D>(p, heads, stream);
+    if (use_wgmma_backward(p)) return launch_dkdv_wgmma<T, D>(p, heads, stream);
   }
   using S = DkdvShape<D>;
   const auto kernels = []<bool kDropout, bool kMask>(std::bool_constant<kDropout>, std::bool_constant<kMask>) {
@@ -264,7 +257,7 @@ void launch_dkdv(const Params& p, int64_t heads, cuda::Stream stream) {
 template <typename T, int D>
 void launch_dq(const Params& p, int64_t heads, cuda::Stream stream) {
   if constexpr (D == 64 || D == 128) {
-    if (use_wgmma_backward<D>(p)) return launch_dq_wgmma<T, D>(p, heads, stream);
+    if (use_wgmma_backward(p)) return launch_dq_wgmma<T, D>(p, heads, stream);
   }
   using S = DqShape<D>;
   const auto kernels = []<bool kDropout, bool kMask>(std::bool_constant<kDropout>, std::bool_constant<kMask>) {

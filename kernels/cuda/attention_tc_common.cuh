@@ -430,6 +430,21 @@ __device__ __forceinline__ void store_output_rows(T* out, const float (&acc)[DT]
   }
 }
 
+// ---------------------------------------------------------------- dQ's rows
+
+// lse in log2 units and delta of a lane's query rows row and row + 8 of head
+// bh (the dQ kernels'); rows past Tq get lse2 = +inf and delta 0, so that
+// their p is 0 on every path, as for rows without keys.
+__device__ __forceinline__ void query_rows_lse2_delta(const Params& p, int64_t bh, int64_t row, float (&lse2)[2],
+                                                      float (&delta)[2]) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const bool in_bounds = row + 8 * h < p.q_len;
+    lse2[h] = in_bounds ? lse_log2(p.lse[bh * p.q_len + row + 8 * h]) : kPosInf;
+    delta[h] = in_bounds ? p.delta[bh * p.q_len + row + 8 * h] : 0.0f;
+  }
+}
+
 // ---------------------------------------------------------------- block schedule
 
 // Which key blocks of a warp's kWarpRows query rows (r0 ..) need the

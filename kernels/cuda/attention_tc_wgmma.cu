@@ -21,9 +21,9 @@
 // groups 2048 bytes apart, V's column blocks at half their distance, S read
 // before its wgmma_wait) all fail. ptxas (CUDA 13.0, sm_90a), no spills, as
 // (warpgroups, keys per block): D 64 (2, 128) 197 registers (1 CTA/SM),
-// (2, 64) 124 (2), (1, 128) 215 (2), (1, 64) 110 under a 4-CTA bound (4),
-// shape 11 (2, 64, the next block's scores ahead) 196 (1); D 128 218, 200,
-// 225, 226, 254.
+// (2, 64) 124 (2), (1, 128) 218 (2), (1, 64) 116 under a 4-CTA bound (4),
+// shape 11 (2, 64, the next block's scores ahead) 196 (1); D 128 217, 196,
+// 233, 222, 255.
 // Shape 11 issues the next block's S = Q K^T before this block's softmax, as
 // FlashAttention-3 does (its other half, warpgroups that take turns, is not
 // here: the CTA's barrier per block keeps its warpgroups in step, so their
@@ -68,7 +68,7 @@ template <typename T, int D, typename S>
 __global__ void __launch_bounds__(S::kThreads, S::kMinBlocks) attention_tc_wgmma_forward_kernel(Params p) {
   constexpr int M = S::kRows, N = S::kCols, NT = N / 8, DT = D / 8, KD = D / 16, KN = N / 16, LD = S::kLd;
   extern __shared__ __align__(16) unsigned char attention_tc_smem[];
-  unsigned char* base = attention_tc_smem + (1024 - wgmma_smem_address(attention_tc_smem) % 1024) % 1024;
+  unsigned char* base = aligned_smem_base(attention_tc_smem);
   T* q_tile = reinterpret_cast<T*>(base);
   const QueryCta cta = query_cta<M>(p);
   const int warp = cta.warp, lane = cta.lane, g = cta.g, t = cta.t;
@@ -133,9 +133,7 @@ __global__ void __launch_bounds__(S::kThreads, S::kMinBlocks) attention_tc_wgmma
 #pragma unroll
     for (int kk = 0; kk < KN; ++kk) pack_a<T>(pf[kk], s, kk);
     wgmma_fence();  // acc was last written by ordinary instructions
-    const unsigned char* v_tile = stage(block) + S::kTileBytes;
-#pragma unroll
-    for (int kk = 0; kk < KN; ++kk) wgmma<T, DT, true>(acc, pf[kk], mn_major_descriptor<N>(v_tile, kk), true);
+    issue_product_nn<T, N>(acc, pf, stage(block) + S::kTileBytes);
   };
 
   if constexpr (!S::kOverlap) {

@@ -37,22 +37,18 @@ struct WgmmaBackwardShape {
   static constexpr int kThreads = 128;
   static constexpr int kRows = 64, kCols = 64;
   static constexpr int kOwnTile = kRows * D * 2, kStepTile = kCols * D * 2;
-  static constexpr int kStages = 2 * kOwnTile;            // first stage: its two tiles
+  static constexpr int kFirstStage = 2 * kOwnTile;  // after the CTA's two tiles
   static constexpr int kStageBytes = 2 * kStepTile;
-  static constexpr int kFloats = kStages + 2 * kStageBytes;  // stage s: lse at 2 kCols s, delta after
+  static constexpr int kFloats = kFirstStage + 2 * kStageBytes;  // stage s: lse at 2 kCols s, delta after
   static constexpr size_t kBytes = size_t{kFloats} + 2 * 2 * kCols * sizeof(float) + 1024;
 };
-
-__device__ __forceinline__ unsigned char* aligned_smem_base(unsigned char* smem) {
-  return smem + (1024 - wgmma_smem_address(smem) % 1024) % 1024;
-}
 
 // dK and dV of 64 keys: one CTA per (64 keys, b * H + h); warp w owns keys
 // k0 + 16 w .. + 15 as rows of S^T, the columns are queries.
 template <typename T, int D>
 __global__ void __launch_bounds__(128, 1) attention_tc_wgmma_dkdv_kernel(Params p) {
   using S = WgmmaBackwardShape<D>;
-  constexpr int M = S::kRows, N = S::kCols, NT = N / 8, DT = D / 8, KD = D / 16, KN = N / 16;
+  constexpr int M = S::kRows, N = S::kCols, NT = N / 8, DT = D / 8, KN = N / 16;
   extern __shared__ __align__(16) unsigned char attention_tc_smem[];
   unsigned char* base = aligned_smem_base(attention_tc_smem);
   unsigned char* k_tile = base;                 // (M, D) swizzled
@@ -72,7 +68,7 @@ __global__ void __launch_bounds__(128, 1) attention_tc_wgmma_dkdv_kernel(Params 
   const int64_t i_begin = p.causal ? k0 : 0;  // causal: queries i < k0 see none of these keys
   const int64_t steps = i_begin < p.q_len ? ceil_div(p.q_len - i_begin, N) : 0;
 
-  const auto stage = [&](int64_t step) { return base + S::kStages + (step % 2) * S::kStageBytes; };
+  const auto stage = [&](int64_t step) { return base + S::kFirstStage + (step % 2) * S::kStageBytes; };
   const auto load_step = [&](int64_t step) {
     const int64_t i0 = i_begin + step * N;
     unsigned char* to = stage(step);
@@ -118,14 +114,8 @@ __global__ void __launch_bounds__(128, 1) attention_tc_wgmma_dkdv_kernel(Params 
     // P^T (keys x queries) = K Q^T and dP^T = V dO^T, one batch.
     float pt[NT][4], ds[NT][4];
     wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < KD; ++kk) {
-      wgmma_ss<T, NT>(pt, k_major_descriptor<M>(k_tile, kk), k_major_descriptor<N>(q_step, kk), kk > 0);
-    }
-#pragma unroll
-    for (int kk = 0; kk < KD; ++kk) {
-      wgmma_ss<T, NT>(ds, k_major_descriptor<M>(v_tile, kk), k_major_descriptor<N>(do_step, kk), kk > 0);
-    }
+    issue_product_nt<T, D, N>(pt, k_tile, q_step);
+    issue_product_nt<T, D, N>(ds, v_tile, do_step);
     wgmma_commit();
     wgmma_wait<0>();
 
@@ -152,10 +142,8 @@ __global__ void __launch_bounds__(128, 1) attention_tc_wgmma_dkdv_kernel(Params 
 
     // dV += P^T dO and dK += dS^T Q: B = the step's dO and Q read MN-major.
     wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < KN; ++kk) wgmma<T, DT, true>(dv, pf[kk], mn_major_descriptor<N>(do_step, kk), true);
-#pragma unroll
-    for (int kk = 0; kk < KN; ++kk) wgmma<T, DT, true>(dk, dsf[kk], mn_major_descriptor<N>(q_step, kk), true);
+    issue_product_nn<T, N>(dv, pf, do_step);
+    issue_product_nn<T, N>(dk, dsf, q_step);
     wgmma_commit();
     wgmma_wait<0>();  // the stage is read before the barrier below lets step + 2 load into it
     __syncthreads();
@@ -170,7 +158,7 @@ __global__ void __launch_bounds__(128, 1) attention_tc_wgmma_dkdv_kernel(Params 
 template <typename T, int D>
 __global__ void __launch_bounds__(128, 1) attention_tc_wgmma_dq_kernel(Params p) {
   using S = WgmmaBackwardShape<D>;
-  constexpr int M = S::kRows, N = S::kCols, NT = N / 8, DT = D / 8, KD = D / 16, KN = N / 16;
+  constexpr int M = S::kRows, N = S::kCols, NT = N / 8, DT = D / 8, KN = N / 16;
   extern __shared__ __align__(16) unsigned char attention_tc_smem[];
   unsigned char* base = aligned_smem_base(attention_tc_smem);
   unsigned char* q_tile = base;                   // (M, D) swizzled
@@ -180,18 +168,12 @@ __global__ void __launch_bounds__(128, 1) attention_tc_wgmma_dq_kernel(Params p)
   const int64_t bh = cta.bh, q0 = cta.q0, r0 = cta.r0;
   const T* k = static_cast<const T*>(p.k) + head_offset(p.k_layout, bh, p.heads);
   const T* v = static_cast<const T*>(p.v) + head_offset(p.v_layout, bh, p.heads);
-  // Rows past Tq and rows without keys get lse2 = +inf: p = 0 on every path.
   float lse2[2], delta[2];
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int64_t row = r0 + g + 8 * h;
-    lse2[h] = row < p.q_len ? lse_log2(p.lse[bh * p.q_len + row]) : kPosInf;
-    delta[h] = row < p.q_len ? p.delta[bh * p.q_len + row] : 0.0f;
-  }
+  query_rows_lse2_delta(p, bh, r0 + g, lse2, delta);
   const int64_t k_end = p.causal && q0 + M < p.kv_len ? q0 + M : p.kv_len;
   const int64_t blocks = ceil_div(k_end, N);
 
-  const auto stage = [&](int64_t block) { return base + S::kStages + (block % 2) * S::kStageBytes; };
+  const auto stage = [&](int64_t block) { return base + S::kFirstStage + (block % 2) * S::kStageBytes; };
   const auto load_kv = [&](int64_t block) {
     load_swizzled_kv_block<N, D, S::kThreads>(stage(block), S::kStepTile, k, v, block, p);
   };
@@ -221,14 +203,8 @@ __global__ void __launch_bounds__(128, 1) attention_tc_wgmma_dq_kernel(Params p)
       const bool masked = warp_blocks.all_masked || block >= warp_blocks.first_masked;
       float s[NT][4], ds[NT][4];  // (16, N): S = Q K^T, then P; dP = dO V^T, then dS
       wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < KD; ++kk) {
-        wgmma_ss<T, NT>(s, k_major_descriptor<M>(q_tile, kk), k_major_descriptor<N>(k_block, kk), kk > 0);
-      }
-#pragma unroll
-      for (int kk = 0; kk < KD; ++kk) {
-        wgmma_ss<T, NT>(ds, k_major_descriptor<M>(do_tile, kk), k_major_descriptor<N>(v_block, kk), kk > 0);
-      }
+      issue_product_nt<T, D, N>(s, q_tile, k_block);
+      issue_product_nt<T, D, N>(ds, do_tile, v_block);
       wgmma_commit();
       wgmma_wait<0>();
       scores_log2<false, true>(s, masked, p, 0, r0, k0, lane);
@@ -245,8 +221,7 @@ __global__ void __launch_bounds__(128, 1) attention_tc_wgmma_dq_kernel(Params p)
       for (int kk = 0; kk < KN; ++kk) pack_a<T>(dsf[kk], ds, kk);
       // dQ += dS K: B(k = key, n = d) = K(key, d), K's block read MN-major.
       wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < KN; ++kk) wgmma<T, DT, true>(dq, dsf[kk], mn_major_descriptor<N>(k_block, kk), true);
+      issue_product_nn<T, N>(dq, dsf, k_block);
       wgmma_commit();
       wgmma_wait<0>();
     }

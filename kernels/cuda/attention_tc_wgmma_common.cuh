@@ -47,6 +47,12 @@ __device__ __forceinline__ void load_swizzled_tile(unsigned char* tile, const T*
   }
 }
 
+// The dynamic shared memory from its first 1024-byte-aligned byte (the
+// swizzle patterns start there; the kernels ask for 1024 bytes more).
+__device__ __forceinline__ unsigned char* aligned_smem_base(unsigned char* smem) {
+  return smem + (1024 - wgmma_smem_address(smem) % 1024) % 1024;
+}
+
 // Key block `block` (keys block kCols ..) of K and V into the swizzled tiles
 // `to` (K) and `to + tile_bytes` (V): the wgmma forward's and dQ's K/V stages.
 template <int kCols, int D, int kThreads, typename T>
@@ -70,6 +76,28 @@ __device__ __forceinline__ uint64_t k_major_descriptor(const unsigned char* tile
 template <int kRows>
 __device__ __forceinline__ uint64_t mn_major_descriptor(const unsigned char* tile, int kk) {
   return make_descriptor(tile + kk * 16 * 128, kRows * 128, 1024);
+}
+
+// The two product shapes of the backward, each issued (not waited for):
+// d (64 x kRowsB) = A B^T of two K-major swizzled tiles, A (64, D) and B
+// (kRowsB, D), the first product overwriting d ...
+template <typename T, int D, int kRowsB, int NT>
+__device__ __forceinline__ void issue_product_nt(float (&d)[NT][4], const unsigned char* a_tile,
+                                                 const unsigned char* b_tile) {
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+    wgmma_ss<T, NT>(d, k_major_descriptor<64>(a_tile, kk), k_major_descriptor<kRowsB>(b_tile, kk), kk > 0);
+  }
+}
+
+// ... and acc (64 x D) += A B, A (64 x 16 KN) as register fragments, B the
+// (kRowsB = 16 KN, D) swizzled tile read MN-major (also the forward's O += P V).
+template <typename T, int kRowsB, int DT, int KN>
+__device__ __forceinline__ void issue_product_nn(float (&acc)[DT][4], const uint32_t (&a)[KN][4],
+                                                 const unsigned char* b_tile) {
+  static_assert(16 * KN == kRowsB, "A's columns are B's rows");
+#pragma unroll
+  for (int kk = 0; kk < KN; ++kk) wgmma<T, DT, true>(acc, a[kk], mn_major_descriptor<kRowsB>(b_tile, kk), true);
 }
 
 }  // namespace
