@@ -144,31 +144,44 @@ class Table {
   void add(Row row) { rows_.push_back(std::move(row)); }
   // Rows failing with an exception are kept, with its message as a note.
   void add_failure(std::string op, std::string shape, std::string dtype, const std::string& what) {
-    Row row{std::move(op), std::move(shape), std::move(dtype), {}, 0, 0, "skipped: " + first_line(what)};
-    rows_.push_back(std::move(row));
+    rows_.push_back(failure(std::move(op), std::move(shape), std::move(dtype), what));
+  }
+  static Row failure(std::string op, std::string shape, std::string dtype, const std::string& what) {
+    return Row{std::move(op), std::move(shape), std::move(dtype), {}, 0, 0, "skipped: " + first_line(what)};
   }
   // Prints the table; `reference_gbps` is the copy bandwidth of the same run.
   void print(double reference_gbps) const {
+    print_header();
+    for (const Row& row : rows_) print_row(row, reference_gbps);
+  }
+  // A streamed table: its header now, then each row as it is added (add_printed), so that a run
+  // cut short (a deadline, a hung kernel) keeps the rows it measured.
+  void print_header() const {
     std::printf("\n%s\n", title_.c_str());
     std::printf("%-28s %-18s %-9s %12s %10s %9s %8s\n", "op", "shape", "dtype", "median (us)", "GB/s", "TFLOP/s",
                 "% copy");
     std::printf("%s\n", std::string(100, '-').c_str());
-    for (const Row& row : rows_) {
-      if (!row.note.empty()) {
-        std::printf("%-28s %-18s %-9s %s\n", row.op.c_str(), row.shape.c_str(), row.dtype.c_str(), row.note.c_str());
-        continue;
-      }
-      const double seconds = row.time.median_ms * 1e-3;
-      const double gbps = seconds > 0 ? row.bytes / seconds * 1e-9 : 0;
-      char tflops[32] = "-";
-      if (row.flops > 0 && seconds > 0) std::snprintf(tflops, sizeof(tflops), "%.2f", row.flops / seconds * 1e-12);
-      std::printf("%-28s %-18s %-9s %12.1f %10.1f %9s %7.1f%%\n", row.op.c_str(), row.shape.c_str(),
-                  row.dtype.c_str(), row.time.median_ms * 1e3, gbps, tflops,
-                  reference_gbps > 0 ? 100.0 * gbps / reference_gbps : 0.0);
-    }
+    std::fflush(stdout);
+  }
+  void add_printed(Row row, double reference_gbps) {
+    print_row(row, reference_gbps);
+    std::fflush(stdout);
+    rows_.push_back(std::move(row));
   }
 
  private:
+  static void print_row(const Row& row, double reference_gbps) {
+    if (!row.note.empty()) {
+      std::printf("%-28s %-18s %-9s %s\n", row.op.c_str(), row.shape.c_str(), row.dtype.c_str(), row.note.c_str());
+      return;
+    }
+    const double seconds = row.time.median_ms * 1e-3;
+    const double gbps = seconds > 0 ? row.bytes / seconds * 1e-9 : 0;
+    char tflops[32] = "-";
+    if (row.flops > 0 && seconds > 0) std::snprintf(tflops, sizeof(tflops), "%.2f", row.flops / seconds * 1e-12);
+    std::printf("%-28s %-18s %-9s %12.1f %10.1f %9s %7.1f%%\n", row.op.c_str(), row.shape.c_str(), row.dtype.c_str(),
+                row.time.median_ms * 1e3, gbps, tflops, reference_gbps > 0 ? 100.0 * gbps / reference_gbps : 0.0);
+  }
   static std::string first_line(const std::string& text) {
     std::string line = text.substr(0, text.find('\n'));
     return line.size() > 90 ? line.substr(0, 90) + "..." : line;
