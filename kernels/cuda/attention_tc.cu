@@ -59,10 +59,11 @@
 // tensors that open Params, the dropout word, the gradient stores, Params from
 // the arguments, dispatch by head dim, launch), attention_tc_forward.cu and
 // attention_tc_backward.cu (the kernels and their launchers),
-// attention_tc_wgmma.cu and attention_tc_wgmma_backward.cu with
-// attention_tc_wgmma_common.cuh and attention_tc_wgmma_ptx.cuh (the forward
-// and the backward on Hopper's wgmma, sm_90a: forward candidate shapes 7-11
-// and set_attention_wgmma_backward, not yet run on a GPU), and this file
+// attention_tc_wgmma.cu, attention_tc_wgmma_pingpong.cu and
+// attention_tc_wgmma_backward.cu with attention_tc_wgmma_common.cuh and
+// attention_tc_wgmma_ptx.cuh (the forward and the backward on Hopper's wgmma,
+// sm_90a: forward candidate shapes 7-11 and 12, warp-specialized, and
+// set_attention_wgmma_backward, not yet run on a GPU), and this file
 // (dispatch by dtype). scripts/cuda_emu/run.sh runs them all on
 // the CPU.
 #include <cuda_bf16.h>

@@ -170,7 +170,8 @@ using ForwardShape64Warps4Keys64 = ForwardShape<64, 4, 64, 3>;
 using ForwardShape64Warps8Keys64OneCta = ForwardShape<64, 8, 64, 1>;
 using ForwardShape64Warps4Rows32 = ForwardShape<64, 4, 64, 2, 2>;
 using ForwardShape64Warps8Rows32 = ForwardShape<64, 8, 64, 1, 2>;
-// Shapes 7 to 11 run attention_tc_wgmma.cu's kernel (Hopper's wgmma, sm_90a)
+// Shapes 7 to 11 run attention_tc_wgmma.cu's kernel (Hopper's wgmma, sm_90a),
+// shape 12 attention_tc_wgmma_pingpong.cu's (FlashAttention-3's schedule),
 // for head dims 64 and 128: W warpgroups of 64 rows, K and V read by the
 // tensor cores from swizzled shared tiles. One warpgroup per CTA leaves
 // several independent CTAs per SM, whose softmaxes and products interleave.
@@ -182,7 +183,8 @@ constexpr const char* kForwardShapeNames[] = {
     "8 warps of 32 rows, 64-key blocks, 1 CTA/SM", "wgmma: 2 warpgroups, 128-key blocks (sm_90a)",
     "wgmma: 2 warpgroups, 64-key blocks (sm_90a)", "wgmma: 1 warpgroup, 128-key blocks (sm_90a)",
     "wgmma: 1 warpgroup, 64-key blocks (sm_90a)",
-    "wgmma: 2 warpgroups, 64-key blocks, the next block's scores during the softmax (sm_90a)"};
+    "wgmma: 2 warpgroups, 64-key blocks, the next block's scores during the softmax (sm_90a)",
+    "wgmma: a producer and 2 consumer warpgroups taking turns, 128/64-key blocks at D 64/128 (sm_90a)"};
 constexpr int kForwardShapes = sizeof(kForwardShapeNames) / sizeof(kForwardShapeNames[0]);
 
 int forward_shape_from_environment() {

@@ -27,7 +27,8 @@
 // Shape 11 issues the next block's S = Q K^T before this block's softmax, as
 // FlashAttention-3 does (its other half, warpgroups that take turns, is not
 // here: the CTA's barrier per block keeps its warpgroups in step, so their
-// softmaxes leave the tensor cores idle unless another CTA fills them).
+// softmaxes leave the tensor cores idle unless another CTA fills them; shape
+// 12, attention_tc_wgmma_pingpong.cu, has both halves).
 #include <cuda_runtime_api.h>
 
 #include "kernels/cuda/attention_tc_wgmma_common.cuh"
@@ -214,7 +215,8 @@ void launch_forward_wgmma(const Params& p, int64_t heads, int variant, cuda::Str
     case 1: return launch_wgmma_shape<T, D, WgmmaForwardShape<D, 2, 64>>(p, heads, stream);
     case 2: return launch_wgmma_shape<T, D, WgmmaForwardShape<D, 1, 128>>(p, heads, stream);
     case 3: return launch_wgmma_shape<T, D, WgmmaForwardShape<D, 1, 64, D == 64 ? 4 : 1>>(p, heads, stream);
-    default: return launch_wgmma_shape<T, D, WgmmaForwardShape<D, 2, 64, 1, true>>(p, heads, stream);
+    case 4: return launch_wgmma_shape<T, D, WgmmaForwardShape<D, 2, 64, 1, true>>(p, heads, stream);
+    default: return launch_forward_wgmma_pingpong<T, D>(p, heads, stream);
   }
 }
 

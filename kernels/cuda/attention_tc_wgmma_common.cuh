@@ -20,9 +20,10 @@ __device__ __forceinline__ int swizzled_offset(int r, int c) {
 }
 
 // Rows [row0, row0 + kRows) of a (rows, D) matrix of row stride `ld` into a
-// swizzled tile (load_tile's contract otherwise: cp.async when `async`,
-// rows past `rows` zeroed, 32-bit offsets within the tile's rows).
-template <int kRows, int D, int kThreads, typename T>
+// swizzled tile by threads kFirstThread .. + kThreads - 1 (load_tile's
+// contract otherwise: cp.async when `async`, rows past `rows` zeroed, 32-bit
+// offsets within the tile's rows).
+template <int kRows, int D, int kThreads, int kFirstThread = 0, typename T>
 __device__ __forceinline__ void load_swizzled_tile(unsigned char* tile, const T* src, int64_t ld, int64_t row0,
                                                    int64_t rows, bool async) {
   constexpr int kChunks = D / 8;
@@ -32,7 +33,7 @@ __device__ __forceinline__ void load_swizzled_tile(unsigned char* tile, const T*
   const int rows_left = rows - row0 <= 0 ? 0 : rows - row0 >= kRows ? kRows : static_cast<int>(rows - row0);
 #pragma unroll
   for (int it = 0; it < kRows * kChunks / kThreads; ++it) {
-    const int c = it * kThreads + static_cast<int>(threadIdx.x);
+    const int c = it * kThreads + static_cast<int>(threadIdx.x) - kFirstThread;
     const int r = c / kChunks, chunk = c % kChunks;
     T* to = reinterpret_cast<T*>(tile + swizzled_offset<kRows>(r, chunk));
     const T* from = first + r * ld32 + chunk * 8;
@@ -54,12 +55,15 @@ __device__ __forceinline__ unsigned char* aligned_smem_base(unsigned char* smem)
 }
 
 // Key block `block` (keys block kCols ..) of K and V into the swizzled tiles
-// `to` (K) and `to + tile_bytes` (V): the wgmma forward's and dQ's K/V stages.
-template <int kCols, int D, int kThreads, typename T>
+// `to` (K) and `to + tile_bytes` (V) by threads kFirstThread .. + kThreads - 1:
+// the wgmma forward's and dQ's K/V stages.
+template <int kCols, int D, int kThreads, int kFirstThread = 0, typename T>
 __device__ __forceinline__ void load_swizzled_kv_block(unsigned char* to, int tile_bytes, const T* k, const T* v,
                                                        int64_t block, const Params& p) {
-  load_swizzled_tile<kCols, D, kThreads>(to, k, p.k_layout.row, block * kCols, p.kv_len, p.vector_loads);
-  load_swizzled_tile<kCols, D, kThreads>(to + tile_bytes, v, p.v_layout.row, block * kCols, p.kv_len, p.vector_loads);
+  load_swizzled_tile<kCols, D, kThreads, kFirstThread>(to, k, p.k_layout.row, block * kCols, p.kv_len,
+                                                       p.vector_loads);
+  load_swizzled_tile<kCols, D, kThreads, kFirstThread>(to + tile_bytes, v, p.v_layout.row, block * kCols, p.kv_len,
+                                                       p.vector_loads);
 }
 
 // The descriptor of 16 columns (k0 = 16 kk .. + 15) of a K-major swizzled

@@ -135,6 +135,52 @@ __device__ __forceinline__ void wgmma_ss(float (&d)[NT][4], uint64_t a, uint64_t
   }
 }
 
+// ---- the warp-specialized forward's synchronization (attention_tc_wgmma_pingpong.cu)
+
+// mbarrier (PTX ISA, "Parallel Synchronization and Communication Instructions:
+// mbarrier"): a 64-bit shared object whose phase completes when `count`
+// arrivals have been made; waiters name the phase by its parity.
+__device__ __forceinline__ void mbarrier_init(uint64_t* barrier, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(wgmma_smem_address(barrier)), "r"(count) : "memory");
+}
+// One arrival (release semantics at CTA scope).
+__device__ __forceinline__ void mbarrier_arrive(uint64_t* barrier) {
+  asm volatile("{\n.reg .b64 state;\nmbarrier.arrive.shared::cta.b64 state, [%0];\n}\n" ::"r"(
+                   wgmma_smem_address(barrier))
+               : "memory");
+}
+// Waits (acquire semantics) until the phase of parity `parity` has completed.
+__device__ __forceinline__ void mbarrier_wait(uint64_t* barrier, uint32_t parity) {
+  const uint32_t address = wgmma_smem_address(barrier);
+  uint32_t done = 0;
+  do {
+    asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+                 : "=r"(done)
+                 : "r"(address), "r"(parity)
+                 : "memory");
+  } while (done == 0);
+}
+
+// Named barrier `id` (1-15; 0 is __syncthreads) of `threads` threads:
+// bar.sync arrives and waits, bar.arrive only arrives.
+__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+// setmaxnreg (sm_90a): a warpgroup gives up (dec) or claims (inc) registers,
+// so that a producer warpgroup's spare registers go to the consumers.
+template <int kRegisters>
+__device__ __forceinline__ void warpgroup_registers_decrease() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegisters));
+}
+template <int kRegisters>
+__device__ __forceinline__ void warpgroup_registers_increase() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegisters));
+}
+
 #undef KILN_WGMMA_SS_ASM
 #undef KILN_WGMMA_ASM
 #undef KILN_WGMMA_REGS64

@@ -43,7 +43,9 @@ inline const std::vector<Problem>& problems() {
       {2, 2, 70, 90, true, 0, 0.2f},       {2, 2, 70, 90, false, 1, 0.2f},
       {2, 3, 130, 130, true, 0, 0.0f, false, true},
       {2, 2, 70, 70, false, 2, 0.2f, true, true},
-      {2, 2, 70, 90, true, 0, 0.2f, false, false, true}};
+      {2, 2, 70, 90, true, 0, 0.2f, false, false, true},
+      // More key blocks than the warp-specialized forward's 5 stages (shape 12): its ring wraps.
+      {1, 1, 130, 1400, false, 0},         {1, 1, 700, 700, true, 0}};
   return cases;
 }
 

@@ -9,7 +9,7 @@
 import os, re, sys
 root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 units = ['attention_tc_forward.cu', 'attention_tc_backward.cu', 'attention_tc.cu', 'attention_tc_wgmma.cu',
-         'attention_tc_wgmma_backward.cu']
+         'attention_tc_wgmma_backward.cu', 'attention_tc_wgmma_pingpong.cu']
 seen = set()
 def expand(name):
     if name in seen:

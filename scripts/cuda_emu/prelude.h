@@ -9,13 +9,17 @@
 #include <atomic>
 #include <barrier>
 #include <bit>
+#include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -73,11 +77,21 @@ struct WgmmaPending {  // a thread's own part of a product: its accumulators
   int n;
   bool half;
 };
+// An mbarrier's state (emu_wgmma.inc), kept beside shared memory by its address.
+struct MBarrier {
+  int expected = 0, pending = 0;
+  uint32_t phase = 0;  // completed phases
+};
 struct Cta {
   explicit Cta(int threads) : bar(threads) {}
   std::barrier<> bar;
-  Warp warps[8];
-  WarpGroup groups[2];
+  Warp warps[12];
+  WarpGroup groups[3];
+  std::mutex mutex;  // guards named and mbarriers
+  std::unique_ptr<std::barrier<>> named[16];
+  int named_threads[16] = {};
+  std::condition_variable mbarrier_changed;
+  std::map<const void*, MBarrier> mbarriers;
 };
 struct Copy {
   void* to;
@@ -90,8 +104,27 @@ inline thread_local std::vector<Copy> open_group;
 inline bool eager = false;  // perform copies at issue (else at the wait that covers them)
 inline unsigned char* smem_begin = nullptr;
 inline size_t smem_bytes = 0;
+// EMU_COPY_DELAY_US: a wait that performs copies first sleeps a random 0 to twice this long, so
+// that a reader not ordered after that wait (by the copier's wait and a barrier) reads too early
+// here more often; only in threads from EMU_COPY_DELAY_FROM on (e.g. 256: shape 12's producer).
+inline long environment_number(const char* name) { return std::getenv(name) ? std::atol(std::getenv(name)) : 0; }
+inline const long copy_delay_us = environment_number("EMU_COPY_DELAY_US");
+inline const long copy_delay_from = environment_number("EMU_COPY_DELAY_FROM");
+// Copies issued and not yet performed, per 16 bytes of shared memory: the tensor cores' and
+// ldmatrix's reads of such bytes fail (read_landed), whether or not the stale bytes differ.
+inline std::atomic<int> copies_in_flight[232448 / 16];
+inline std::atomic<int>& in_flight(const void* to) {
+  return copies_in_flight[(static_cast<const unsigned char*>(to) - smem_begin) / 16];
+}
+inline void read_landed(const void* p, size_t bytes) {
+  const auto* c = static_cast<const unsigned char*>(p);
+  for (const unsigned char* chunk = c; chunk < c + bytes; chunk += 16) {
+    EMU_REQUIRE(in_flight(chunk).load() == 0, "shared memory read before the cp.async writing it was waited for");
+  }
+}
 inline std::atomic<long> mma_count{0}, ldmatrix_count{0}, copy_count{0}, wgmma_count{0}, wgmma_fence_count{0};
 inline thread_local std::vector<WgmmaPending> wgmma_pending;  // issued, not yet waited
+inline thread_local std::vector<size_t> wgmma_group_ends;      // wgmma_pending.size() at each commit not yet waited for
 
 inline Warp& warp() { return cta->warps[threadIdx.x / 32]; }
 inline WarpGroup& warp_group() { return cta->groups[threadIdx.x / 128]; }

@@ -2,7 +2,9 @@
 # Runs kernels/cuda/attention_tc*.cu's kernels on the CPU under a PTX emulation
 # (one OS thread per CUDA thread; mma.sync m16n8k16, ldmatrix, cp.async and
 # wgmma m64nNk16 with its swizzled shared-memory descriptors emulated from the
-# PTX ISA's tables; shared memory and outputs start as NaN)
+# PTX ISA's tables, mbarriers and named barriers; shared memory and outputs
+# start as NaN; a tensor-core read of bytes a cp.async has not yet landed
+# fails; EMU_COPY_DELAY_US / EMU_COPY_DELAY_FROM (prelude.h) make copies land late)
 # and compares out, lse, dq, dk and dv with a float64 reference. A development
 # tool for sessions without a GPU, not part of CI: it shares the author's
 # reading of the PTX fragment layouts, so it checks the schedule, indexing,
@@ -13,7 +15,7 @@
 #                                           # the forward's candidate CTA shape 2 (attention_tc_forward.cu)
 #                                           # on the problems without dropout or a mask
 #   KILN_ATTENTION_FORWARD_SHAPE=7 bash scripts/cuda_emu/run.sh 128
-#                                           # the wgmma forward (shapes 7-11; head dims 64 and 128)
+#                                           # the wgmma forward (shapes 7-12; head dims 64 and 128)
 #   KILN_ATTENTION_WGMMA_BACKWARD=1 bash scripts/cuda_emu/run.sh 64
 #                                           # the wgmma backward (dK/dV and dQ; head dims 64 and 128)
 # Kernel files without inline PTX (norm.cu, indexing.cu, softmax.cu, ...) and attention.cu: run_kernels.sh.

@@ -6,7 +6,7 @@
 # the CPU has ever run. Launches through a variable (optim.cu's launch_chunks,
 # attention_common.cuh's launch) name the variable, so those files' kernels
 # are listed as unresolved rather than missing. A development tool for
-# sessions without a GPU, not part of CI; about 40 minutes on two cores.
+# sessions without a GPU, not part of CI; about 50 minutes on two cores.
 #   bash scripts/cuda_emu/run_all.sh            # logs in $KILN_EMU_DIR/all (default /tmp/kiln-cuda-emu/all)
 #   bash scripts/cuda_emu/run_all.sh quick      # without elementwise, attention and run.sh (about 12 minutes)
 set -uo pipefail
@@ -38,6 +38,20 @@ if [ "${1:-}" != quick ]; then
     failed=1
   fi
   printf '%-14s %-7s %5d s   %s\n' attention_wgmma "$status" $(( $(date +%s) - start )) "$(tail -n 1 "$wgmma_log")"
+  # The warp-specialized forward (shape 12), its producer's copies landing late at random (up to
+  # 40 ms): a consumer that read a stage before its mbarrier said so would read bytes in flight.
+  start=$(date +%s)
+  pingpong_log="$logs/attention_pingpong.log"
+  export EMU_COPY_DELAY_US=20000 EMU_COPY_DELAY_FROM=256
+  if KILN_ATTENTION_FORWARD_SHAPE=12 bash "$here/run.sh" 64 >"$pingpong_log" 2>&1 &&
+    KILN_ATTENTION_FORWARD_SHAPE=12 bash "$here/run.sh" 128 >>"$pingpong_log" 2>&1; then
+    status=passed
+  else
+    status=FAILED
+    failed=1
+  fi
+  unset EMU_COPY_DELAY_US EMU_COPY_DELAY_FROM
+  printf '%-14s %-7s %5d s   %s\n' attention_ws "$status" $(( $(date +%s) - start )) "$(tail -n 1 "$pingpong_log")"
 fi
 # Kernels never launched: every __global__ name, against the names the traces saw.
 launched="$(cat "$logs"/*.log | sed -n 's/^launch \([A-Za-z_0-9:]*\).*/\1/p' | sed 's/.*:://' | sort -u)"

@@ -1,0 +1,258 @@
+// attention_tc's forward on wgmma (sm_90a; this file alone is compiled for
+// that target, see kernels/CMakeLists.txt) with FlashAttention-3's whole
+// schedule: forward CTA shape 12, head dims 64 and 128 without dropout or an
+// additive mask; same rounding points and outputs as attention_tc_wgmma.cu.
+//  - Warp specialization: a producer warpgroup (threads 256-383) only loads
+//    K/V blocks into a ring of kStages swizzled stages; two consumer
+//    warpgroups (threads 0-255, 64 queries each) only compute. They meet at
+//    mbarriers, not at CTA barriers: full[s] (stage s holds its next block)
+//    and empty[s] (both consumers are done with it). The producer gives up
+//    registers (setmaxnreg) so that the consumers can hold more.
+//  - Pingpong: the consumers take turns at the tensor cores (two named
+//    barriers): one issues its products while the other runs its softmax, so
+//    the softmaxes, which leave the tensor cores idle in shapes 7-11, are
+//    hidden behind the other warpgroup's products.
+//  - Within a consumer, one "burst" per turn: block i's S = Q K^T and block
+//    i - 1's O += P V, issued together; the softmax of block i then runs
+//    while block i - 1's P V is still on the tensor cores (FlashAttention-3's
+//    intra-warpgroup overlap), and P's fragments stay untouched until it ends.
+// A stage is released two bursts after its S (its V's product ends then),
+// so the producer, loading kStages - 2 blocks ahead of the consumers, needs
+// 5 stages to keep two blocks in flight; it signals block b full once its own
+// copies of b are waited for (cp.async wait, proxy fence, mbarrier arrive),
+// one block behind its issue, as the other wgmma kernels do at their barrier.
+// The turns keep the consumers within one turn of each other, far less than
+// kStages, so each phase of an empty barrier counts both consumers' releases
+// of one block.
+// Not yet run on a GPU. Emulated (KILN_ATTENTION_FORWARD_SHAPE=12
+// scripts/cuda_emu/run.sh 64 and 128, also with the producer's copies landing
+// late, EMU_COPY_DELAY_US=20000 EMU_COPY_DELAY_FROM=256): 0 failures; caught
+// there: the producer signalling a block before its copies land, no wait for
+// block i's S before its softmax, a consumer waiting for the wrong phase
+// (deadlock), a stage released before its P V ended, acc rescaled while a
+// P V still adds into it, no wait for a free stage (deadlock). ptxas (CUDA
+// 13.0): 168 registers at launch, the consumers at 232 and the producer at 40
+// after setmaxnreg, no spills; each turn's products issue back to back
+// (HGMMA x 12, one wait).
+#include <cuda_runtime_api.h>
+
+#include "kernels/cuda/attention_tc_wgmma_common.cuh"
+
+namespace kiln::kernels::attention_tc {
+
+namespace {
+
+// 128 queries per CTA (two consumer warpgroups), key blocks of 128 (D 64) or
+// 64 (D 128) keys, so that a stage (K and V) is 32 KiB either way. Shared
+// memory (from a 1024-byte-aligned base): Q (rows padded as the mma.sync
+// kernel's, read by ldmatrix), the kStages K/V stages, then the mbarriers.
+template <int D>
+struct PingpongShape {
+  static_assert(D == 64 || D == 128, "wgmma products of N = D: 64 or 128");
+  static constexpr int kConsumers = 256, kProducers = 128, kThreads = kConsumers + kProducers;
+  static constexpr int kRows = 128;
+  static constexpr int kCols = D == 64 ? 128 : 64;
+  static constexpr int kStages = 5;
+  static constexpr int kLd = D + kPad;
+  static constexpr int kTileBytes = kCols * D * 2;
+  static constexpr int kStageBytes = 2 * kTileBytes;
+  static constexpr int kKv = (kRows * kLd * 2 + 1023) / 1024 * 1024;
+  static constexpr int kBarriers = kKv + kStages * kStageBytes;  // full[kStages], then empty[kStages]
+  static constexpr size_t kBytes = size_t{kBarriers} + 2 * kStages * sizeof(uint64_t) + 1024;
+  // 384 threads launch with at most 168 registers each (65536 / 384, in steps of 8);
+  // 2 x 128 x 232 + 128 x 40 = 64512 of the SM's 65536 (the three must sum to 3 x 168).
+  static constexpr int kProducerRegisters = 40, kConsumerRegisters = 232;
+};
+static_assert(PingpongShape<64>::kBytes <= kMaxSmem && PingpongShape<128>::kBytes <= kMaxSmem);
+
+// Key block `block` of K and V into a stage (K at `to`, V tile_bytes after
+// it) by the producer's kProducers threads, in swizzled_offset's layout with
+// load_swizzled_tile's contract (cp.async when p.vector_loads, rows past
+// kv_len zeroed). Thread t copies 16-byte chunk t % kChunks of rows t /
+// kChunks + j kRowStep: a multiple of 8 apart, so its chunks share one
+// swizzle and its addresses advance by constants (load_swizzled_tile's
+// general map made the producer spill at its 56 registers).
+template <int N, int D, int kProducers, typename T>
+__device__ __forceinline__ void produce_kv_block(unsigned char* to, int tile_bytes, const T* k, const T* v,
+                                                 int64_t block, const Params& p, int thread) {
+  constexpr int kChunks = D / 8, kRowStep = kProducers / kChunks;
+  static_assert(kProducers % kChunks == 0 && kRowStep % 8 == 0 && N % kRowStep == 0, "one swizzle per thread");
+  const int chunk = thread % kChunks, row = thread / kChunks;
+  const int64_t row0 = block * N;
+  const int rows_left = p.kv_len - row0 >= N ? N : static_cast<int>(p.kv_len - row0);
+  const int offset = swizzled_offset<N>(row, chunk);
+#pragma unroll
+  for (int tile = 0; tile < 2; ++tile) {
+    const int64_t ld = tile == 0 ? p.k_layout.row : p.v_layout.row;
+    const T* from = (tile == 0 ? k : v) + (row0 + row) * ld + chunk * 8;
+    unsigned char* dst = to + tile * tile_bytes + offset;
+#pragma unroll
+    for (int j = 0; j < N / kRowStep; ++j) {
+      T* chunk_to = reinterpret_cast<T*>(dst + j * kRowStep * 128);
+      const T* chunk_from = from + j * kRowStep * ld;
+      if (row + j * kRowStep >= rows_left) {
+        *reinterpret_cast<uint4*>(chunk_to) = make_uint4(0, 0, 0, 0);
+      } else if (p.vector_loads) {
+        cp_async_16(chunk_to, chunk_from);
+      } else {
+#pragma unroll
+        for (int e = 0; e < 8; ++e) chunk_to[e] = chunk_from[e];
+      }
+    }
+  }
+}
+
+// Named barriers (0 is __syncthreads): the consumers' Q tile, and each consumer's turn.
+constexpr int kQueryTileBarrier = 1, kFirstTurnBarrier = 2;
+
+template <typename T, int D, typename S>
+__global__ void __launch_bounds__(S::kThreads, 1) attention_tc_wgmma_pingpong_kernel(Params p) {
+  constexpr int M = S::kRows, N = S::kCols, NT = N / 8, DT = D / 8, KD = D / 16, KN = N / 16, LD = S::kLd;
+  constexpr int kStages = S::kStages;
+  extern __shared__ __align__(16) unsigned char attention_tc_smem[];
+  unsigned char* base = aligned_smem_base(attention_tc_smem);
+  T* q_tile = reinterpret_cast<T*>(base);
+  uint64_t* full = reinterpret_cast<uint64_t*>(base + S::kBarriers);
+  uint64_t* empty = full + kStages;
+  const QueryCta cta = query_cta<M>(p);
+  const int warp = cta.warp, lane = cta.lane, g = cta.g, t = cta.t;
+  const int64_t bh = cta.bh, q0 = cta.q0, r0 = cta.r0, mask_base = cta.mask_base;
+  const T* k = static_cast<const T*>(p.k) + head_offset(p.k_layout, bh, p.heads);
+  const T* v = static_cast<const T*>(p.v) + head_offset(p.v_layout, bh, p.heads);
+  const int64_t k_end = p.causal && q0 + M < p.kv_len ? q0 + M : p.kv_len;
+  const int64_t blocks = ceil_div(k_end, N);
+  const auto stage = [&](int64_t block) { return base + S::kKv + (block % kStages) * S::kStageBytes; };
+  // Completion j of a stage's barrier is its block s + j kStages: waited for by that completion's parity.
+  const auto parity = [](int64_t use) { return static_cast<uint32_t>(use & 1); };
+
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      mbarrier_init(&full[s], S::kProducers);
+      mbarrier_init(&empty[s], S::kConsumers);
+    }
+  }
+  __syncthreads();
+
+  if (threadIdx.x >= S::kConsumers) {  // the producer
+    warpgroup_registers_decrease<S::kProducerRegisters>();
+    for (int64_t block = 0; block <= blocks; ++block) {
+      if (block < blocks) {
+        if (block >= kStages) mbarrier_wait(&empty[block % kStages], parity(block / kStages - 1));
+        produce_kv_block<N, D, S::kProducers>(stage(block), S::kTileBytes, k, v, block, p,
+                                              static_cast<int>(threadIdx.x) - S::kConsumers);
+      }
+      cp_async_commit();
+      if (block > 0) {
+        cp_async_wait<1>();   // block - 1's copies (this thread's) are in ...
+        fence_proxy_async();  // ... and ordered before the tensor cores' reads
+        mbarrier_arrive(&full[(block - 1) % kStages]);
+      }
+    }
+    cp_async_wait<0>();
+    return;
+  }
+
+  // A consumer: warpgroup w = warp / 4 owns queries q0 + 64 w ..; warp w of it 16 of them, as in shapes 7-11.
+  warpgroup_registers_increase<S::kConsumerRegisters>();
+  const int group = warp / 4;
+  const T* q = static_cast<const T*>(p.q) + head_offset(p.q_layout, bh, p.heads);
+  load_tile<M, D, S::kConsumers>(q_tile, q, p.q_layout.row, q0, p.q_len, p.vector_loads);
+  cp_async_commit();
+  cp_async_wait<0>();
+  named_barrier_sync(kQueryTileBarrier, S::kConsumers);
+  uint32_t qf[KD][4];  // the warp's 16 rows of Q as A fragments, for the whole loop
+#pragma unroll
+  for (int kk = 0; kk < KD; ++kk) load_a(qf[kk], q_tile + warp * 16 * LD, LD, 16 * kk, lane);
+
+  const QueryRowBlocks warp_blocks = query_row_blocks<N, false>(p, r0);
+  float m[2] = {kNegInf, kNegInf}, l[2] = {0.0f, 0.0f};
+  float acc[DT][4] = {};  // (16, D): the warp's unnormalized output
+  float s[NT][4];         // (16, N): block i's scores after turn i, then its probabilities
+  uint32_t pf[KN][4];     // (16, N): block i - 1's P as A fragments, read by the tensor cores during turn i
+  const int my_turn = kFirstTurnBarrier + group, other_turn = kFirstTurnBarrier + 1 - group;
+
+  // Turn i (0 .. blocks) issues block i's S (i < blocks) and block i - 1's P V (i > 0); the first and
+  // the last turn are peeled, so that no product is issued under a condition (ptxas serializes wgmma
+  // issued on paths it cannot prove warp-uniform). Both warpgroups compute every block of the CTA
+  // (under causal masking warpgroup 0's last block may lie above its rows: all masked, it adds p = 0).
+  const auto take_turn = [&] {
+    named_barrier_sync(my_turn, S::kConsumers);
+    wgmma_fence();  // s, acc and pf were last written by ordinary instructions
+  };
+  const auto end_turn = [&](int64_t i) {
+    if (group == 0 || i < blocks) named_barrier_arrive(other_turn, S::kConsumers);
+  };
+  const auto wait_full = [&](int64_t block) { mbarrier_wait(&full[block % kStages], parity(block / kStages)); };
+  const auto issue_scores = [&](int64_t block) {
+#pragma unroll
+    for (int kk = 0; kk < KD; ++kk) wgmma<T, NT, false>(s, qf[kk], k_major_descriptor<N>(stage(block), kk), kk > 0);
+    wgmma_commit();
+  };
+  // Before turn i > 0: block i - 1's scores (complete since turn i - 1) through the online softmax
+  // into pf, once block i - 2's P V (issued at turn i - 1) has ended; its stage is then released.
+  const auto softmax_into_pf = [&](int64_t i) {
+    const int64_t block = i - 1;
+    if (warp_blocks.all_masked || block >= warp_blocks.first_masked) {
+      mask_scores<false, true>(s, 1.0f, p, mask_base, r0, block * N, lane);
+    }
+    float alpha[2];
+    const bool rescale = online_softmax<false>(s, m, l, alpha, p.scale_log2, 0u);
+    wgmma_wait<0>();
+    if (i >= 2) mbarrier_arrive(&empty[(i - 2) % kStages]);
+    if (__any_sync(0xffffffffu, rescale)) {
+#pragma unroll
+      for (int n = 0; n < DT; ++n) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[n][e] *= alpha[e / 2];
+      }
+    }
+#pragma unroll
+    for (int kk = 0; kk < KN; ++kk) pack_a<T>(pf[kk], s, kk);
+  };
+  const auto issue_pv = [&](int64_t block) {
+    issue_product_nn<T, N>(acc, pf, stage(block) + S::kTileBytes);
+    wgmma_commit();
+  };
+
+  if (blocks > 0) {
+    if (group == 1) named_barrier_arrive(kFirstTurnBarrier, S::kConsumers);  // warpgroup 0 goes first
+    wait_full(0);
+    take_turn();
+    issue_scores(0);
+    end_turn(0);
+    wgmma_wait<0>();
+    for (int64_t i = 1; i < blocks; ++i) {
+      softmax_into_pf(i);
+      wait_full(i);
+      take_turn();
+      issue_scores(i);
+      issue_pv(i - 1);
+      end_turn(i);
+      wgmma_wait<1>();  // block i's S is complete (block i - 1's P V may still run)
+    }
+    softmax_into_pf(blocks);
+    take_turn();
+    issue_pv(blocks - 1);
+    end_turn(blocks);
+  }
+  wgmma_wait<0>();
+
+  T* out = static_cast<T*>(p.out) + head_offset(p.out_layout, bh, p.heads);
+  store_output_rows<T>(out, acc, m, l, r0, bh, p, g, t);
+}
+
+}  // namespace
+
+template <typename T, int D>
+void launch_forward_wgmma_pingpong(const Params& p, int64_t heads, cuda::Stream stream) {
+  using S = PingpongShape<D>;
+  launch(attention_tc_wgmma_pingpong_kernel<T, D, S>, heads * ceil_div(p.q_len, S::kRows), S::kThreads, S::kBytes,
+         stream, p, "scaled_dot_product_attention forward (wgmma, warp-specialized)");
+}
+
+template void launch_forward_wgmma_pingpong<__half, 64>(const Params&, int64_t, cuda::Stream);
+template void launch_forward_wgmma_pingpong<__half, 128>(const Params&, int64_t, cuda::Stream);
+template void launch_forward_wgmma_pingpong<__nv_bfloat16, 64>(const Params&, int64_t, cuda::Stream);
+template void launch_forward_wgmma_pingpong<__nv_bfloat16, 128>(const Params&, int64_t, cuda::Stream);
+
+}  // namespace kiln::kernels::attention_tc
