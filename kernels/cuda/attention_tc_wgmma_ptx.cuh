@@ -10,6 +10,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime_api.h>
 
+#include <atomic>
 #include <cstdint>
 #include <type_traits>
 
@@ -36,13 +37,21 @@ namespace {
 // after the batch, and wgmma_wait<0>() before D is read or the shared tiles
 // are overwritten.
 
-// Whether the current device runs this file's sm_90a code: compute capability 9.0 exactly.
+// Whether the current device runs this file's sm_90a code: compute capability 9.0 exactly. Asked
+// once per device (a launcher calls it at every launch, dozens of times per GPT-2 step).
 inline bool wgmma_device() {
   int device = 0, major = 0, minor = 0;
   if (cudaGetDevice(&device) != cudaSuccess) return false;
+  static std::atomic<signed char> known[64] = {};  // per device: 0 not yet asked, 1 yes, -1 no
+  if (device >= 0 && device < 64) {
+    const signed char answer = known[device].load(std::memory_order_relaxed);
+    if (answer != 0) return answer > 0;
+  }
   if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) return false;
   if (cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess) return false;
-  return major == 9 && minor == 0;
+  const bool sm90 = major == 9 && minor == 0;
+  if (device >= 0 && device < 64) known[device].store(sm90 ? 1 : -1, std::memory_order_relaxed);
+  return sm90;
 }
 
 __device__ __forceinline__ uint32_t wgmma_smem_address(const void* pointer) {
