@@ -135,7 +135,7 @@ AttentionCudaKernels attention_cuda_kernels();
 // attention_forward_shape_name(i) describes shape i ("" for any other index);
 // attention_forward_shape_applies(i, D) says whether shape i runs for head
 // dim D (0 for every D; 1-6 for D = 64, GPT-2's attention; the wgmma shapes,
-// which need compute capability 9.0, for 64 and 128): where it does not, the
+// which need compute capability 9.0, for 64 and 128, 13 for 64): where it does not, the
 // default runs. set_attention_forward_shape throws for an index
 // out of range. Process-wide, read at each launch; the environment variable
 // KILN_ATTENTION_FORWARD_SHAPE sets it at start-up. Without CUDA only 0 exists.

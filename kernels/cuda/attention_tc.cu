@@ -62,7 +62,7 @@
 // attention_tc_wgmma.cu, attention_tc_wgmma_pingpong.cu and
 // attention_tc_wgmma_backward.cu with attention_tc_wgmma_common.cuh and
 // attention_tc_wgmma_ptx.cuh (the forward and the backward on Hopper's wgmma,
-// sm_90a: forward candidate shapes 7-11 and 12, warp-specialized, and
+// sm_90a: forward candidate shapes 7-11 and 12-13, warp-specialized, and
 // set_attention_wgmma_backward, not yet run on a GPU), and this file
 // (dispatch by dtype). scripts/cuda_emu/run.sh runs them all on
 // the CPU.

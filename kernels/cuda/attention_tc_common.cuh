@@ -53,9 +53,10 @@ void launch_dq(const Params& p, int64_t heads, cuda::Stream stream);
 // attention_tc_forward.cu's candidates); throws on another GPU.
 template <typename T, int D>
 void launch_forward_wgmma(const Params& p, int64_t heads, int variant, cuda::Stream stream);
-// Its warp-specialized pingpong kernel (attention_tc_wgmma_pingpong.cu), variant 5.
+// Its warp-specialized kernel (attention_tc_wgmma_pingpong.cu) with `consumers`
+// consumer warpgroups: 2 (variant 5), or 3 for D = 64 (variant 6).
 template <typename T, int D>
-void launch_forward_wgmma_pingpong(const Params& p, int64_t heads, cuda::Stream stream);
+void launch_forward_wgmma_pingpong(const Params& p, int64_t heads, int consumers, cuda::Stream stream);
 
 // The backward's two kernels on wgmma (attention_tc_wgmma_backward.cu, sm_90a)
 // for D = 64 and 128 without dropout or a mask; throw on another GPU.

@@ -171,11 +171,19 @@ using ForwardShape64Warps8Keys64OneCta = ForwardShape<64, 8, 64, 1>;
 using ForwardShape64Warps4Rows32 = ForwardShape<64, 4, 64, 2, 2>;
 using ForwardShape64Warps8Rows32 = ForwardShape<64, 8, 64, 1, 2>;
 // Shapes 7 to 11 run attention_tc_wgmma.cu's kernel (Hopper's wgmma, sm_90a),
-// shape 12 attention_tc_wgmma_pingpong.cu's (FlashAttention-3's schedule),
+// shapes 12 and 13 attention_tc_wgmma_pingpong.cu's (FlashAttention-3's
+// schedule; 13, with three consumer warpgroups, for D = 64 only),
 // for head dims 64 and 128: W warpgroups of 64 rows, K and V read by the
 // tensor cores from swizzled shared tiles. One warpgroup per CTA leaves
 // several independent CTAs per SM, whose softmaxes and products interleave.
-constexpr int kFirstWgmmaShape = 7;
+constexpr int kFirstWgmmaShape = 7, kThreeConsumerShape = 13;
+
+// Whether candidate shape `shape` has a kernel for head dim D.
+bool shape_applies(int shape, int64_t D) {
+  if (shape == kThreeConsumerShape) return D == 64;
+  if (shape >= kFirstWgmmaShape) return D == 64 || D == 128;
+  return shape == 0 || D == 64;
+}
 constexpr const char* kForwardShapeNames[] = {
     "8 warps, 64-key blocks, 2 CTAs/SM (default)", "8 warps, 128-key blocks, 1 CTA/SM",
     "4 warps, 128-key blocks, 2 CTAs/SM", "4 warps, 64-key blocks, 3 CTAs/SM",
@@ -184,7 +192,8 @@ constexpr const char* kForwardShapeNames[] = {
     "wgmma: 2 warpgroups, 64-key blocks (sm_90a)", "wgmma: 1 warpgroup, 128-key blocks (sm_90a)",
     "wgmma: 1 warpgroup, 64-key blocks (sm_90a)",
     "wgmma: 2 warpgroups, 64-key blocks, the next block's scores during the softmax (sm_90a)",
-    "wgmma: a producer and 2 consumer warpgroups taking turns, 128/64-key blocks at D 64/128 (sm_90a)"};
+    "wgmma: a producer and 2 consumer warpgroups taking turns, 128/64-key blocks at D 64/128 (sm_90a)",
+    "wgmma: a producer and 3 consumer warpgroups taking turns, 128-key blocks, D 64 only (sm_90a)"};
 constexpr int kForwardShapes = sizeof(kForwardShapeNames) / sizeof(kForwardShapeNames[0]);
 
 int forward_shape_from_environment() {
@@ -212,7 +221,7 @@ template <typename T, int D>
 void launch_forward(const Params& p, int64_t heads, cuda::Stream stream) {
   const int shape = forward_shape.load(std::memory_order_relaxed);
   if constexpr (D == 64 || D == 128) {
-    if (shape >= kFirstWgmmaShape && !p.dropout && p.mask == nullptr) {
+    if (shape >= kFirstWgmmaShape && shape_applies(shape, D) && !p.dropout && p.mask == nullptr) {
       return launch_forward_wgmma<T, D>(p, heads, shape - kFirstWgmmaShape, stream);
     }
   }
@@ -250,10 +259,7 @@ void set_attention_forward_shape(int index) {
 int attention_forward_shape() { return attention_tc::forward_shape.load(std::memory_order_relaxed); }
 int attention_forward_shape_count() { return attention_tc::kForwardShapes; }
 bool attention_forward_shape_applies(int index, int64_t head_dim) {
-  if (index >= attention_tc::kFirstWgmmaShape && index < attention_tc::kForwardShapes) {
-    return head_dim == 64 || head_dim == 128;
-  }
-  return index == 0 || (index > 0 && index < attention_tc::kForwardShapes && head_dim == 64);
+  return index >= 0 && index < attention_tc::kForwardShapes && attention_tc::shape_applies(index, head_dim);
 }
 const char* attention_forward_shape_name(int index) {
   return index >= 0 && index < attention_tc::kForwardShapes ? attention_tc::kForwardShapeNames[index] : "";

@@ -216,7 +216,8 @@ void launch_forward_wgmma(const Params& p, int64_t heads, int variant, cuda::Str
     case 2: return launch_wgmma_shape<T, D, WgmmaForwardShape<D, 1, 128>>(p, heads, stream);
     case 3: return launch_wgmma_shape<T, D, WgmmaForwardShape<D, 1, 64, D == 64 ? 4 : 1>>(p, heads, stream);
     case 4: return launch_wgmma_shape<T, D, WgmmaForwardShape<D, 2, 64, 1, true>>(p, heads, stream);
-    default: return launch_forward_wgmma_pingpong<T, D>(p, heads, stream);
+    case 5: return launch_forward_wgmma_pingpong<T, D>(p, heads, 2, stream);
+    default: return launch_forward_wgmma_pingpong<T, D>(p, heads, 3, stream);
   }
 }
 

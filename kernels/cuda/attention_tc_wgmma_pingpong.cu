@@ -1,15 +1,16 @@
 // attention_tc's forward on wgmma (sm_90a; this file alone is compiled for
 // that target, see kernels/CMakeLists.txt) with FlashAttention-3's whole
-// schedule: forward CTA shape 12, head dims 64 and 128 without dropout or an
-// additive mask; same rounding points and outputs as attention_tc_wgmma.cu.
-//  - Warp specialization: a producer warpgroup (threads 256-383) only loads
-//    K/V blocks into a ring of kStages swizzled stages; two consumer
-//    warpgroups (threads 0-255, 64 queries each) only compute. They meet at
+// schedule: forward CTA shapes 12 (head dims 64 and 128) and 13 (64), without
+// dropout or an additive mask; same rounding points and outputs as
+// attention_tc_wgmma.cu.
+//  - Warp specialization: a producer warpgroup (the last 128 threads) only
+//    loads K/V blocks into a ring of kStages swizzled stages; G consumer
+//    warpgroups (64 queries each; G = 2 in shape 12, 3 in shape 13) only compute. They meet at
 //    mbarriers, not at CTA barriers: full[s] (stage s holds its next block)
-//    and empty[s] (both consumers are done with it). The producer gives up
+//    and empty[s] (every consumer is done with it). The producer gives up
 //    registers (setmaxnreg) so that the consumers can hold more.
-//  - Pingpong: the consumers take turns at the tensor cores (two named
-//    barriers): one issues its products while the other runs its softmax, so
+//  - Pingpong: the consumers take turns at the tensor cores (a named barrier
+//    each): one issues its products while the others run their softmax, so
 //    the softmaxes, which leave the tensor cores idle in shapes 7-11, are
 //    hidden behind the other warpgroup's products.
 //  - Within a consumer, one "burst" per turn: block i's S = Q K^T and block
@@ -22,18 +23,19 @@
 // copies of b are waited for (cp.async wait, proxy fence, mbarrier arrive),
 // one block behind its issue, as the other wgmma kernels do at their barrier.
 // The turns keep the consumers within one turn of each other, far less than
-// kStages, so each phase of an empty barrier counts both consumers' releases
+// kStages, so each phase of an empty barrier counts every consumer's release
 // of one block.
 // Not yet run on a GPU. Emulated (KILN_ATTENTION_FORWARD_SHAPE=12
-// scripts/cuda_emu/run.sh 64 and 128, also with the producer's copies landing
-// late, EMU_COPY_DELAY_US=20000 EMU_COPY_DELAY_FROM=256): 0 failures; caught
+// scripts/cuda_emu/run.sh 64 and 128, and 13 at 64, also with the producer's
+// copies landing late, EMU_COPY_DELAY_US=20000 EMU_COPY_DELAY_FROM=256 or 384):
+// 0 failures; caught (shape 12)
 // there: the producer signalling a block before its copies land, no wait for
 // block i's S before its softmax, a consumer waiting for the wrong phase
 // (deadlock), a stage released before its P V ended, acc rescaled while a
 // P V still adds into it, no wait for a free stage (deadlock). ptxas (CUDA
-// 13.0): 168 registers at launch, the consumers at 232 and the producer at 40
-// after setmaxnreg, no spills; each turn's products issue back to back
-// (HGMMA x 12, one wait).
+// 13.0), no spills, each turn's products back to back with one wait: shape
+// 12 168 registers at launch, the consumers 232 and the producer 40 after
+// setmaxnreg; shape 13 128, then 160 and 32.
 #include <cuda_runtime_api.h>
 
 #include "kernels/cuda/attention_tc_wgmma_common.cuh"
@@ -42,16 +44,23 @@ namespace kiln::kernels::attention_tc {
 
 namespace {
 
-// 128 queries per CTA (two consumer warpgroups), key blocks of 128 (D 64) or
-// 64 (D 128) keys, so that a stage (K and V) is 32 KiB either way. Shared
-// memory (from a 1024-byte-aligned base): Q (rows padded as the mma.sync
-// kernel's, read by ldmatrix), the kStages K/V stages, then the mbarriers.
-template <int D>
+// G consumer warpgroups of 64 queries each and key blocks of kKeys keys:
+// shape 12, 2 consumers and 128 (D 64) or 64 (D 128) keys, so that a stage
+// (K and V) is 32 KiB either way; shape 13 (D 64 only), 3 consumers and 64
+// keys (128 made ptxas spill and serialize the products at 160 registers). Shared memory (from a 1024-byte-aligned base): Q
+// (rows padded as the mma.sync kernel's, read by ldmatrix), the kStages K/V
+// stages, then the mbarriers. The registers each warpgroup keeps after
+// setmaxnreg: 128 (G + 1) threads launch with R = 65536 / (128 (G + 1))
+// registers each (in steps of 8), and G kConsumerRegisters +
+// kProducerRegisters must not exceed (G + 1) R: 2 x 232 + 40 = 3 x 168 and
+// 3 x 160 + 32 = 4 x 128.
+template <int D, int G, int kKeys, int kConsumerRegs, int kProducerRegs>
 struct PingpongShape {
   static_assert(D == 64 || D == 128, "wgmma products of N = D: 64 or 128");
-  static constexpr int kConsumers = 256, kProducers = 128, kThreads = kConsumers + kProducers;
-  static constexpr int kRows = 128;
-  static constexpr int kCols = D == 64 ? 128 : 64;
+  static constexpr int kGroups = G;
+  static constexpr int kConsumers = 128 * G, kProducers = 128, kThreads = kConsumers + kProducers;
+  static constexpr int kRows = 64 * G;
+  static constexpr int kCols = kKeys;
   static constexpr int kStages = 5;
   static constexpr int kLd = D + kPad;
   static constexpr int kTileBytes = kCols * D * 2;
@@ -59,11 +68,15 @@ struct PingpongShape {
   static constexpr int kKv = (kRows * kLd * 2 + 1023) / 1024 * 1024;
   static constexpr int kBarriers = kKv + kStages * kStageBytes;  // full[kStages], then empty[kStages]
   static constexpr size_t kBytes = size_t{kBarriers} + 2 * kStages * sizeof(uint64_t) + 1024;
-  // 384 threads launch with at most 168 registers each (65536 / 384, in steps of 8);
-  // 2 x 128 x 232 + 128 x 40 = 64512 of the SM's 65536 (the three must sum to 3 x 168).
-  static constexpr int kProducerRegisters = 40, kConsumerRegisters = 232;
+  static constexpr int kProducerRegisters = kProducerRegs, kConsumerRegisters = kConsumerRegs;
+  static constexpr int kLaunchRegisters = 65536 / kThreads / 8 * 8;
+  static_assert(G * kConsumerRegisters + kProducerRegisters <= (G + 1) * kLaunchRegisters, "setmaxnreg's pool");
 };
-static_assert(PingpongShape<64>::kBytes <= kMaxSmem && PingpongShape<128>::kBytes <= kMaxSmem);
+template <int D>
+using TwoConsumerShape = PingpongShape<D, 2, D == 64 ? 128 : 64, 232, 40>;
+using ThreeConsumerShape = PingpongShape<64, 3, 64, 160, 32>;
+static_assert(TwoConsumerShape<64>::kBytes <= kMaxSmem && TwoConsumerShape<128>::kBytes <= kMaxSmem &&
+              ThreeConsumerShape::kBytes <= kMaxSmem);
 
 // Key block `block` of K and V into a stage (K at `to`, V tile_bytes after
 // it) by the producer's kProducers threads, in swizzled_offset's layout with
@@ -102,7 +115,8 @@ __device__ __forceinline__ void produce_kv_block(unsigned char* to, int tile_byt
   }
 }
 
-// Named barriers (0 is __syncthreads): the consumers' Q tile, and each consumer's turn.
+// Named barriers (0 is __syncthreads): the consumers' Q tile, and each consumer's turn
+// (consumer w's turn follows consumer w - 1's, consumer 0's consumer G - 1's).
 constexpr int kQueryTileBarrier = 1, kFirstTurnBarrier = 2;
 
 template <typename T, int D, typename S>
@@ -153,6 +167,7 @@ __global__ void __launch_bounds__(S::kThreads, 1) attention_tc_wgmma_pingpong_ke
   }
 
   // A consumer: warpgroup w = warp / 4 owns queries q0 + 64 w ..; warp w of it 16 of them, as in shapes 7-11.
+  constexpr int G = S::kGroups;
   warpgroup_registers_increase<S::kConsumerRegisters>();
   const int group = warp / 4;
   const T* q = static_cast<const T*>(p.q) + head_offset(p.q_layout, bh, p.heads);
@@ -169,18 +184,18 @@ __global__ void __launch_bounds__(S::kThreads, 1) attention_tc_wgmma_pingpong_ke
   float acc[DT][4] = {};  // (16, D): the warp's unnormalized output
   float s[NT][4];         // (16, N): block i's scores after turn i, then its probabilities
   uint32_t pf[KN][4];     // (16, N): block i - 1's P as A fragments, read by the tensor cores during turn i
-  const int my_turn = kFirstTurnBarrier + group, other_turn = kFirstTurnBarrier + 1 - group;
+  const int my_turn = kFirstTurnBarrier + group, next_turn = kFirstTurnBarrier + (group + 1) % G;
 
   // Turn i (0 .. blocks) issues block i's S (i < blocks) and block i - 1's P V (i > 0); the first and
   // the last turn are peeled, so that no product is issued under a condition (ptxas serializes wgmma
   // issued on paths it cannot prove warp-uniform). Both warpgroups compute every block of the CTA
   // (under causal masking warpgroup 0's last block may lie above its rows: all masked, it adds p = 0).
   const auto take_turn = [&] {
-    named_barrier_sync(my_turn, S::kConsumers);
+    named_barrier_sync(my_turn, 256);  // this warpgroup's 128 threads and the previous one's
     wgmma_fence();  // s, acc and pf were last written by ordinary instructions
   };
-  const auto end_turn = [&](int64_t i) {
-    if (group == 0 || i < blocks) named_barrier_arrive(other_turn, S::kConsumers);
+  const auto end_turn = [&](int64_t i) {  // the last consumer's last turn has no next
+    if (group < G - 1 || i < blocks) named_barrier_arrive(next_turn, 256);
   };
   const auto wait_full = [&](int64_t block) { mbarrier_wait(&full[block % kStages], parity(block / kStages)); };
   const auto issue_scores = [&](int64_t block) {
@@ -215,7 +230,7 @@ __global__ void __launch_bounds__(S::kThreads, 1) attention_tc_wgmma_pingpong_ke
   };
 
   if (blocks > 0) {
-    if (group == 1) named_barrier_arrive(kFirstTurnBarrier, S::kConsumers);  // warpgroup 0 goes first
+    if (group == G - 1) named_barrier_arrive(kFirstTurnBarrier, 256);  // warpgroup 0 goes first
     wait_full(0);
     take_turn();
     issue_scores(0);
@@ -244,15 +259,22 @@ __global__ void __launch_bounds__(S::kThreads, 1) attention_tc_wgmma_pingpong_ke
 }  // namespace
 
 template <typename T, int D>
-void launch_forward_wgmma_pingpong(const Params& p, int64_t heads, cuda::Stream stream) {
-  using S = PingpongShape<D>;
-  launch(attention_tc_wgmma_pingpong_kernel<T, D, S>, heads * ceil_div(p.q_len, S::kRows), S::kThreads, S::kBytes,
-         stream, p, "scaled_dot_product_attention forward (wgmma, warp-specialized)");
+void launch_forward_wgmma_pingpong(const Params& p, int64_t heads, int consumers, cuda::Stream stream) {
+  const auto run = [&]<typename S>(S) {
+    launch(attention_tc_wgmma_pingpong_kernel<T, D, S>, heads * ceil_div(p.q_len, S::kRows), S::kThreads, S::kBytes,
+           stream, p, "scaled_dot_product_attention forward (wgmma, warp-specialized)");
+  };
+  if constexpr (D == 64) {
+    if (consumers == 3) return run(ThreeConsumerShape{});
+  }
+  KILN_CHECK(consumers == 2, "scaled_dot_product_attention forward (wgmma, warp-specialized): no kernel of ",
+             consumers, " consumer warpgroups for head dim ", D);
+  run(TwoConsumerShape<D>{});
 }
 
-template void launch_forward_wgmma_pingpong<__half, 64>(const Params&, int64_t, cuda::Stream);
-template void launch_forward_wgmma_pingpong<__half, 128>(const Params&, int64_t, cuda::Stream);
-template void launch_forward_wgmma_pingpong<__nv_bfloat16, 64>(const Params&, int64_t, cuda::Stream);
-template void launch_forward_wgmma_pingpong<__nv_bfloat16, 128>(const Params&, int64_t, cuda::Stream);
+template void launch_forward_wgmma_pingpong<__half, 64>(const Params&, int64_t, int, cuda::Stream);
+template void launch_forward_wgmma_pingpong<__half, 128>(const Params&, int64_t, int, cuda::Stream);
+template void launch_forward_wgmma_pingpong<__nv_bfloat16, 64>(const Params&, int64_t, int, cuda::Stream);
+template void launch_forward_wgmma_pingpong<__nv_bfloat16, 128>(const Params&, int64_t, int, cuda::Stream);
 
 }  // namespace kiln::kernels::attention_tc

@@ -85,8 +85,8 @@ struct MBarrier {
 struct Cta {
   explicit Cta(int threads) : bar(threads) {}
   std::barrier<> bar;
-  Warp warps[12];
-  WarpGroup groups[3];
+  Warp warps[16];
+  WarpGroup groups[4];
   std::mutex mutex;  // guards named and mbarriers
   std::unique_ptr<std::barrier<>> named[16];
   int named_threads[16] = {};

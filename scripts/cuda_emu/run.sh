@@ -15,7 +15,7 @@
 #                                           # the forward's candidate CTA shape 2 (attention_tc_forward.cu)
 #                                           # on the problems without dropout or a mask
 #   KILN_ATTENTION_FORWARD_SHAPE=7 bash scripts/cuda_emu/run.sh 128
-#                                           # the wgmma forward (shapes 7-12; head dims 64 and 128)
+#                                           # the wgmma forward (shapes 7-13; head dims 64 and 128, 13: 64)
 #   KILN_ATTENTION_WGMMA_BACKWARD=1 bash scripts/cuda_emu/run.sh 64
 #                                           # the wgmma backward (dK/dV and dQ; head dims 64 and 128)
 # Kernel files without inline PTX (norm.cu, indexing.cu, softmax.cu, ...) and attention.cu: run_kernels.sh.

@@ -38,13 +38,14 @@ if [ "${1:-}" != quick ]; then
     failed=1
   fi
   printf '%-14s %-7s %5d s   %s\n' attention_wgmma "$status" $(( $(date +%s) - start )) "$(tail -n 1 "$wgmma_log")"
-  # The warp-specialized forward (shape 12), its producer's copies landing late at random (up to
-  # 40 ms): a consumer that read a stage before its mbarrier said so would read bytes in flight.
+  # The warp-specialized forward (shapes 12 and 13), its producer's copies landing late at random
+  # (up to 40 ms): a consumer that read a stage before its mbarrier said so would read bytes in flight.
   start=$(date +%s)
   pingpong_log="$logs/attention_pingpong.log"
   export EMU_COPY_DELAY_US=20000 EMU_COPY_DELAY_FROM=256
   if KILN_ATTENTION_FORWARD_SHAPE=12 bash "$here/run.sh" 64 >"$pingpong_log" 2>&1 &&
-    KILN_ATTENTION_FORWARD_SHAPE=12 bash "$here/run.sh" 128 >>"$pingpong_log" 2>&1; then
+    KILN_ATTENTION_FORWARD_SHAPE=12 bash "$here/run.sh" 128 >>"$pingpong_log" 2>&1 &&
+    EMU_COPY_DELAY_FROM=384 KILN_ATTENTION_FORWARD_SHAPE=13 bash "$here/run.sh" 64 >>"$pingpong_log" 2>&1; then
     status=passed
   else
     status=FAILED
