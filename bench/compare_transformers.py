@@ -7,7 +7,7 @@ bench/RESULTS.md (medians over the rounds).
     /usr/bin/python3 bench/compare_transformers.py --model vit
     /usr/bin/python3 bench/compare_transformers.py --model gpt --rounds 3
     python3 bench/compare_transformers.py --model gpt2-124m --accelerator gpu --precision bf16-mixed --torch-compile \
-        --cuda-graph --wgmma-attention 8
+        --cuda-graph --wgmma-attention 8,12
 
 CPU: Debian's python3-torch with OPENBLAS_NUM_THREADS=1 and 2 torch threads
 (the fair setting of bench/compare_fashion.py); kiln with its 2 OpenMP threads.
@@ -39,20 +39,27 @@ def main():
     parser.add_argument("--torch-compile", action="store_true", help="also time torch.compile (a third row)")
     parser.add_argument("--cuda-graph", action="store_true",
                         help="also time kiln with the step captured as one CUDA graph (GPU; a row of its own)")
-    parser.add_argument("--wgmma-attention", type=int, default=0, metavar="SHAPE",
+    parser.add_argument("--wgmma-attention", default="", metavar="SHAPE[,SHAPE...]",
                         help="also time kiln with its attention on Hopper's wgmma (GPU): forward CTA shape SHAPE "
-                             "(7-10, KILN_ATTENTION_FORWARD_SHAPE) and the wgmma backward (a row of its own)")
+                             "(7-13, KILN_ATTENTION_FORWARD_SHAPE) and the wgmma backward, a row per shape; each "
+                             "such run ends after --optional-timeout seconds (a kernel that hangs costs no more)")
+    parser.add_argument("--optional-timeout", type=float, default=60.0,
+                        help="seconds each kiln run with wgmma attention may take")
     parser.add_argument("--peak-tflops", type=float, default=0.0,
                         help="the device's dense peak for MFU (H100/H200 SXM bf16: 989); 0: 989 on a GPU, none on the CPU")
     parser.add_argument("--kiln", default=os.path.join(ROOT, "build", "bin", "bench_transformer"))
     parser.add_argument("--python", default="/usr/bin/python3", help="the Python that has torch")
     args = parser.parse_args()
+    try:
+        wgmma_shapes = [int(shape) for shape in args.wgmma_attention.split(",") if shape.strip()]
+    except ValueError:
+        parser.error(f"--wgmma-attention: '{args.wgmma_attention}' is not a comma-separated list of shape numbers")
     common = ["--model", args.model, "--batch-size", str(args.batch_size), "--steps", str(args.steps),
               "--accelerator", args.accelerator, "--precision", args.precision]
     env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="2")
     peers = {"torch": []} | ({"torch.compile": ["--compile"]} if args.torch_compile else {})
-    kiln_runs, graph_runs, wgmma_runs, peer_runs = [], [], [], {name: [] for name in peers}
-    wgmma_env = dict(env, KILN_ATTENTION_FORWARD_SHAPE=str(args.wgmma_attention), KILN_ATTENTION_WGMMA_BACKWARD="1")
+    kiln_runs, graph_runs, peer_runs = [], [], {name: [] for name in peers}
+    wgmma_runs = {shape: [] for shape in wgmma_shapes}
     for round_index in range(args.rounds):
         seeded = common + ["--seed", str(42 + round_index)]
         kiln_runs.append(RUNS.run([args.kiln] + seeded, env))
@@ -60,10 +67,11 @@ def main():
             graph_run = RUNS.run([args.kiln] + seeded + ["--cuda-graph"], env, required=False)
             if graph_run is not None:
                 graph_runs.append(graph_run)
-        if args.wgmma_attention:
-            wgmma_run = RUNS.run([args.kiln] + seeded, wgmma_env, required=False)
+        for shape in wgmma_shapes:
+            wgmma_env = dict(env, KILN_ATTENTION_FORWARD_SHAPE=str(shape), KILN_ATTENTION_WGMMA_BACKWARD="1")
+            wgmma_run = RUNS.run([args.kiln] + seeded, wgmma_env, required=False, timeout=args.optional_timeout)
             if wgmma_run is not None:
-                wgmma_runs.append(wgmma_run)
+                wgmma_runs[shape].append(wgmma_run)
         for name, flags in peers.items():
             peer_run = RUNS.run([args.python, os.path.join(ROOT, "bench", "torch_transformer.py"), "--threads", "2"]
                                 + seeded + flags, env, required=name == "torch")
@@ -94,14 +102,15 @@ def main():
               f"{ms / kiln_ms:.2f}x (kiln eager over it) |")
     elif args.cuda_graph:
         print("| kiln, one CUDA graph | failed (see the run's stderr above) | | | | |")
-    if wgmma_runs:
-        ms = statistics.median(r["ms_per_step"] for r in wgmma_runs)
-        print(f"| kiln, attention on wgmma (shape {args.wgmma_attention}) | {ms:.1f} | "
-              f"{statistics.median(r['tokens_per_s'] for r in wgmma_runs):,.0f} | "
-              f"{statistics.median(r['model_tflops'] for r in wgmma_runs):.3f} | {mfu(wgmma_runs)} | "
+    for shape, runs in wgmma_runs.items():
+        if not runs:
+            print(f"| kiln, attention on wgmma (shape {shape}) | failed (see the run's stderr above) | | | | |")
+            continue
+        ms = statistics.median(r["ms_per_step"] for r in runs)
+        print(f"| kiln, attention on wgmma (shape {shape}) | {ms:.1f} | "
+              f"{statistics.median(r['tokens_per_s'] for r in runs):,.0f} | "
+              f"{statistics.median(r['model_tflops'] for r in runs):.3f} | {mfu(runs)} | "
               f"{ms / kiln_ms:.2f}x (kiln over it) |")
-    elif args.wgmma_attention:
-        print("| kiln, attention on wgmma | failed (see the run's stderr above) | | | | |")
     for name, runs in peer_runs.items():
         ms = statistics.median(r["ms_per_step"] for r in runs)
         print(f"| {name} | {ms:.1f} | {statistics.median(r['tokens_per_s'] for r in runs):,.0f} | "

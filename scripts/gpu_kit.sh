@@ -416,11 +416,12 @@ step_compare() {
     --cudnn-benchmark --cudnn-api legacy "${common[@]}" || rc6=$?
   # GPT-2 124M's training step, batch 16 x 1024 in bf16-mixed, and attention against torch's SDPA. kiln
   # also replays the step as one CUDA graph (--cuda-graph): its gap to kiln eager is the host's share; and
-  # runs it with its attention on wgmma (forward shape 8 and the wgmma backward, not yet the default).
-  run_bounded "$out" "$((compiled_cap + 25))" env KILN_COMMIT="$commit" "$torch_python" \
+  # runs it with its attention on wgmma (forward shapes 8 and 12, the second warp-specialized, with the
+  # wgmma backward; not yet the default), each such run killed after 30 s should a kernel hang.
+  run_bounded "$out" "$((compiled_cap + 55))" env KILN_COMMIT="$commit" "$torch_python" \
     "$kit/bench/compare_transformers.py" --model gpt2-124m --batch-size 16 --steps 10 --rounds 1 --accelerator gpu \
-    --precision bf16-mixed --cuda-graph --wgmma-attention 8 --python "$torch_python" --kiln "$bins/bench_transformer" \
-    "${compile[@]}" || rc3=$?
+    --precision bf16-mixed --cuda-graph --wgmma-attention 8,12 --optional-timeout 30 --python "$torch_python" \
+    --kiln "$bins/bench_transformer" "${compile[@]}" || rc3=$?
   run_bounded "$out" 60 "$torch_python" "$kit/bench/torch_attention.py" --dtype bf16 || rc4=$?
   if [ "$rc" -eq 0 ] && [ "$rc2" -eq 0 ] && [ "$rc3" -eq 0 ] && [ "$rc4" -eq 0 ] && [ "$rc5" -eq 0 ] &&
     [ "$rc6" -eq 0 ]; then
