@@ -193,7 +193,7 @@ constexpr const char* kForwardShapeNames[] = {
     "wgmma: 1 warpgroup, 64-key blocks (sm_90a)",
     "wgmma: 2 warpgroups, 64-key blocks, the next block's scores during the softmax (sm_90a)",
     "wgmma: a producer and 2 consumer warpgroups taking turns, 128/64-key blocks at D 64/128 (sm_90a)",
-    "wgmma: a producer and 3 consumer warpgroups taking turns, 128-key blocks, D 64 only (sm_90a)"};
+    "wgmma: a producer and 3 consumer warpgroups taking turns, 64-key blocks, D 64 only (sm_90a)"};
 constexpr int kForwardShapes = sizeof(kForwardShapeNames) / sizeof(kForwardShapeNames[0]);
 
 int forward_shape_from_environment() {

@@ -111,10 +111,7 @@ __global__ void __launch_bounds__(S::kThreads, S::kMinBlocks) attention_tc_wgmma
   float acc[DT][4] = {};  // (16, D): the warp's unnormalized output
 
   // S = Q K^T of a block into s (issued; wgmma_wait before s is read).
-  const auto issue_scores = [&](float (&s)[NT][4], int64_t block) {
-#pragma unroll
-    for (int kk = 0; kk < KD; ++kk) wgmma<T, NT, false>(s, qf[kk], k_major_descriptor<N>(stage(block), kk), kk > 0);
-  };
+  const auto issue_scores = [&](float (&s)[NT][4], int64_t block) { issue_product_nt_rs<T, N>(s, qf, stage(block)); };
   // A block's scores s (waited for) through the online softmax into P, then
   // O += P V issued (wgmma_wait before acc is read or the stage reused).
   const auto softmax_and_issue_pv = [&](float (&s)[NT][4], int64_t block) {

@@ -20,10 +20,9 @@ __device__ __forceinline__ int swizzled_offset(int r, int c) {
 }
 
 // Rows [row0, row0 + kRows) of a (rows, D) matrix of row stride `ld` into a
-// swizzled tile by threads kFirstThread .. + kThreads - 1 (load_tile's
-// contract otherwise: cp.async when `async`, rows past `rows` zeroed, 32-bit
-// offsets within the tile's rows).
-template <int kRows, int D, int kThreads, int kFirstThread = 0, typename T>
+// swizzled tile (load_tile's contract otherwise: cp.async when `async`,
+// rows past `rows` zeroed, 32-bit offsets within the tile's rows).
+template <int kRows, int D, int kThreads, typename T>
 __device__ __forceinline__ void load_swizzled_tile(unsigned char* tile, const T* src, int64_t ld, int64_t row0,
                                                    int64_t rows, bool async) {
   constexpr int kChunks = D / 8;
@@ -33,7 +32,7 @@ __device__ __forceinline__ void load_swizzled_tile(unsigned char* tile, const T*
   const int rows_left = rows - row0 <= 0 ? 0 : rows - row0 >= kRows ? kRows : static_cast<int>(rows - row0);
 #pragma unroll
   for (int it = 0; it < kRows * kChunks / kThreads; ++it) {
-    const int c = it * kThreads + static_cast<int>(threadIdx.x) - kFirstThread;
+    const int c = it * kThreads + static_cast<int>(threadIdx.x);
     const int r = c / kChunks, chunk = c % kChunks;
     T* to = reinterpret_cast<T*>(tile + swizzled_offset<kRows>(r, chunk));
     const T* from = first + r * ld32 + chunk * 8;
@@ -55,15 +54,13 @@ __device__ __forceinline__ unsigned char* aligned_smem_base(unsigned char* smem)
 }
 
 // Key block `block` (keys block kCols ..) of K and V into the swizzled tiles
-// `to` (K) and `to + tile_bytes` (V) by threads kFirstThread .. + kThreads - 1:
-// the wgmma forward's and dQ's K/V stages.
-template <int kCols, int D, int kThreads, int kFirstThread = 0, typename T>
+// `to` (K) and `to + tile_bytes` (V): the wgmma forward's and dQ's K/V stages
+// (the warp-specialized forward's producer has its own map, produce_kv_block).
+template <int kCols, int D, int kThreads, typename T>
 __device__ __forceinline__ void load_swizzled_kv_block(unsigned char* to, int tile_bytes, const T* k, const T* v,
                                                        int64_t block, const Params& p) {
-  load_swizzled_tile<kCols, D, kThreads, kFirstThread>(to, k, p.k_layout.row, block * kCols, p.kv_len,
-                                                       p.vector_loads);
-  load_swizzled_tile<kCols, D, kThreads, kFirstThread>(to + tile_bytes, v, p.v_layout.row, block * kCols, p.kv_len,
-                                                       p.vector_loads);
+  load_swizzled_tile<kCols, D, kThreads>(to, k, p.k_layout.row, block * kCols, p.kv_len, p.vector_loads);
+  load_swizzled_tile<kCols, D, kThreads>(to + tile_bytes, v, p.v_layout.row, block * kCols, p.kv_len, p.vector_loads);
 }
 
 // The descriptor of 16 columns (k0 = 16 kk .. + 15) of a K-major swizzled
@@ -82,9 +79,9 @@ __device__ __forceinline__ uint64_t mn_major_descriptor(const unsigned char* til
   return make_descriptor(tile + kk * 16 * 128, kRows * 128, 1024);
 }
 
-// The two product shapes of the backward, each issued (not waited for):
+// The products of the wgmma kernels, each issued (not waited for):
 // d (64 x kRowsB) = A B^T of two K-major swizzled tiles, A (64, D) and B
-// (kRowsB, D), the first product overwriting d ...
+// (kRowsB, D), the first product overwriting d (the backward's) ...
 template <typename T, int D, int kRowsB, int NT>
 __device__ __forceinline__ void issue_product_nt(float (&d)[NT][4], const unsigned char* a_tile,
                                                  const unsigned char* b_tile) {
@@ -92,6 +89,15 @@ __device__ __forceinline__ void issue_product_nt(float (&d)[NT][4], const unsign
   for (int kk = 0; kk < D / 16; ++kk) {
     wgmma_ss<T, NT>(d, k_major_descriptor<64>(a_tile, kk), k_major_descriptor<kRowsB>(b_tile, kk), kk > 0);
   }
+}
+
+// ... the same with A (64 x 16 KD) as register fragments (wgmma's "RS" form):
+// the forward's S = Q K^T, Q's fragments against the (kRowsB, 16 KD) K tile ...
+template <typename T, int kRowsB, int NT, int KD>
+__device__ __forceinline__ void issue_product_nt_rs(float (&d)[NT][4], const uint32_t (&a)[KD][4],
+                                                    const unsigned char* b_tile) {
+#pragma unroll
+  for (int kk = 0; kk < KD; ++kk) wgmma<T, NT, false>(d, a[kk], k_major_descriptor<kRowsB>(b_tile, kk), kk > 0);
 }
 
 // ... and acc (64 x D) += A B, A (64 x 16 KN) as register fragments, B the

@@ -200,8 +200,7 @@ __global__ void __launch_bounds__(S::kThreads, 1) attention_tc_wgmma_pingpong_ke
   };
   const auto wait_full = [&](int64_t block) { mbarrier_wait(&full[block % kStages], parity(block / kStages)); };
   const auto issue_scores = [&](int64_t block) {
-#pragma unroll
-    for (int kk = 0; kk < KD; ++kk) wgmma<T, NT, false>(s, qf[kk], k_major_descriptor<N>(stage(block), kk), kk > 0);
+    issue_product_nt_rs<T, N>(s, qf, stage(block));
     wgmma_commit();
   };
   // Before turn i > 0: block i - 1's scores (complete since turn i - 1) through the online softmax
