@@ -130,7 +130,7 @@ __global__ void __launch_bounds__(S::kThreads, S::kMinBlocks) attention_tc_wgmma
     uint32_t pf[KN][4];  // (16, N): P as A fragments
 #pragma unroll
     for (int kk = 0; kk < KN; ++kk) pack_a<T>(pf[kk], s, kk);
-    wgmma_fence();  // acc was last written by ordinary instructions
+    wgmma_fence(acc, pf);  // acc and pf were last written by ordinary instructions
     issue_product_nn<T, N>(acc, pf, stage(block) + S::kTileBytes);
   };
 
@@ -143,23 +143,23 @@ __global__ void __launch_bounds__(S::kThreads, S::kMinBlocks) attention_tc_wgmma
       __syncthreads();
       if (block < group_blocks.first_skipped) {
         float s[NT][4];  // (16, N): scores, then probabilities
-        wgmma_fence();   // s and acc were last written by ordinary instructions
+        wgmma_fence(s, qf);  // s was last written by ordinary instructions
         issue_scores(s, block);
         wgmma_commit();
-        wgmma_wait<0>();
+        wgmma_wait<0>(s);
         softmax_and_issue_pv(s, block);
         wgmma_commit();
-        wgmma_wait<0>();  // the stage is read before the barrier below lets block + 2 load into it
+        wgmma_wait<0>(acc);  // the stage is read before the barrier below lets block + 2 load into it
       }
       __syncthreads();
     }
   } else {
     float s[NT][4];  // (16, N): block's scores, issued one block ahead
     if (blocks > 0 && group_blocks.first_skipped > 0) {
-      wgmma_fence();
+      wgmma_fence(s, qf);
       issue_scores(s, 0);
       wgmma_commit();
-      wgmma_wait<0>();
+      wgmma_wait<0>(s);
     }
     for (int64_t block = 0; block < blocks; ++block) {
       // Block + 2 loads into the stage block - 1 used (closing barrier below).
@@ -170,7 +170,7 @@ __global__ void __launch_bounds__(S::kThreads, S::kMinBlocks) attention_tc_wgmma
       __syncthreads();
       float s_next[NT][4];  // block + 1's scores, computed while this block's softmax runs
       if (block + 1 < blocks && block + 1 < group_blocks.first_skipped) {
-        wgmma_fence();
+        wgmma_fence(s_next, qf);
         issue_scores(s_next, block + 1);
         wgmma_commit();
       }
@@ -178,7 +178,7 @@ __global__ void __launch_bounds__(S::kThreads, S::kMinBlocks) attention_tc_wgmma
         softmax_and_issue_pv(s, block);
         wgmma_commit();
       }
-      wgmma_wait<0>();  // s_next and acc are complete, and the stages read
+      wgmma_wait<0>(s_next, acc);  // s_next and acc are complete, and the stages read
       __syncthreads();
 #pragma unroll
       for (int n = 0; n < NT; ++n) {

@@ -113,11 +113,11 @@ __global__ void __launch_bounds__(128, 1) attention_tc_wgmma_dkdv_kernel(Params 
 
     // P^T (keys x queries) = K Q^T and dP^T = V dO^T, one batch.
     float pt[NT][4], ds[NT][4];
-    wgmma_fence();
+    wgmma_fence(pt, ds);
     issue_product_nt<T, D, N>(pt, k_tile, q_step);
     issue_product_nt<T, D, N>(ds, v_tile, do_step);
     wgmma_commit();
-    wgmma_wait<0>();
+    wgmma_wait<0>(pt, ds);
 
     // P^T = exp2(scale log2(e) S^T - lse2 of the column); dS^T = P^T (dP^T - delta of the column).
     scores_log2<false, false>(pt, masked, p, 0, i0, j0, lane);
@@ -141,11 +141,11 @@ __global__ void __launch_bounds__(128, 1) attention_tc_wgmma_dkdv_kernel(Params 
     }
 
     // dV += P^T dO and dK += dS^T Q: B = the step's dO and Q read MN-major.
-    wgmma_fence();
+    wgmma_fence(dv, dk, pf, dsf);
     issue_product_nn<T, N>(dv, pf, do_step);
     issue_product_nn<T, N>(dk, dsf, q_step);
     wgmma_commit();
-    wgmma_wait<0>();  // the stage is read before the barrier below lets step + 2 load into it
+    wgmma_wait<0>(dv, dk);  // the stage is read before the barrier below lets step + 2 load into it
     __syncthreads();
   }
   cp_async_wait<0>();
@@ -202,11 +202,11 @@ __global__ void __launch_bounds__(128, 1) attention_tc_wgmma_dq_kernel(Params p)
       const unsigned char* v_block = k_block + S::kStepTile;    // (N, D)
       const bool masked = warp_blocks.all_masked || block >= warp_blocks.first_masked;
       float s[NT][4], ds[NT][4];  // (16, N): S = Q K^T, then P; dP = dO V^T, then dS
-      wgmma_fence();
+      wgmma_fence(s, ds);
       issue_product_nt<T, D, N>(s, q_tile, k_block);
       issue_product_nt<T, D, N>(ds, do_tile, v_block);
       wgmma_commit();
-      wgmma_wait<0>();
+      wgmma_wait<0>(s, ds);
       scores_log2<false, true>(s, masked, p, 0, r0, k0, lane);
 #pragma unroll
       for (int n = 0; n < NT; ++n) {
@@ -220,10 +220,10 @@ __global__ void __launch_bounds__(128, 1) attention_tc_wgmma_dq_kernel(Params p)
 #pragma unroll
       for (int kk = 0; kk < KN; ++kk) pack_a<T>(dsf[kk], ds, kk);
       // dQ += dS K: B(k = key, n = d) = K(key, d), K's block read MN-major.
-      wgmma_fence();
+      wgmma_fence(dq, dsf);
       issue_product_nn<T, N>(dq, dsf, k_block);
       wgmma_commit();
-      wgmma_wait<0>();
+      wgmma_wait<0>(dq);
     }
     __syncthreads();
   }

@@ -47,13 +47,15 @@ namespace {
 // G consumer warpgroups of 64 queries each and key blocks of kKeys keys:
 // shape 12, 2 consumers and 128 (D 64) or 64 (D 128) keys, so that a stage
 // (K and V) is 32 KiB either way; shape 13 (D 64 only), 3 consumers and 64
-// keys (128 made ptxas spill and serialize the products at 160 registers). Shared memory (from a 1024-byte-aligned base): Q
+// keys (128 made ptxas spill and serialize the products at 160 registers).
+// Shared memory (from a 1024-byte-aligned base): Q
 // (rows padded as the mma.sync kernel's, read by ldmatrix), the kStages K/V
 // stages, then the mbarriers. The registers each warpgroup keeps after
 // setmaxnreg: 128 (G + 1) threads launch with R = 65536 / (128 (G + 1))
 // registers each (in steps of 8), and G kConsumerRegisters +
 // kProducerRegisters must not exceed (G + 1) R: 2 x 232 + 40 = 3 x 168 and
-// 3 x 160 + 32 = 4 x 128.
+// 3 x 160 + 32 = 4 x 128. That ptxas gave exactly R is checked by the
+// launcher (require_kernel_registers) and by CTest's wgmma_ptxas.
 template <int D, int G, int kKeys, int kConsumerRegs, int kProducerRegs>
 struct PingpongShape {
   static_assert(D == 64 || D == 128, "wgmma products of N = D: 64 or 128");
@@ -193,7 +195,7 @@ __global__ void __launch_bounds__(S::kThreads, 1) attention_tc_wgmma_pingpong_ke
   // p = 0; about 3% more products for shape 12 at D 128, and up to about 10% for shape 13).
   const auto take_turn = [&] {
     named_barrier_sync(my_turn, 256);  // this warpgroup's 128 threads and the previous one's
-    wgmma_fence();  // s, acc and pf were last written by ordinary instructions
+    wgmma_fence(s, acc, pf, qf);  // s, acc and pf were last written by ordinary instructions
   };
   const auto end_turn = [&](int64_t i) {  // the last consumer's last turn has no next
     if (group < G - 1 || i < blocks) named_barrier_arrive(next_turn, 256);
@@ -212,7 +214,7 @@ __global__ void __launch_bounds__(S::kThreads, 1) attention_tc_wgmma_pingpong_ke
     }
     float alpha[2];
     const bool rescale = online_softmax<false>(s, m, l, alpha, p.scale_log2, 0u);
-    wgmma_wait<0>();
+    wgmma_wait<0>(acc, pf);  // block i - 2's P V
     if (i >= 2) mbarrier_arrive(&empty[(i - 2) % kStages]);
     if (__any_sync(0xffffffffu, rescale)) {
 #pragma unroll
@@ -235,7 +237,7 @@ __global__ void __launch_bounds__(S::kThreads, 1) attention_tc_wgmma_pingpong_ke
     take_turn();
     issue_scores(0);
     end_turn(0);
-    wgmma_wait<0>();
+    wgmma_wait<0>(s);
     for (int64_t i = 1; i < blocks; ++i) {
       softmax_into_pf(i);
       wait_full(i);
@@ -243,14 +245,14 @@ __global__ void __launch_bounds__(S::kThreads, 1) attention_tc_wgmma_pingpong_ke
       issue_scores(i);
       issue_pv(i - 1);
       end_turn(i);
-      wgmma_wait<1>();  // block i's S is complete (block i - 1's P V may still run)
+      wgmma_wait<1>(s);  // block i's S is complete (block i - 1's P V may still run)
     }
     softmax_into_pf(blocks);
     take_turn();
     issue_pv(blocks - 1);
     end_turn(blocks);
   }
-  wgmma_wait<0>();
+  wgmma_wait<0>(acc);
 
   T* out = static_cast<T*>(p.out) + head_offset(p.out_layout, bh, p.heads);
   store_output_rows<T>(out, acc, m, l, r0, bh, p, g, t);
@@ -261,8 +263,12 @@ __global__ void __launch_bounds__(S::kThreads, 1) attention_tc_wgmma_pingpong_ke
 template <typename T, int D>
 void launch_forward_wgmma_pingpong(const Params& p, int64_t heads, int consumers, cuda::Stream stream) {
   const auto run = [&]<typename S>(S) {
+    constexpr const char* kWhat = "scaled_dot_product_attention forward (wgmma, warp-specialized)";
+    static const bool registers_checked =
+        (require_kernel_registers(attention_tc_wgmma_pingpong_kernel<T, D, S>, S::kLaunchRegisters, kWhat), true);
+    (void)registers_checked;
     launch(attention_tc_wgmma_pingpong_kernel<T, D, S>, heads * ceil_div(p.q_len, S::kRows), S::kThreads, S::kBytes,
-           stream, p, "scaled_dot_product_attention forward (wgmma, warp-specialized)");
+           stream, p, kWhat);
   };
   if constexpr (D == 64) {
     if (consumers == 3) return run(ThreeConsumerShape{});

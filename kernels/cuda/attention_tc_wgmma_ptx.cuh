@@ -14,6 +14,8 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "kernels/cuda/check.h"
+
 namespace kiln::kernels::attention_tc {
 namespace {
 
@@ -32,10 +34,10 @@ namespace {
 //  - B through a descriptor (make_descriptor): 128-byte swizzled tiles, K-major
 //    (B(k, n) at n's row, k contiguous: K for S = Q K^T) or, with trans_b,
 //    MN-major (B(k, n) at k's row, n contiguous: V for O = P V).
-// The product runs asynchronously: wgmma_fence() before the first product of
-// a batch whose registers (D or A) other instructions wrote, wgmma_commit()
-// after the batch, and wgmma_wait<0>() before D is read or the shared tiles
-// are overwritten.
+// The product runs asynchronously: wgmma_fence(D and A arrays) before the
+// first product of a batch whose registers (D or A) other instructions wrote,
+// wgmma_commit() after the batch, and wgmma_wait<0>(D arrays) before D is read
+// or the shared tiles are overwritten.
 
 // Whether the current device runs this file's sm_90a code: compute capability 9.0 exactly. Asked
 // once per device (a launcher calls it at every launch, dozens of times per GPT-2 step).
@@ -54,15 +56,62 @@ inline bool wgmma_device() {
   return sm90;
 }
 
+// A warp-specialized kernel's setmaxnreg split assumes ptxas gave it exactly
+// `expected` registers per thread at launch (its __launch_bounds__ allow that
+// many): with fewer in the pool, setmaxnreg.inc would wait forever. So a build
+// that gave another count (other flags, another ptxas) is refused instead of
+// launched. The caller asks once per kernel.
+template <typename Kernel>
+void require_kernel_registers(Kernel kernel, int expected, const char* what) {
+  cudaFuncAttributes attributes{};
+  KILN_CUDA_CHECK(cudaFuncGetAttributes(&attributes, kernel));
+  KILN_CHECK(attributes.numRegs == expected, what, ": the kernel was built with ", attributes.numRegs,
+             " registers per thread, but its setmaxnreg split needs exactly ", expected,
+             " (rebuild kernels/cuda/attention_tc_wgmma_pingpong.cu with the project's flags)");
+}
+
 __device__ __forceinline__ uint32_t wgmma_smem_address(const void* pointer) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(pointer));
 }
 
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+// Pins registers for the compiler (CUTLASS's warpgroup_fence_operand): an
+// empty asm that reads and writes each one, so that no ordinary instruction on
+// them moves across the wgmma.fence or wgmma.wait_group beside it. The asm that
+// issues a product names its D and A registers, but the fence and the wait
+// name none: unpinned, the compiler may sink a write of acc below
+// wgmma.fence or hoist a read of s above the wait that completes it
+// (undefined in PTX; ptxas then serializes the products, C7515).
+template <int N>
+__device__ __forceinline__ void pin_registers(float (&r)[N][4]) {
+#pragma unroll
+  for (int n = 0; n < N; ++n) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) asm volatile("" : "+f"(r[n][e])::"memory");
+  }
+}
+template <int N>
+__device__ __forceinline__ void pin_registers(uint32_t (&r)[N][4]) {
+#pragma unroll
+  for (int n = 0; n < N; ++n) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(r[n][e])::"memory");
+  }
+}
+
+// wgmma_fence(registers...) before a batch: names every D and register-A array
+// the batch uses (ordinary writes to them land before the fence);
+// wgmma_wait<N>(registers...): names the D arrays of the products it completes
+// (their reads stay after it). The emulator checks both lists.
+template <typename... Registers>
+__device__ __forceinline__ void wgmma_fence(Registers&... registers) {
+  (pin_registers(registers), ...);
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int kInFlight>
-__device__ __forceinline__ void wgmma_wait() {
+template <int kInFlight, typename... Registers>
+__device__ __forceinline__ void wgmma_wait(Registers&... registers) {
   asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kInFlight) : "memory");
+  (pin_registers(registers), ...);
 }
 
 // Orders this thread's generic-proxy writes to shared memory (stores and

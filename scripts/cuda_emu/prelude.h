@@ -36,12 +36,13 @@
 #undef __forceinline__
 #define __forceinline__ inline
 
-#define EMU_REQUIRE(cond, ...)                                                   \
-  do {                                                                         \
-    if (!(cond)) {                                                             \
-      std::fprintf(stderr, "EMU FAILURE %s:%d: %s\n", __FILE__, __LINE__, #cond); \
-      std::abort();                                                            \
-    }                                                                          \
+#define EMU_REQUIRE(cond, ...)                                                                   \
+  do {                                                                                           \
+    if (!(cond)) {                                                                               \
+      std::fprintf(stderr, "EMU FAILURE %s:%d: %s " __VA_OPT__("(%s)") "\n", __FILE__, __LINE__, \
+                   #cond __VA_OPT__(, ) __VA_ARGS__);                                            \
+      std::abort();                                                                              \
+    }                                                                                            \
   } while (0)
 
 inline thread_local uint3 threadIdx, blockIdx;
@@ -125,6 +126,8 @@ inline void read_landed(const void* p, size_t bytes) {
 inline std::atomic<long> mma_count{0}, ldmatrix_count{0}, copy_count{0}, wgmma_count{0}, wgmma_fence_count{0};
 inline thread_local std::vector<WgmmaPending> wgmma_pending;  // issued, not yet waited
 inline thread_local std::vector<size_t> wgmma_group_ends;      // wgmma_pending.size() at each commit not yet waited for
+// The register arrays named at this thread's last wgmma_fence (byte ranges of the arrays).
+inline thread_local std::vector<std::pair<const char*, const char*>> wgmma_fenced;
 
 inline Warp& warp() { return cta->warps[threadIdx.x / 32]; }
 inline WarpGroup& warp_group() { return cta->groups[threadIdx.x / 128]; }
