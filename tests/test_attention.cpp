@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <limits>
 #include <optional>
 #include <string>
@@ -697,6 +698,12 @@ TEST_CASE("attention: every candidate CTA shape of the tensor-core forward gives
             CHECK_THROWS_WITH_AS(scaled_dot_product_attention(q, k, v, Tensor(), 0.0, c.causal),
                                  doctest::Contains("compute capability 9.0"), Error);
             continue;
+          }
+          if (index >= 12) {  // kernels that wait on barriers: should one hang, the log's last line names it
+            std::fprintf(stderr, "candidate shape %d, %s D %lld L %lld S %lld%s: launching\n", index,
+                         std::string(dtype_name(dtype)).c_str(), static_cast<long long>(D), static_cast<long long>(c.L),
+                         static_cast<long long>(c.S), c.causal ? " causal" : "");
+            std::fflush(stderr);
           }
           const Tensor out = scaled_dot_product_attention(q, k, v, Tensor(), 0.0, c.causal).cpu().to(DType::f32);
           KILN_CHECK_CLOSE(out, expected, 2 * tol.rtol, dtype == DType::f16 ? 1e-3 : 5e-3);
