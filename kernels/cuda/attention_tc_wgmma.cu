@@ -112,9 +112,10 @@ __global__ void __launch_bounds__(S::kThreads, S::kMinBlocks) attention_tc_wgmma
 
   // S = Q K^T of a block into s (issued; wgmma_wait before s is read).
   const auto issue_scores = [&](float (&s)[NT][4], int64_t block) { issue_product_nt_rs<T, N>(s, qf, stage(block)); };
-  // A block's scores s (waited for) through the online softmax into P, then
-  // O += P V issued (wgmma_wait before acc is read or the stage reused).
-  const auto softmax_and_issue_pv = [&](float (&s)[NT][4], int64_t block) {
+  // A block's scores s (waited for) through the online softmax into P (pf, the
+  // caller's: the tensor cores read it until the wait), then O += P V issued
+  // (wgmma_wait before acc is read or the stage reused).
+  const auto softmax_and_issue_pv = [&](float (&s)[NT][4], uint32_t (&pf)[KN][4], int64_t block) {
     if (warp_blocks.all_masked || block >= warp_blocks.first_masked) {
       mask_scores<false, true>(s, 1.0f, p, mask_base, r0, block * N, lane);
     }
@@ -127,7 +128,6 @@ __global__ void __launch_bounds__(S::kThreads, S::kMinBlocks) attention_tc_wgmma
         for (int e = 0; e < 4; ++e) acc[n][e] *= alpha[e / 2];
       }
     }
-    uint32_t pf[KN][4];  // (16, N): P as A fragments
 #pragma unroll
     for (int kk = 0; kk < KN; ++kk) pack_a<T>(pf[kk], s, kk);
     wgmma_fence(acc, pf);  // acc and pf were last written by ordinary instructions
@@ -142,14 +142,15 @@ __global__ void __launch_bounds__(S::kThreads, S::kMinBlocks) attention_tc_wgmma
       fence_proxy_async();  // ... and visible to the tensor cores' reads after the barrier
       __syncthreads();
       if (block < group_blocks.first_skipped) {
-        float s[NT][4];  // (16, N): scores, then probabilities
+        float s[NT][4];      // (16, N): scores, then probabilities
+        uint32_t pf[KN][4];  // (16, N): P as A fragments
         wgmma_fence(s, qf);  // s was last written by ordinary instructions
         issue_scores(s, block);
         wgmma_commit();
         wgmma_wait<0>(s);
-        softmax_and_issue_pv(s, block);
+        softmax_and_issue_pv(s, pf, block);
         wgmma_commit();
-        wgmma_wait<0>(acc);  // the stage is read before the barrier below lets block + 2 load into it
+        wgmma_wait<0>(acc, pf);  // the stage is read before the barrier below lets block + 2 load into it
       }
       __syncthreads();
     }
@@ -174,11 +175,12 @@ __global__ void __launch_bounds__(S::kThreads, S::kMinBlocks) attention_tc_wgmma
         issue_scores(s_next, block + 1);
         wgmma_commit();
       }
+      uint32_t pf[KN][4];  // (16, N): this block's P as A fragments
       if (block < group_blocks.first_skipped) {
-        softmax_and_issue_pv(s, block);
+        softmax_and_issue_pv(s, pf, block);
         wgmma_commit();
       }
-      wgmma_wait<0>(s_next, acc);  // s_next and acc are complete, and the stages read
+      wgmma_wait<0>(s_next, acc, pf);  // s_next and acc are complete, and the stages read
       __syncthreads();
 #pragma unroll
       for (int n = 0; n < NT; ++n) {

@@ -6,6 +6,7 @@
 #include <cuda_fp16.h>
 #include <vector_types.h>
 
+#include <algorithm>
 #include <atomic>
 #include <barrier>
 #include <bit>
@@ -77,6 +78,7 @@ struct WgmmaPending {  // a thread's own part of a product: its accumulators
   float* d;
   int n;
   bool half;
+  const uint32_t* a = nullptr;  // its A fragment's registers (A from registers), checked unchanged at the wait
 };
 // An mbarrier's state (emu_wgmma.inc), kept beside shared memory by its address.
 struct MBarrier {

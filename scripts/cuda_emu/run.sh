@@ -4,9 +4,10 @@
 # wgmma m64nNk16 with its swizzled shared-memory descriptors emulated from the
 # PTX ISA's tables, mbarriers and named barriers; shared memory and outputs
 # start as NaN; a tensor-core read of bytes a cp.async has not yet landed
-# fails; a wgmma whose D or A registers its wgmma_fence did not name, or a
-# wgmma_wait that does not name the D it completes, fails (on the GPU those
-# names pin the registers for the compiler); EMU_COPY_DELAY_US /
+# fails; a wgmma whose D or A registers its wgmma_fence did not name, a
+# wgmma_wait that does not name the D it completes (on the GPU those names pin
+# the registers for the compiler), and A's registers written before the wait
+# that completes their product fail; EMU_COPY_DELAY_US /
 # EMU_COPY_DELAY_FROM (prelude.h) make copies land late)
 # and compares out, lse, dq, dk and dv with a float64 reference. A development
 # tool for sessions without a GPU, not part of CI: it shares the author's
