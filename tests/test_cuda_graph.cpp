@@ -156,6 +156,37 @@ TEST_CASE("cuda::Graph refuses a host read inside the capture and names it [gpu]
   CHECK(sum(x).item<float>() == 10.0f);  // the device works normally afterwards
 }
 
+TEST_CASE("a convolution first met inside a capture in cuDNN benchmark mode is refused, both APIs; eager runs after [gpu]") {
+  KILN_REQUIRE_GPU();
+  struct Restore {
+    bool benchmark = cudnn_benchmark();
+    CudnnApi api = cudnn_api();
+    ~Restore() {
+      set_cudnn_benchmark(benchmark);
+      set_cudnn_api(api);
+    }
+  } restore;
+  set_cudnn_benchmark(true);
+  int64_t channels = 5;  // a new cache key for each API: benchmark mode must search
+  for (CudnnApi api : {CudnnApi::legacy, CudnnApi::graph}) {
+    INFO((api == CudnnApi::legacy ? "legacy API" : "graph API"));
+    set_cudnn_api(api);
+    const Tensor x = randn({2, channels, 12, 12}).to(DType::bf16).cuda();
+    const Tensor w = randn({channels + 1, channels, 3, 3}).to(DType::bf16).cuda();
+    ++channels;
+    cuda::Graph graph;
+    graph.capture_begin();
+    const std::string message = error_of([&] { (void)conv2d(x, w, Tensor(), 1, 1); });
+    CHECK(message.find("cuDNN benchmark mode's search") != std::string::npos);
+    CHECK(message.find("while this thread captures a CUDA graph") != std::string::npos);
+    CHECK(error_of([&] { graph.capture_end(); }).find("cuDNN benchmark mode's search") != std::string::npos);
+    CHECK_FALSE(cuda::capturing());
+    // Eagerly the same convolution is searched, timed and right.
+    const Tensor expected = conv2d(x.cpu().to(DType::f32), w.cpu().to(DType::f32), Tensor(), 1, 1);
+    KILN_CHECK_CLOSE(conv2d(x, w, Tensor(), 1, 1).cpu().to(DType::f32), expected, 2e-2, 5e-2);
+  }
+}
+
 TEST_CASE("cuda::Graph refuses a copy from pinned host memory in the capture (a replay would read it again) [gpu]") {
   KILN_REQUIRE_GPU();
   const Tensor host = ones({256}).pin_memory();

@@ -34,6 +34,7 @@
 #include "kernels/conv.h"
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/conv_cudnn.h"
+#include "kernels/cuda/graph.h"
 
 namespace kiln::kernels {
 
@@ -340,6 +341,10 @@ Choice choose(Direction direction, cudnnHandle_t handle, const Descriptors& d, c
   std::vector<Candidate> heuristics = heuristic_candidates(direction, handle, d);
   std::vector<Candidate> ranked;
   if (config.benchmark) {
+    // cudnnFind* times the algorithms (it synchronizes), which a CUDA graph capture cannot record: a
+    // convolution first met inside a capture is refused (the Trainer's warm-up steps meet them eagerly).
+    ::kiln::cuda::check_not_capturing(
+        "cuDNN benchmark mode's search (legacy API) for a convolution not yet run eagerly");
     size_t find_bytes = 0;
     for (const Candidate& c : heuristics) {
       const size_t bytes = workspace_size(direction, handle, d, c.algo);
@@ -384,7 +389,9 @@ std::optional<Choice> fall_back_for_workspace(Direction direction, cudnnHandle_t
     } catch (const OutOfMemoryError&) {
       continue;
     }
-    remember(make_key(direction, p, config, ops), choice);
+    // Inside a capture the allocator cannot free its cached blocks first: a choice made for want of
+    // memory there is used once, not remembered for the eager calls after it.
+    if (!::kiln::cuda::capturing()) remember(make_key(direction, p, config, ops), choice);
     return choice;
   }
   return std::nullopt;

@@ -36,6 +36,7 @@
 #include <vector>
 
 #include "kernels/cuda/check.h"
+#include "kernels/cuda/graph.h"
 #include "kernels/cuda/conv_cudnn.h"
 
 namespace kiln::kernels::cudnn_conv {
@@ -368,9 +369,16 @@ float time_plan(cudnnHandle_t handle, const Plan& plan, const Operands& ops, Dir
     (void)cudaGetLastError();
     return -1.0f;
   }
-  cudaEvent_t start = nullptr, stop = nullptr;
-  KILN_CUDA_CHECK(cudaEventCreate(&start));
-  KILN_CUDA_CHECK(cudaEventCreate(&stop));
+  struct Events {  // destroyed on every way out (a failed wait throws)
+    cudaEvent_t start = nullptr, stop = nullptr;
+    ~Events() {
+      if (start != nullptr) cudaEventDestroy(start);
+      if (stop != nullptr) cudaEventDestroy(stop);
+    }
+  } events;
+  KILN_CUDA_CHECK(cudaEventCreate(&events.start));
+  KILN_CUDA_CHECK(cudaEventCreate(&events.stop));
+  cudaEvent_t start = events.start, stop = events.stop;
   float best = -1.0f;
   for (int repeat = 0; repeat < 3; ++repeat) {
     KILN_CUDA_CHECK(cudaEventRecord(start, stream));
@@ -386,8 +394,6 @@ float time_plan(cudnnHandle_t handle, const Plan& plan, const Operands& ops, Dir
     }
     best = best < 0.0f ? ms : std::min(best, ms);
   }
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
   return best;
 }
 
@@ -463,6 +469,12 @@ std::string run_graph(Direction direction, const Conv2dParams& p, const ConvCuda
     return "";
   }
 
+  // Benchmark mode times the plans (it waits on events), which a CUDA graph capture cannot record:
+  // a convolution first met inside a capture is refused (the Trainer's warm-up steps meet them eagerly).
+  if (config.benchmark) {
+    ::kiln::cuda::check_not_capturing(
+        "cuDNN benchmark mode's search (graph API) for a convolution not yet run eagerly");
+  }
   std::shared_ptr<Search> s = search(direction, p, config, alignment_of(ops), handle);
   const Plan* chosen = config.benchmark
                            ? fastest(*s, handle, ops, direction, allocate, static_cast<cudaStream_t>(config.stream))
@@ -470,7 +482,9 @@ std::string run_graph(Direction direction, const Conv2dParams& p, const ConvCuda
   std::lock_guard<std::mutex> lock(c.mutex);
   if (chosen == nullptr) {
     ++c.stats.fallbacks;
-    if (s->plans.empty()) c.unsupported[key] = s->why_none;
+    // Not remembered from inside a capture: what failed there may run eagerly (the plan stays in
+    // `chosen` otherwise: the captured graph launches its kernels).
+    if (s->plans.empty() && !::kiln::cuda::capturing()) c.unsupported[key] = s->why_none;
     return s->why_none.empty() ? detail::concat(s->plans.size(), " plans built, none ran") : s->why_none;
   }
   if (config.benchmark) ++c.stats.misses;
