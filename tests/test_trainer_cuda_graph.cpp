@@ -149,6 +149,34 @@ TEST_CASE("CudaGraphStep::decide: the warm-up counts optimizer steps, then each 
   CHECK(plain.decide(micro_batch_kind(3, 1, false), 1, cpu_batch(8)).action == Action::capture);
 }
 
+TEST_CASE("CudaGraphStep::decide: a short last batch at the warm-up's end extends it: the graphs take the usual shape") {
+  REQUIRE(kCudaGraphWarmupSteps >= 2);
+  CudaGraphStep graph(0);
+  for (int64_t i = 0; i + 1 < kCudaGraphWarmupSteps; ++i) {
+    REQUIRE(graph.decide(MicroBatchKind::step, 1, cpu_batch(16)).action == Action::warm_up);
+  }
+  // The warm-up's last step falls on an epoch's short last batch: one step more.
+  CHECK(graph.decide(MicroBatchKind::step, 1, cpu_batch(5)).action == Action::warm_up);
+  CHECK(graph.accumulation() == 0);
+  CHECK_FALSE(graph.static_batch().input.defined());
+  const Batch usual = cpu_batch(16, 2.0f);
+  CHECK(graph.decide(MicroBatchKind::step, 1, usual).action == Action::warm_up);
+  CHECK(graph.accumulation() == 1);
+  REQUIRE(graph.static_batch().input.defined());
+  KILN_CHECK_CLOSE(graph.static_batch().input, usual.input, 0, 0);
+  CHECK(graph.decide(MicroBatchKind::step, 1, cpu_batch(16)).action == Action::capture);
+  CHECK(graph.decide(MicroBatchKind::step, 1, cpu_batch(5)).cause == EagerCause::batch_mismatch);
+  // A short batch before the warm-up's last step counts as any other step.
+  CudaGraphStep early(0);
+  CHECK(early.decide(MicroBatchKind::step, 1, cpu_batch(16)).action == Action::warm_up);
+  CHECK(early.decide(MicroBatchKind::step, 1, cpu_batch(5)).action == Action::warm_up);
+  for (int64_t i = 2; i < kCudaGraphWarmupSteps; ++i) {
+    CHECK(early.decide(MicroBatchKind::step, 1, cpu_batch(16)).action == Action::warm_up);
+  }
+  CHECK(early.accumulation() == 1);
+  CHECK(early.decide(MicroBatchKind::step, 1, cpu_batch(16)).action == Action::capture);
+}
+
 TEST_CASE("CudaGraphStep::decide: another batch shape or accumulation factor runs eagerly, said once per reason") {
   CudaGraphStep graph(0);
   const int64_t k = 2;

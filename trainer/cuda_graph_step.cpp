@@ -37,7 +37,12 @@ CudaGraphDecision CudaGraphStep::decide(MicroBatchKind kind, int64_t accumulate,
   using Action = CudaGraphDecision::Action;
   window_open_ = kind == MicroBatchKind::accumulate;
   if (warmup_left_ > 0) {
-    if (kind == MicroBatchKind::step && --warmup_left_ == 0) {
+    // The static buffers take the shape of the warm-up's last batch: when that is a short last batch of an
+    // epoch (another shape than the first warm-up batch's), the warm-up runs one more step instead, or
+    // every full batch after it would run eagerly.
+    if (!warmup_input_shape_) warmup_input_shape_ = batch.input.defined() ? batch.input.shape() : Shape{};
+    const bool usual_shape = !batch.input.defined() || batch.input.shape() == *warmup_input_shape_;
+    if (kind == MicroBatchKind::step && (warmup_left_ > 1 || usual_shape) && --warmup_left_ == 0) {
       accumulation_ = accumulate;
       keep_gradients_ = accumulate > 1;  // this very step's zero_grad keeps them (Trainer::optimizer_step)
       NoGradGuard no_grad;

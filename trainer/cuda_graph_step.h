@@ -38,7 +38,10 @@
 // micro-batch, even when fit resumed mid-window), each of which ran both kinds
 // of micro-batch whenever a window holds more than one: so each graph,
 // captured on the first micro-batch of its kind after the warm-up, finds the
-// optimizer state, the scaler's tensors and the workspaces made.
+// optimizer state, the scaler's tensors and the workspaces made. A warm-up
+// whose last step falls on a batch of another shape than its first batch's
+// (an epoch's short last batch) runs one step more: the static buffers take
+// the usual shape.
 // The last batch of an epoch that closes a window early (fewer than k
 // micro-batches) replays graph B: the eager loop runs it exactly as a k-th
 // micro-batch (loss / k, backward, step), so the graph's work is the same.
@@ -59,6 +62,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -180,6 +184,7 @@ class CudaGraphStep {
  private:
   int device_;
   int64_t warmup_left_ = kCudaGraphWarmupSteps;
+  std::optional<Shape> warmup_input_shape_;  // the first warm-up batch's input shape: the fit's usual one
   int64_t accumulation_ = 0;
   bool keep_gradients_ = false;
   bool window_open_ = false;
