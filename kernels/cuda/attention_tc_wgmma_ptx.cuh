@@ -81,20 +81,19 @@ __device__ __forceinline__ uint32_t wgmma_smem_address(const void* pointer) {
 // name none: unpinned, the compiler may sink a write of acc below
 // wgmma.fence or hoist a read of s above the wait that completes it
 // (undefined in PTX; ptxas then serializes the products, C7515).
-template <int N>
-__device__ __forceinline__ void pin_registers(float (&r)[N][4]) {
+template <typename R, int N>
+__device__ __forceinline__ void pin_registers(R (&r)[N][4]) {
+  static_assert(std::is_same_v<R, float> || std::is_same_v<R, uint32_t>, "D (float) or A (packed 16-bit pairs)");
 #pragma unroll
   for (int n = 0; n < N; ++n) {
 #pragma unroll
-    for (int e = 0; e < 4; ++e) asm volatile("" : "+f"(r[n][e])::"memory");
-  }
-}
-template <int N>
-__device__ __forceinline__ void pin_registers(uint32_t (&r)[N][4]) {
-#pragma unroll
-  for (int n = 0; n < N; ++n) {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(r[n][e])::"memory");
+    for (int e = 0; e < 4; ++e) {
+      if constexpr (std::is_same_v<R, float>) {
+        asm volatile("" : "+f"(r[n][e])::"memory");
+      } else {
+        asm volatile("" : "+r"(r[n][e])::"memory");
+      }
+    }
   }
 }
 
