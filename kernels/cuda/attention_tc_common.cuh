@@ -409,6 +409,24 @@ __device__ __forceinline__ bool online_softmax(float (&s)[NT][4], float (&m)[2],
   return rescale;
 }
 
+// After online_softmax, a warp's output accumulators acc (16, 8 DT) times
+// alpha, skipped when no lane of the warp rescales (a multiplication by 1
+// changes no bit), and its probabilities s (16, 8 NT) packed into A fragments
+// pf for O += P V (one warp's rows: the wgmma kernels' warpgroup products).
+template <typename T, int DT, int NT, int KN>
+__device__ __forceinline__ void rescale_output_and_pack_p(float (&acc)[DT][4], const float (&alpha)[2], bool rescale,
+                                                          const float (&s)[NT][4], uint32_t (&pf)[KN][4]) {
+  if (__any_sync(0xffffffffu, rescale)) {
+#pragma unroll
+    for (int n = 0; n < DT; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[n][e] *= alpha[e / 2];
+    }
+  }
+#pragma unroll
+  for (int kk = 0; kk < KN; ++kk) pack_a<T>(pf[kk], s, kk);
+}
+
 // The forward's epilogue for a lane's rows row0 + g, row0 + g + 8 of a
 // 16-row group: out (=) from the unnormalized accumulators acc (16, 8 DT)
 // and lse (=) from m and l; rows past Tq are not written.

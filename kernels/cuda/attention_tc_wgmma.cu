@@ -121,15 +121,7 @@ __global__ void __launch_bounds__(S::kThreads, S::kMinBlocks) attention_tc_wgmma
     }
     float alpha[2];
     const bool rescale = online_softmax<false>(s, m, l, alpha, p.scale_log2, 0u);
-    if (__any_sync(0xffffffffu, rescale)) {
-#pragma unroll
-      for (int n = 0; n < DT; ++n) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) acc[n][e] *= alpha[e / 2];
-      }
-    }
-#pragma unroll
-    for (int kk = 0; kk < KN; ++kk) pack_a<T>(pf[kk], s, kk);
+    rescale_output_and_pack_p<T>(acc, alpha, rescale, s, pf);
     wgmma_fence(acc, pf);  // acc and pf were last written by ordinary instructions
     issue_product_nn<T, N>(acc, pf, stage(block) + S::kTileBytes);
   };

@@ -216,15 +216,7 @@ __global__ void __launch_bounds__(S::kThreads, 1) attention_tc_wgmma_pingpong_ke
     const bool rescale = online_softmax<false>(s, m, l, alpha, p.scale_log2, 0u);
     wgmma_wait<0>(acc, pf);  // block i - 2's P V
     if (i >= 2) mbarrier_arrive(&empty[(i - 2) % kStages]);
-    if (__any_sync(0xffffffffu, rescale)) {
-#pragma unroll
-      for (int n = 0; n < DT; ++n) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) acc[n][e] *= alpha[e / 2];
-      }
-    }
-#pragma unroll
-    for (int kk = 0; kk < KN; ++kk) pack_a<T>(pf[kk], s, kk);
+    rescale_output_and_pack_p<T>(acc, alpha, rescale, s, pf);
   };
   const auto issue_pv = [&](int64_t block) {
     issue_product_nn<T, N>(acc, pf, stage(block) + S::kTileBytes);

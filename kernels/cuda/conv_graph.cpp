@@ -36,8 +36,8 @@
 #include <vector>
 
 #include "kernels/cuda/check.h"
-#include "kernels/cuda/graph.h"
 #include "kernels/cuda/conv_cudnn.h"
+#include "kernels/cuda/graph.h"
 
 namespace kiln::kernels::cudnn_conv {
 
