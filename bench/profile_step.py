@@ -4,17 +4,24 @@
 Runs bench_transformer (kiln) and torch_transformer.py (PyTorch) for the
 transformers (--model gpt2-124m, gpt, vit), or bench_fashion and
 torch_fashion.py for the CNNs (--model resnet9, cnn: one iteration, batch
-and copy included), with --profile-step under Nsight Compute (ncu
---profile-from-start off), which times every kernel of the one step
-bracketed by cudaProfilerStart/Stop, one
-kernel at a time (ncu serializes them: the sum is the GPU's busy time without
-overlap; the gap to the wall-clock step of compare_transformers.py is launch
-and host overhead). Prints a markdown table by kernel family and the longest
-kernels of each side: the list of what to make faster first.
+and copy included), with --profile-step, which brackets one step with
+cudaProfilerStart/Stop, and times every kernel of that step on both sides with
+one of two tracers:
+  cupti (the default): bench/kernel_trace.cpp's CUPTI injection library
+    (CUDA_INJECTION64_PATH), the same for both programs, which records each
+    kernel, memcpy and memset as it runs, concurrency kept. Besides the sums it
+    gives the step's window (cudaProfilerStart to Stop, the device synchronized
+    at both ends) and the GPU's busy time in it (the union of the intervals):
+    the rest is idle, launch and host overhead. Seconds per run.
+  ncu: Nsight Compute (--profile-from-start off), one kernel at a time (ncu
+    serializes them: the sum is the GPU's busy time without overlap; no window).
+    Minutes per run: a GPT-2 step has thousands of kernels.
+Prints a markdown table by kernel family and the longest kernels of each side:
+the list of what to make faster first.
 
   python3 bench/profile_step.py --kiln build/bin/bench_transformer --python python3
   python3 bench/profile_step.py --model resnet9 --channels-last --kiln build/bin/bench_fashion --python python3
-  python3 bench/profile_step.py --summarize kiln.csv [torch.csv]   # tables from saved ncu CSVs
+  python3 bench/profile_step.py --summarize kiln.csv [torch.csv]   # tables from saved traces or ncu CSVs
 """
 import argparse
 import csv
@@ -39,7 +46,7 @@ FAMILIES = [
     ("embedding / indexing", r"embedding|gather|index|scatter|dense_rows"),
     ("reduction", r"reduce|sum_|_sum|norm_kernel|amax|unscale|non_finite|inf"),
     ("dropout / random", r"dropout|philox|random|bernoulli"),
-    ("copy / cast / fill", r"copy|cast|convert|fill|memset|to_|contiguous"),
+    ("copy / cast / fill", r"copy|memcpy|cast|convert|fill|memset|to_|contiguous"),
 ]
 UNITS = {"nsecond": 1e-3, "ns": 1e-3, "usecond": 1.0, "us": 1.0, "msecond": 1e3, "ms": 1e3, "second": 1e6, "s": 1e6}
 
@@ -70,6 +77,65 @@ def parse_ncu_csv(text):
     return kernels
 
 
+TRACE_HEADER = "# kiln_kernel_trace"
+
+
+def parse_trace_csv(text):
+    """kernel_trace.cpp's CSV: ((name, microseconds) per activity, [(start_ns, end_ns)], window_ns, dropped)."""
+    lines = text.splitlines()
+    if not lines or not lines[0].startswith(TRACE_HEADER):
+        raise ValueError(f"not a kernel trace: its first line does not start with {TRACE_HEADER!r}")
+    fields = lines[0].split()
+    try:
+        start, end, dropped = int(fields[3]), int(fields[4]), int(fields[6])
+    except (IndexError, ValueError):
+        raise ValueError(f"kernel trace header {lines[0]!r}: expected 'window_ns START END dropped N'") from None
+    if end <= start:
+        raise ValueError("the kernel trace has no cudaProfilerStart ... cudaProfilerStop window "
+                         "(did the program run with --profile-step?)")
+    kernels, intervals = [], []
+    for row in csv.DictReader(io.StringIO("\n".join(lines[1:]))):
+        begin, finish = int(row["start_ns"]), int(row["end_ns"])
+        kernels.append((short_name(row["name"]), (finish - begin) / 1e3))
+        intervals.append((begin, finish))
+    return kernels, intervals, end - start, dropped
+
+
+def short_name(name):
+    """A demangled kernel name without its parameter list and its leading "void "."""
+    if name.endswith(")"):
+        depth = 0
+        for i in range(len(name) - 1, -1, -1):
+            depth += {")": 1, "(": -1}.get(name[i], 0)
+            if depth == 0:
+                name = name[:i]
+                break
+    return name[5:] if name.startswith("void ") else name
+
+
+def busy_ns(intervals):
+    """The length of the union of [start, end) intervals: the time at least one of them ran."""
+    total, reach = 0, None
+    for begin, finish in sorted(intervals):
+        if reach is None or begin > reach:
+            total += finish - begin
+            reach = finish
+        elif finish > reach:
+            total += finish - reach
+            reach = finish
+    return total
+
+
+def read_side(path):
+    """(kernels, timing or None) of a saved kernel trace or ncu CSV."""
+    with open(path) as f:
+        text = f.read()
+    if text.startswith(TRACE_HEADER):
+        kernels, intervals, window, dropped = parse_trace_csv(text)
+        return kernels, {"window_ns": window, "busy_ns": busy_ns(intervals), "dropped": dropped}
+    return parse_ncu_csv(text), None
+
+
 def summarize(kernels):
     families, names = {}, {}
     for name, us in kernels:
@@ -79,9 +145,30 @@ def summarize(kernels):
     return families, names
 
 
+def print_timing(sides):
+    """sides: [(label, kernels, timing)], timing from a kernel trace (None from ncu)."""
+    timed = [(label, timing) for label, _, timing in sides if timing is not None]
+    if not timed:
+        return
+    print("| one step | " + " | ".join(label for label, _ in timed) + " |")
+    print("|---" * (1 + len(timed)) + "|")
+    print("| window, cudaProfilerStart to Stop (ms) | " +
+          " | ".join(f"{t['window_ns'] / 1e6:.2f}" for _, t in timed) + " |")
+    print("| GPU busy: union of the kernels, copies and sets (ms) | " +
+          " | ".join(f"{t['busy_ns'] / 1e6:.2f}" for _, t in timed) + " |")
+    print("| GPU idle in the window (launch and host overhead) | " +
+          " | ".join(f"{100 * (1 - t['busy_ns'] / t['window_ns']):.1f}%" for _, t in timed) + " |")
+    for label, t in timed:
+        if t["dropped"]:
+            print(f"\n**{label}: CUPTI dropped {t['dropped']} activity records: the sums above are short.**")
+    print()
+
+
 def print_tables(sides, top):
-    """sides: [(label, kernels)]."""
-    summaries = [(label, kernels, *summarize(kernels)) for label, kernels in sides]
+    """sides: [(label, kernels)] or [(label, kernels, timing)]."""
+    sides = [side if len(side) == 3 else (*side, None) for side in sides]
+    print_timing(sides)
+    summaries = [(label, kernels, *summarize(kernels)) for label, kernels, _ in sides]
     header = "| kernel family | " + " | ".join(f"{label} ms (kernels)" for label, *_ in summaries) + " |"
     print(header)
     print("|---" * (1 + len(summaries)) + "|")
@@ -105,6 +192,24 @@ def print_tables(sides, top):
             print(f"| `{shown}` | {family_of(name)} | {count} | {total / 1e3:.3f} | {100 * total / whole:.1f}% |")
 
 
+def trace(label, command, library, csv_path):
+    """(kernels, timing) of one run of command under kernel_trace.cpp's CUPTI injection library."""
+    if not os.path.isfile(library):
+        raise SystemExit(f"{label}: the kernel trace library {library} does not exist (build kiln_kernel_trace, "
+                         "or give --trace-lib)")
+    if os.path.exists(csv_path):
+        os.remove(csv_path)  # a stale trace must not pass for this run's
+    env = dict(os.environ, CUDA_INJECTION64_PATH=os.path.abspath(library), KILN_KERNEL_TRACE=csv_path)
+    print(f"{label}: CUDA_INJECTION64_PATH={library} KILN_KERNEL_TRACE={csv_path} {' '.join(command)}",
+          file=sys.stderr)
+    result = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    if result.returncode != 0 or not os.path.exists(csv_path):
+        sys.stderr.write(result.stdout[-4000:])
+        raise SystemExit(f"{label}: the traced run exited with {result.returncode}"
+                         f"{'' if os.path.exists(csv_path) else ' and wrote no trace'}")
+    return read_side(csv_path)
+
+
 def profile(label, command, ncu, csv_path):
     ncu_command = [ncu, "--profile-from-start", "off", "--metrics", "gpu__time_duration.sum", "--csv",
                    "--print-units", "base", "--print-kernel-base", "function", "--clock-control", "none",
@@ -119,27 +224,32 @@ def profile(label, command, ncu, csv_path):
         text = result.stdout
         with open(csv_path, "w") as f:
             f.write(text)
-    return parse_ncu_csv(text)
+    return parse_ncu_csv(text), None
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--kiln", help="bench_transformer binary (bench_fashion for --model resnet9 or cnn)")
     parser.add_argument("--python", default=sys.executable, help="the Python with PyTorch")
+    parser.add_argument("--tracer", default="cupti", choices=["cupti", "ncu"],
+                        help="cupti: bench/kernel_trace.cpp's library (seconds; busy and idle time); ncu: Nsight "
+                        "Compute, kernels serialized (minutes)")
+    parser.add_argument("--trace-lib", help="the CUPTI injection library (default: libkiln_kernel_trace.so beside "
+                        "--kiln)")
     parser.add_argument("--ncu", default="ncu")
     parser.add_argument("--model", default="gpt2-124m", choices=["vit", "gpt", "gpt2-124m", "resnet9", "cnn"])
     parser.add_argument("--batch-size", type=int, help="default: 16 (transformers), 512 (resnet9), 64 (cnn)")
     parser.add_argument("--channels-last", action="store_true", help="resnet9/cnn: model and images channels-last")
     parser.add_argument("--precision", default="bf16-mixed", choices=["32-true", "bf16-mixed", "16-mixed"])
-    parser.add_argument("--out-dir", default=".", help="where the ncu CSV files go")
+    parser.add_argument("--out-dir", default=".", help="where the traces (CSV files) go")
     parser.add_argument("--top", type=int, default=12, help="longest kernels listed per side")
-    parser.add_argument("--summarize", nargs="+", metavar="CSV", help="only print the tables of saved ncu CSVs")
+    parser.add_argument("--summarize", nargs="+", metavar="CSV",
+                        help="only print the tables of saved kernel traces or ncu CSVs")
     args = parser.parse_args()
     if args.summarize:
         sides = []
         for path in args.summarize:
-            with open(path) as f:
-                sides.append((os.path.basename(path), parse_ncu_csv(f.read())))
+            sides.append((os.path.basename(path), *read_side(path)))
         print_tables(sides, args.top)
         return
     if not args.kiln:
@@ -158,14 +268,17 @@ def main():
     here = os.path.dirname(os.path.abspath(__file__))
     torch_script = os.path.join(here, "torch_fashion.py" if cnn else "torch_transformer.py")
     os.makedirs(args.out_dir, exist_ok=True)
-    sides = [("kiln", profile("kiln", [args.kiln] + common, args.ncu,
-                              os.path.join(args.out_dir, f"kiln_{args.model}.csv"))),
-             ("torch", profile("torch", [args.python, torch_script] + common, args.ncu,
-                               os.path.join(args.out_dir, f"torch_{args.model}.csv")))]
+    library = args.trace_lib or os.path.join(os.path.dirname(os.path.abspath(args.kiln)), "libkiln_kernel_trace.so")
+    sides = []
+    for label, command in (("kiln", [args.kiln] + common), ("torch", [args.python, torch_script] + common)):
+        path = os.path.join(args.out_dir, f"{label}_{args.model}{'' if args.tracer == 'cupti' else '_ncu'}.csv")
+        run = trace(label, command, library, path) if args.tracer == "cupti" else profile(label, command, args.ncu, path)
+        sides.append((label, *run))
     layout = ", channels-last" if args.channels_last else ""
     what = "iteration (batch, copy and step)" if cnn else "step"
+    how = "CUPTI activity trace, kernels concurrent" if args.tracer == "cupti" else "ncu, kernels serialized"
     print(f"### One {args.model} training {what}, batch {batch_size}, {args.precision}{layout}: kernel time by "
-          f"family (ncu, kernels serialized)\n")
+          f"family ({how})\n")
     print_tables(sides, args.top)
 
 

@@ -16,7 +16,7 @@
 #        the next). Optional steps: racecheck, compile (torch.compile rows in compare), train
 #        (train_fashion --accelerator gpu with no other flag), profile (one GPT-2 124M step, one
 #        ResNet-9 channels-last and one FashionCNN 16-mixed iteration of kiln and of PyTorch under
-#        ncu: kernel time by family, profile.md; up to 7 minutes: give it a command of its own), accuracy
+#        a CUPTI trace: GPU busy and idle time, kernel time by family, profile.md; 1-2 minutes), accuracy
 #        (ResNet-9 bf16-mixed to 93% and 94% test accuracy, kiln against PyTorch,
 #        bench/time_to_accuracy.py: accuracy.md, about 1-2 minutes). --tests test_a,test_b
 #        limits the tests, memcheck and racecheck steps to those files (a rerun of the failures).
@@ -435,24 +435,21 @@ step_compare() {
 # iteration (batch 512, bf16-mixed, channels-last: issue 22's recipe) and one
 # FashionCNN iteration (batch 64, 16-mixed) of kiln and of PyTorch eager under
 # ncu, kernel by kernel: where kiln's step loses to torch's.
+# Traced with bench/kernel_trace.cpp's CUPTI injection library (seconds per run; ncu, which
+# serializes kernel by kernel, took minutes: `profile_step.py --tracer ncu` by hand).
 step_profile() {
-  local out="$OUT/profile.md" rc=0 rc2=0 rc3=0 ncu
-  ncu="$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -n 1 || true)"
-  if [ -z "$ncu" ]; then
-    verdict profile FAILED "no ncu on this machine"
-    return 0
-  fi
-  run_bounded "$out" 180 "$torch_python" "$kit/bench/profile_step.py" --kiln "$bins/bench_transformer" \
-    --python "$torch_python" --ncu "$ncu" --out-dir "$logs/profile" || rc=$?
+  local out="$OUT/profile.md" rc=0 rc2=0 rc3=0
+  run_bounded "$out" 90 "$torch_python" "$kit/bench/profile_step.py" --kiln "$bins/bench_transformer" \
+    --python "$torch_python" --out-dir "$logs/profile" || rc=$?
   echo >>"$out"
-  run_bounded "$out" 150 "$torch_python" "$kit/bench/profile_step.py" --model resnet9 --channels-last \
-    --kiln "$bins/bench_fashion" --python "$torch_python" --ncu "$ncu" --out-dir "$logs/profile" || rc2=$?
-  # FashionCNN batch 64 16-mixed: issue 22's launch-bound case, where the kernel count decides.
+  run_bounded "$out" 75 "$torch_python" "$kit/bench/profile_step.py" --model resnet9 --channels-last \
+    --kiln "$bins/bench_fashion" --python "$torch_python" --out-dir "$logs/profile" || rc2=$?
+  # FashionCNN batch 64 16-mixed: issue 22's launch-bound case, where the kernel count and idle time decide.
   echo >>"$out"
-  run_bounded "$out" 90 "$torch_python" "$kit/bench/profile_step.py" --model cnn --precision 16-mixed \
-    --kiln "$bins/bench_fashion" --python "$torch_python" --ncu "$ncu" --out-dir "$logs/profile" || rc3=$?
+  run_bounded "$out" 45 "$torch_python" "$kit/bench/profile_step.py" --model cnn --precision 16-mixed \
+    --kiln "$bins/bench_fashion" --python "$torch_python" --out-dir "$logs/profile" || rc3=$?
   if [ "$rc" -eq 0 ] && [ "$rc2" -eq 0 ] && [ "$rc3" -eq 0 ]; then
-    verdict profile ok "GPT-2 124M step, ResNet-9 channels-last and FashionCNN 16-mixed iterations, kernel time by family, kiln and torch eager (profile.md)"
+    verdict profile ok "GPT-2 124M step, ResNet-9 channels-last and FashionCNN 16-mixed iterations: GPU busy and idle, kernel time by family, kiln and torch eager (profile.md)"
   else
     verdict profile FAILED "GPT-2 exit $rc, ResNet-9 exit $rc2, FashionCNN exit $rc3 (see profile.md)"
   fi
@@ -721,6 +718,10 @@ cmd_dry_run() {
   LD_LIBRARY_PATH="$path" "$bins/train_fashion" --fast-dev-run 2 --num-workers 0 --data-dir "$scratch/data" \
     --default-root-dir "$scratch/runs" >"$scratch/train.log" 2>&1 ||
     { cat "$scratch/train.log" >&2; die "dry-run: train_fashion on the kit's data failed"; }
+  # The profile step's CUPTI injection library is in the kit and loads (recording needs a GPU).
+  [ -f "$bins/libkiln_kernel_trace.so" ] || die "dry-run: the kit has no libkiln_kernel_trace.so (the profile step's tracer)"
+  python3 -c 'import ctypes, sys; ctypes.CDLL(sys.argv[1]).InitializeInjection' "$bins/libkiln_kernel_trace.so" ||
+    die "dry-run: libkiln_kernel_trace.so does not load or lacks InitializeInjection"
   # The GPU cases: the sources, the binary and the kit's list agree.
   local in_sources in_binary in_kit
   in_sources="$(source_gpu_cases | grep -c . || true)"
@@ -737,7 +738,7 @@ cmd_dry_run() {
   fi
   grep -q '| tests | ok |' "$scratch/out/summary.md" || { cat "$scratch/out/summary.md" >&2; die "dry-run: the rehearsal's summary has no tests verdict"; }
   [ -s "$scratch/out/logs.tar.xz" ] || die "dry-run: the rehearsal wrote no logs.tar.xz"
-  echo "gpu_kit: dry-run ok in $(($(now) - start)) s: libraries resolve, test_tensor passes from the kit, train_fashion reads the kit's data, $in_binary GPU cases (sources = binary = kit list), the run step's plumbing works"
+  echo "gpu_kit: dry-run ok in $(($(now) - start)) s: libraries resolve, the kernel tracer loads, test_tensor passes from the kit, train_fashion reads the kit's data, $in_binary GPU cases (sources = binary = kit list), the run step's plumbing works"
 }
 
 command="$1"
