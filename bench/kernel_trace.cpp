@@ -7,21 +7,25 @@
 //
 // The CUDA driver loads the library named by CUDA_INJECTION64_PATH when it
 // initializes and calls InitializeInjection (CUPTI's trace-injection
-// mechanism). The library loads CUPTI with dlopen (so nothing links it) and
-// records, through CUPTI's activity API, the device activity and the runtime
-// API calls; at exit it writes to KILN_KERNEL_TRACE the activity that ran
-// between the program's cudaProfilerStart and cudaProfilerStop (the step that
+// mechanism, as NVIDIA's cupti_trace_injection sample). The library loads
+// CUPTI 13 with dlopen (so nothing links it), records the device activity
+// through CUPTI's activity API, and subscribes to two runtime calls only:
+// cudaProfilerStart opens the window and cudaProfilerStop closes it and writes
+// to KILN_KERNEL_TRACE the activity that started inside it (the step that
 // bench_transformer, bench_fashion, torch_transformer.py and torch_fashion.py
 // bracket with --profile-step; both synchronize the device on each side):
 //   # kiln_kernel_trace window_ns <start> <end> dropped <records>
 //   start_ns,end_ns,name
 // Kernels keep their concurrency (CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL), so
 // the union of the intervals is the GPU's busy time and the rest of the window
-// its idle time: launch and host overhead. Recording every runtime call costs
-// the host well under a microsecond each. bench/profile_step.py --tracer cupti
-// runs both sides this way and prints where each step's time goes.
+// its idle time: launch and host overhead. No other runtime call is traced, so
+// the host runs at its usual speed. torch (kineto) touches CUPTI only while
+// torch.profiler runs, which the peer scripts never start. bench/profile_step.py
+// --tracer cupti runs both sides this way and prints where each step's time goes.
 #include <cupti_activity.h>
+#include <cupti_callbacks.h>
 #include <cupti_runtime_cbid.h>
+#include <cupti_version.h>
 #include <cxxabi.h>
 #include <dlfcn.h>
 
@@ -44,6 +48,11 @@ struct Cupti {
   decltype(&cuptiActivityGetNumDroppedRecords) dropped_records = nullptr;
   decltype(&cuptiActivitySetAttribute) set_attribute = nullptr;
   decltype(&cuptiGetResultString) result_string = nullptr;
+  decltype(&cuptiActivityDisable) disable = nullptr;
+  decltype(&cuptiSubscribe) subscribe = nullptr;
+  decltype(&cuptiEnableCallback) enable_callback = nullptr;
+  decltype(&cuptiGetTimestamp) timestamp = nullptr;
+  decltype(&cuptiGetVersion) version = nullptr;
 };
 
 struct Activity {
@@ -52,10 +61,15 @@ struct Activity {
   std::string name;
 };
 
+constexpr CUpti_ActivityKind kKinds[] = {CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL, CUPTI_ACTIVITY_KIND_MEMCPY,
+                                         CUPTI_ACTIVITY_KIND_MEMSET};
 Cupti cupti;
-std::mutex mutex;
-std::vector<Activity> activities;  // guarded by mutex
-uint64_t window_start = 0, window_end = 0, dropped = 0;
+// Never destroyed: CUPTI may still hand over a buffer while the process runs its
+// exit-time destructors, and must not find these gone.
+std::mutex& mutex = *new std::mutex;
+std::vector<Activity>& activities = *new std::vector<Activity>;  // guarded by mutex
+uint64_t window_start = 0, window_end = 0, dropped = 0, untimed = 0;  // guarded by mutex
+bool written = false;                                                 // guarded by mutex
 const char* trace_path = nullptr;
 
 void fail(const char* what, CUptiResult result) {
@@ -65,6 +79,7 @@ void fail(const char* what, CUptiResult result) {
 }
 
 std::string demangled(const char* name) {
+  if (name == nullptr) return "[unnamed kernel]";
   int status = 0;
   char* plain = abi::__cxa_demangle(name, nullptr, nullptr, &status);
   std::string result = status == 0 && plain != nullptr ? plain : name;
@@ -95,10 +110,14 @@ void CUPTIAPI buffer_requested(uint8_t** buffer, size_t* size, size_t* max_recor
 void CUPTIAPI buffer_completed(CUcontext context, uint32_t stream, uint8_t* buffer, size_t, size_t valid_bytes) {
   std::lock_guard<std::mutex> lock(mutex);
   CUpti_Activity* record = nullptr;
-  while (cupti.next_record(buffer, valid_bytes, &record) == CUPTI_SUCCESS) {
+  while (!written && cupti.next_record(buffer, valid_bytes, &record) == CUPTI_SUCCESS) {
     switch (record->kind) {
       case CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL: {
         const auto* kernel = reinterpret_cast<const CUpti_ActivityKernel10*>(record);
+        if (kernel->start == 0 && kernel->end == 0) {  // CUPTI had no device memory left for its timestamps
+          ++untimed;
+          break;
+        }
         activities.push_back({kernel->start, kernel->end, demangled(kernel->name)});
         break;
       }
@@ -114,18 +133,6 @@ void CUPTIAPI buffer_completed(CUcontext context, uint32_t stream, uint8_t* buff
         activities.push_back({set->start, set->end, "[memset " + std::to_string(set->bytes) + " bytes]"});
         break;
       }
-      case CUPTI_ACTIVITY_KIND_RUNTIME: {
-        const auto* call = reinterpret_cast<const CUpti_ActivityAPI*>(record);
-        // The window: from the end of the first cudaProfilerStart to the start
-        // of the first cudaProfilerStop after it.
-        if (call->cbid == CUPTI_RUNTIME_TRACE_CBID_cudaProfilerStart_v4000 && window_start == 0) {
-          window_start = call->end;
-        } else if (call->cbid == CUPTI_RUNTIME_TRACE_CBID_cudaProfilerStop_v4000 && window_start != 0 &&
-                   window_end == 0) {
-          window_end = call->start;
-        }
-        break;
-      }
       default: break;
     }
   }
@@ -134,10 +141,25 @@ void CUPTIAPI buffer_completed(CUcontext context, uint32_t stream, uint8_t* buff
   std::free(buffer);
 }
 
+// Once: at the cudaProfilerStop that closes the window (the device is idle, so
+// every record of the step is complete), or at exit if that never came.
 void write_trace() {
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (written) return;
+  }
+  // Not under the mutex: the flush hands the buffers to buffer_completed, on this thread.
   const CUptiResult result = cupti.flush_all(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
   if (result != CUPTI_SUCCESS) fail("cuptiActivityFlushAll", result);
+  for (CUpti_ActivityKind kind : kKinds) cupti.disable(kind);  // the rest of the run goes untraced
   std::lock_guard<std::mutex> lock(mutex);
+  if (written) return;
+  written = true;
+  if (window_end == 0) {  // no file: a child process or a run without --profile-step must not
+    std::fprintf(stderr, "kiln_kernel_trace: no cudaProfilerStart ... cudaProfilerStop seen (run with "
+                         "--profile-step): %s not written\n", trace_path);
+    return;
+  }
   std::FILE* out = std::fopen(trace_path, "w");
   if (out == nullptr) {
     std::fprintf(stderr, "kiln_kernel_trace: cannot write KILN_KERNEL_TRACE=%s: %s\n", trace_path,
@@ -146,18 +168,34 @@ void write_trace() {
   }
   std::fprintf(out, "# kiln_kernel_trace window_ns %llu %llu dropped %llu\nstart_ns,end_ns,name\n",
                static_cast<unsigned long long>(window_start), static_cast<unsigned long long>(window_end),
-               static_cast<unsigned long long>(dropped));
+               static_cast<unsigned long long>(dropped + untimed));
   for (const Activity& activity : activities) {
-    if (window_end == 0 || activity.start < window_start || activity.end > window_end) continue;
+    // By start only: a GPU end converted to the host clock may land a little past window_end.
+    if (activity.start < window_start || activity.start >= window_end) continue;
     std::string quoted;  // CSV: the name in quotes, its quotes doubled (templates can hold none, but be safe)
     for (char c : activity.name) quoted += c == '"' ? std::string("\"\"") : std::string(1, c);
     std::fprintf(out, "%llu,%llu,\"%s\"\n", static_cast<unsigned long long>(activity.start),
                  static_cast<unsigned long long>(activity.end), quoted.c_str());
   }
   std::fclose(out);
-  if (window_end == 0) {
-    std::fprintf(stderr, "kiln_kernel_trace: no cudaProfilerStart ... cudaProfilerStop seen (run with --profile-step): "
-                         "%s holds no activity\n", trace_path);
+}
+
+// cudaProfilerStart (on its exit) opens the window and cudaProfilerStop (on its
+// entry) closes it, on CUPTI's clock, the clock of the activity records.
+void CUPTIAPI on_runtime_api(void*, CUpti_CallbackDomain domain, CUpti_CallbackId cbid, const void* data) {
+  if (domain != CUPTI_CB_DOMAIN_RUNTIME_API) return;
+  const auto* call = static_cast<const CUpti_CallbackData*>(data);
+  uint64_t now = 0;
+  if (cbid == CUPTI_RUNTIME_TRACE_CBID_cudaProfilerStart_v4000 && call->callbackSite == CUPTI_API_EXIT) {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (window_start == 0 && cupti.timestamp(&now) == CUPTI_SUCCESS) window_start = now;
+  } else if (cbid == CUPTI_RUNTIME_TRACE_CBID_cudaProfilerStop_v4000 && call->callbackSite == CUPTI_API_ENTER) {
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      if (window_start == 0 || window_end != 0 || cupti.timestamp(&now) != CUPTI_SUCCESS) return;
+      window_end = now;
+    }
+    write_trace();
   }
 }
 
@@ -179,7 +217,7 @@ extern "C" __attribute__((visibility("default"))) int InitializeInjection() {
   }
   // The soname first (LD_LIBRARY_PATH: the libcupti torch loads, if any), then the toolkit's folders.
   void* library = nullptr;
-  for (const char* path : {"libcupti.so.13", "libcupti.so", "/usr/local/cuda/extras/CUPTI/lib64/libcupti.so.13",
+  for (const char* path : {"libcupti.so.13", "/usr/local/cuda/extras/CUPTI/lib64/libcupti.so.13",
                            "/usr/local/cuda/lib64/libcupti.so.13", "/usr/local/cuda/lib/libcupti.so.13"}) {
     if ((library = dlopen(path, RTLD_NOW | RTLD_GLOBAL)) != nullptr) break;
   }
@@ -194,27 +232,52 @@ extern "C" __attribute__((visibility("default"))) int InitializeInjection() {
       !resolve(library, "cuptiActivityGetNextRecord", cupti.next_record) ||
       !resolve(library, "cuptiActivityGetNumDroppedRecords", cupti.dropped_records) ||
       !resolve(library, "cuptiActivitySetAttribute", cupti.set_attribute) ||
-      !resolve(library, "cuptiGetResultString", cupti.result_string)) {
+      !resolve(library, "cuptiGetResultString", cupti.result_string) ||
+      !resolve(library, "cuptiActivityDisable", cupti.disable) ||
+      !resolve(library, "cuptiSubscribe", cupti.subscribe) ||
+      !resolve(library, "cuptiEnableCallback", cupti.enable_callback) ||
+      !resolve(library, "cuptiGetTimestamp", cupti.timestamp) || !resolve(library, "cuptiGetVersion", cupti.version)) {
+    return 0;
+  }
+  // The records are read through CUPTI 13's structs: their leading fields
+  // (start, end, name, bytes) keep their places within a major version.
+  uint32_t version = 0;
+  if (cupti.version(&version) != CUPTI_SUCCESS || version < 130000 || version >= 140000) {
+    std::fprintf(stderr, "kiln_kernel_trace: the libcupti loaded has API version %u, not CUPTI 13 (130000-139999)\n",
+                 version);
     return 0;
   }
   // A device buffer of 32 MiB per context: a warm-up plus a step of a few
   // thousand kernels fit between CUPTI's flushes.
   size_t device_buffer = 32 << 20, attribute_size = sizeof(device_buffer);
   cupti.set_attribute(CUPTI_ACTIVITY_ATTR_DEVICE_BUFFER_SIZE, &attribute_size, &device_buffer);
-  CUptiResult result = cupti.register_callbacks(buffer_requested, buffer_completed);
+  // The one CUPTI subscriber (CUDA 13.0 allows one): torch subscribes only when torch.profiler runs.
+  CUpti_SubscriberHandle subscriber = nullptr;
+  CUptiResult result = cupti.subscribe(&subscriber, on_runtime_api, nullptr);
+  if (result != CUPTI_SUCCESS) {
+    fail("cuptiSubscribe (another CUPTI tool attached?)", result);
+    return 0;
+  }
+  for (CUpti_CallbackId cbid :
+       {CUPTI_RUNTIME_TRACE_CBID_cudaProfilerStart_v4000, CUPTI_RUNTIME_TRACE_CBID_cudaProfilerStop_v4000}) {
+    if ((result = cupti.enable_callback(1, subscriber, CUPTI_CB_DOMAIN_RUNTIME_API, cbid)) != CUPTI_SUCCESS) {
+      fail("cuptiEnableCallback", result);
+      return 0;
+    }
+  }
+  result = cupti.register_callbacks(buffer_requested, buffer_completed);
   if (result != CUPTI_SUCCESS) {
     fail("cuptiActivityRegisterCallbacks", result);
     return 0;
   }
-  for (CUpti_ActivityKind kind : {CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL, CUPTI_ACTIVITY_KIND_MEMCPY,
-                                  CUPTI_ACTIVITY_KIND_MEMSET, CUPTI_ACTIVITY_KIND_RUNTIME}) {
+  for (CUpti_ActivityKind kind : kKinds) {
     if ((result = cupti.enable(kind)) != CUPTI_SUCCESS) {
       fail("cuptiActivityEnable", result);
       return 0;
     }
   }
-  // Registered after the CUDA runtime's own exit handler (the runtime starts
-  // before it initializes the driver), so it runs first, with the context alive.
+  // At exit, only to say so when no window closed (a run without --profile-step,
+  // or a child process that inherited the environment): no file is written then.
   std::atexit(write_trace);
   return 1;
 }

@@ -200,6 +200,8 @@ def trace(label, command, library, csv_path):
     if os.path.exists(csv_path):
         os.remove(csv_path)  # a stale trace must not pass for this run's
     env = dict(os.environ, CUDA_INJECTION64_PATH=os.path.abspath(library), KILN_KERNEL_TRACE=csv_path)
+    for kineto_switch in ("KINETO_USE_DAEMON", "TEARDOWN_CUPTI"):  # would start or end torch's own CUPTI use
+        env.pop(kineto_switch, None)
     print(f"{label}: CUDA_INJECTION64_PATH={library} KILN_KERNEL_TRACE={csv_path} {' '.join(command)}",
           file=sys.stderr)
     result = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
