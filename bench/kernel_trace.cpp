@@ -40,19 +40,17 @@
 
 namespace {
 
+// The CUPTI functions used, each resolved with dlsym under its own name into
+// the member of that name (cupti.cuptiActivityEnable, ...).
+#define KILN_CUPTI_FUNCTIONS(X)                                                                                  \
+  X(cuptiActivityRegisterCallbacks) X(cuptiActivityEnable) X(cuptiActivityDisable) X(cuptiActivityFlushAll)      \
+  X(cuptiActivityGetNextRecord) X(cuptiActivityGetNumDroppedRecords) X(cuptiActivitySetAttribute)                \
+  X(cuptiGetResultString) X(cuptiSubscribe) X(cuptiEnableCallback) X(cuptiGetTimestamp) X(cuptiGetVersion)
+
 struct Cupti {
-  decltype(&cuptiActivityRegisterCallbacks) register_callbacks = nullptr;
-  decltype(&cuptiActivityEnable) enable = nullptr;
-  decltype(&cuptiActivityFlushAll) flush_all = nullptr;
-  decltype(&cuptiActivityGetNextRecord) next_record = nullptr;
-  decltype(&cuptiActivityGetNumDroppedRecords) dropped_records = nullptr;
-  decltype(&cuptiActivitySetAttribute) set_attribute = nullptr;
-  decltype(&cuptiGetResultString) result_string = nullptr;
-  decltype(&cuptiActivityDisable) disable = nullptr;
-  decltype(&cuptiSubscribe) subscribe = nullptr;
-  decltype(&cuptiEnableCallback) enable_callback = nullptr;
-  decltype(&cuptiGetTimestamp) timestamp = nullptr;
-  decltype(&cuptiGetVersion) version = nullptr;
+#define KILN_CUPTI_MEMBER(name) decltype(&::name) name = nullptr;
+  KILN_CUPTI_FUNCTIONS(KILN_CUPTI_MEMBER)
+#undef KILN_CUPTI_MEMBER
 };
 
 struct Activity {
@@ -74,7 +72,7 @@ const char* trace_path = nullptr;
 
 void fail(const char* what, CUptiResult result) {
   const char* text = "unknown";
-  if (cupti.result_string != nullptr) cupti.result_string(result, &text);
+  if (cupti.cuptiGetResultString != nullptr) cupti.cuptiGetResultString(result, &text);
   std::fprintf(stderr, "kiln_kernel_trace: %s failed: %s\n", what, text);
 }
 
@@ -110,7 +108,7 @@ void CUPTIAPI buffer_requested(uint8_t** buffer, size_t* size, size_t* max_recor
 void CUPTIAPI buffer_completed(CUcontext context, uint32_t stream, uint8_t* buffer, size_t, size_t valid_bytes) {
   std::lock_guard<std::mutex> lock(mutex);
   CUpti_Activity* record = nullptr;
-  while (!written && cupti.next_record(buffer, valid_bytes, &record) == CUPTI_SUCCESS) {
+  while (!written && cupti.cuptiActivityGetNextRecord(buffer, valid_bytes, &record) == CUPTI_SUCCESS) {
     switch (record->kind) {
       case CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL: {
         const auto* kernel = reinterpret_cast<const CUpti_ActivityKernel10*>(record);
@@ -137,7 +135,7 @@ void CUPTIAPI buffer_completed(CUcontext context, uint32_t stream, uint8_t* buff
     }
   }
   size_t lost = 0;
-  if (cupti.dropped_records(context, stream, &lost) == CUPTI_SUCCESS) dropped += lost;
+  if (cupti.cuptiActivityGetNumDroppedRecords(context, stream, &lost) == CUPTI_SUCCESS) dropped += lost;
   std::free(buffer);
 }
 
@@ -149,9 +147,9 @@ void write_trace() {
     if (written) return;
   }
   // Not under the mutex: the flush hands the buffers to buffer_completed, on this thread.
-  const CUptiResult result = cupti.flush_all(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
+  const CUptiResult result = cupti.cuptiActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
   if (result != CUPTI_SUCCESS) fail("cuptiActivityFlushAll", result);
-  for (CUpti_ActivityKind kind : kKinds) cupti.disable(kind);  // the rest of the run goes untraced
+  for (CUpti_ActivityKind kind : kKinds) cupti.cuptiActivityDisable(kind);  // the rest of the run goes untraced
   std::lock_guard<std::mutex> lock(mutex);
   if (written) return;
   written = true;
@@ -188,11 +186,11 @@ void CUPTIAPI on_runtime_api(void*, CUpti_CallbackDomain domain, CUpti_CallbackI
   uint64_t now = 0;
   if (cbid == CUPTI_RUNTIME_TRACE_CBID_cudaProfilerStart_v4000 && call->callbackSite == CUPTI_API_EXIT) {
     std::lock_guard<std::mutex> lock(mutex);
-    if (window_start == 0 && cupti.timestamp(&now) == CUPTI_SUCCESS) window_start = now;
+    if (window_start == 0 && cupti.cuptiGetTimestamp(&now) == CUPTI_SUCCESS) window_start = now;
   } else if (cbid == CUPTI_RUNTIME_TRACE_CBID_cudaProfilerStop_v4000 && call->callbackSite == CUPTI_API_ENTER) {
     {
       std::lock_guard<std::mutex> lock(mutex);
-      if (window_start == 0 || window_end != 0 || cupti.timestamp(&now) != CUPTI_SUCCESS) return;
+      if (window_start == 0 || window_end != 0 || cupti.cuptiGetTimestamp(&now) != CUPTI_SUCCESS) return;
       window_end = now;
     }
     write_trace();
@@ -226,23 +224,15 @@ extern "C" __attribute__((visibility("default"))) int InitializeInjection() {
                  dlerror());
     return 0;
   }
-  if (!resolve(library, "cuptiActivityRegisterCallbacks", cupti.register_callbacks) ||
-      !resolve(library, "cuptiActivityEnable", cupti.enable) ||
-      !resolve(library, "cuptiActivityFlushAll", cupti.flush_all) ||
-      !resolve(library, "cuptiActivityGetNextRecord", cupti.next_record) ||
-      !resolve(library, "cuptiActivityGetNumDroppedRecords", cupti.dropped_records) ||
-      !resolve(library, "cuptiActivitySetAttribute", cupti.set_attribute) ||
-      !resolve(library, "cuptiGetResultString", cupti.result_string) ||
-      !resolve(library, "cuptiActivityDisable", cupti.disable) ||
-      !resolve(library, "cuptiSubscribe", cupti.subscribe) ||
-      !resolve(library, "cuptiEnableCallback", cupti.enable_callback) ||
-      !resolve(library, "cuptiGetTimestamp", cupti.timestamp) || !resolve(library, "cuptiGetVersion", cupti.version)) {
-    return 0;
-  }
+  bool resolved = true;
+#define KILN_CUPTI_RESOLVE(name) resolved = resolve(library, #name, cupti.name) && resolved;
+  KILN_CUPTI_FUNCTIONS(KILN_CUPTI_RESOLVE)
+#undef KILN_CUPTI_RESOLVE
+  if (!resolved) return 0;
   // The records are read through CUPTI 13's structs: their leading fields
   // (start, end, name, bytes) keep their places within a major version.
   uint32_t version = 0;
-  if (cupti.version(&version) != CUPTI_SUCCESS || version < 130000 || version >= 140000) {
+  if (cupti.cuptiGetVersion(&version) != CUPTI_SUCCESS || version < 130000 || version >= 140000) {
     std::fprintf(stderr, "kiln_kernel_trace: the libcupti loaded has API version %u, not CUPTI 13 (130000-139999)\n",
                  version);
     return 0;
@@ -250,28 +240,28 @@ extern "C" __attribute__((visibility("default"))) int InitializeInjection() {
   // A device buffer of 32 MiB per context: a warm-up plus a step of a few
   // thousand kernels fit between CUPTI's flushes.
   size_t device_buffer = 32 << 20, attribute_size = sizeof(device_buffer);
-  cupti.set_attribute(CUPTI_ACTIVITY_ATTR_DEVICE_BUFFER_SIZE, &attribute_size, &device_buffer);
+  cupti.cuptiActivitySetAttribute(CUPTI_ACTIVITY_ATTR_DEVICE_BUFFER_SIZE, &attribute_size, &device_buffer);
   // The one CUPTI subscriber (CUDA 13.0 allows one): torch subscribes only when torch.profiler runs.
   CUpti_SubscriberHandle subscriber = nullptr;
-  CUptiResult result = cupti.subscribe(&subscriber, on_runtime_api, nullptr);
+  CUptiResult result = cupti.cuptiSubscribe(&subscriber, on_runtime_api, nullptr);
   if (result != CUPTI_SUCCESS) {
     fail("cuptiSubscribe (another CUPTI tool attached?)", result);
     return 0;
   }
   for (CUpti_CallbackId cbid :
        {CUPTI_RUNTIME_TRACE_CBID_cudaProfilerStart_v4000, CUPTI_RUNTIME_TRACE_CBID_cudaProfilerStop_v4000}) {
-    if ((result = cupti.enable_callback(1, subscriber, CUPTI_CB_DOMAIN_RUNTIME_API, cbid)) != CUPTI_SUCCESS) {
+    if ((result = cupti.cuptiEnableCallback(1, subscriber, CUPTI_CB_DOMAIN_RUNTIME_API, cbid)) != CUPTI_SUCCESS) {
       fail("cuptiEnableCallback", result);
       return 0;
     }
   }
-  result = cupti.register_callbacks(buffer_requested, buffer_completed);
+  result = cupti.cuptiActivityRegisterCallbacks(buffer_requested, buffer_completed);
   if (result != CUPTI_SUCCESS) {
     fail("cuptiActivityRegisterCallbacks", result);
     return 0;
   }
   for (CUpti_ActivityKind kind : kKinds) {
-    if ((result = cupti.enable(kind)) != CUPTI_SUCCESS) {
+    if ((result = cupti.cuptiActivityEnable(kind)) != CUPTI_SUCCESS) {
       fail("cuptiActivityEnable", result);
       return 0;
     }

@@ -165,8 +165,7 @@ def print_timing(sides):
 
 
 def print_tables(sides, top):
-    """sides: [(label, kernels)] or [(label, kernels, timing)]."""
-    sides = [side if len(side) == 3 else (*side, None) for side in sides]
+    """sides: [(label, kernels, timing)], timing None for an ncu CSV."""
     print_timing(sides)
     summaries = [(label, kernels, *summarize(kernels)) for label, kernels, _ in sides]
     header = "| kernel family | " + " | ".join(f"{label} ms (kernels)" for label, *_ in summaries) + " |"
@@ -274,8 +273,10 @@ def main():
     sides = []
     for label, command in (("kiln", [args.kiln] + common), ("torch", [args.python, torch_script] + common)):
         path = os.path.join(args.out_dir, f"{label}_{args.model}{'' if args.tracer == 'cupti' else '_ncu'}.csv")
-        run = trace(label, command, library, path) if args.tracer == "cupti" else profile(label, command, args.ncu, path)
-        sides.append((label, *run))
+        if args.tracer == "cupti":
+            sides.append((label, *trace(label, command, library, path)))
+        else:
+            sides.append((label, *profile(label, command, args.ncu, path)))
     layout = ", channels-last" if args.channels_last else ""
     what = "iteration (batch, copy and step)" if cnn else "step"
     how = "CUPTI activity trace, kernels concurrent" if args.tracer == "cupti" else "ncu, kernels serialized"
